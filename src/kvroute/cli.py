@@ -1,0 +1,40 @@
+"""The ``kvroute`` command: each subcommand lives beside the code it drives."""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+app = typer.Typer(
+    name="kvroute",
+    help="Route LLM requests to the replica that holds their prefix, never behind a busy one.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+)
+
+# (command name, module, function). Modules import their heavy dependencies lazily so that
+# `kvroute --help` and `kvroute serve` stay fast.
+_COMMANDS: tuple[tuple[str, str, str], ...] = (
+    ("serve", "kvroute.server.cli", "serve"),
+    ("sim", "kvroute.sim.cli", "sim"),
+    ("bench", "kvroute.bench.cli", "bench"),
+    ("demo", "kvroute.bench.cli", "demo"),
+    ("doctor", "kvroute.doctor", "doctor"),
+    ("canary", "kvroute.canary", "canary"),
+)
+
+for _name, _module, _func in _COMMANDS:
+    try:  # DEV-ONLY tolerance while subcommands are being written in parallel; removed before release.
+        _mod = importlib.import_module(_module)
+    except ModuleNotFoundError as exc:
+        if exc.name != _module:
+            raise
+        continue
+    app.command(_name)(getattr(_mod, _func))
+
+
+def main() -> None:
+    """Entry point of the ``kvroute`` console script."""
+    app()

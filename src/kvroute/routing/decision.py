@@ -1,0 +1,39 @@
+"""The outcome of one routing decision, explained."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class DecisionKind(StrEnum):
+    """Why a worker was chosen; used verbatim as the ``kind`` metric label."""
+
+    STICKY = "sticky"  # session bound to this worker and it is not overloaded
+    OVERFLOW = "overflow"  # session bound elsewhere, that worker was past its threshold
+    PREFIX_HIT = "prefix_hit"  # cached prefix won the tie-break within the slack
+    COLD = "cold"  # no affinity: placed on the least-loaded candidate
+    BALANCE = "balance"  # a load-only policy (round-robin, p2c, least-loaded) chose
+    NO_WORKER = "no_worker"  # nothing can serve the request
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Where a request goes and why.
+
+    ``worker_id`` is None only with ``DecisionKind.NO_WORKER``.  ``matched_blocks`` is the prefix
+    match on the chosen worker (in index blocks), ``total_blocks`` how many blocks the request has.
+    ``loads`` holds each candidate's load as the scheduler saw it, for the log line and debugging.
+    ``block_hashes`` is what the caller hands back to ``Scheduler.commit`` so hashing happens once.
+    """
+
+    worker_id: str | None
+    kind: DecisionKind
+    policy: str
+    reason: str
+    matched_blocks: int = 0
+    total_blocks: int = 0
+    est_tokens: int = 0
+    loads: tuple[tuple[str, int], ...] = ()
+    block_hashes: tuple[int, ...] = field(default=(), repr=False)
+    session_id: str | None = None

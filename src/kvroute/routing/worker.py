@@ -1,0 +1,45 @@
+"""The scheduler's read-only view of one replica. Owned and mutated by the fleet registry (or the
+virtual-time cluster); the routing core only reads it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class WorkerState:
+    """One replica as the router currently sees it.
+
+    ``epoch`` is the registration time (or the engine's process start time): cached-prefix entries
+    stamped with an older epoch no longer match.  Load figures come from two sources: ``inflight``
+    is what this router instance has sent and not yet seen finish (always known, never stale);
+    ``running``/``waiting``/``kv_usage`` are scraped from the engine's ``/metrics`` and are ``None``
+    for engines that do not expose vLLM metrics.  ``peer_inflight`` is what other router instances
+    report having in flight there (shared through Redis).
+    """
+
+    id: str
+    url: str
+    models: frozenset[str] = frozenset()
+    epoch: float = 0.0
+    healthy: bool = True
+    draining: bool = False
+    max_num_seqs: int | None = None
+    max_model_len: int | None = None
+    inflight: int = 0
+    peer_inflight: int = 0
+    running: int | None = None
+    waiting: int | None = None
+    kv_usage: float | None = None
+    # Learned from completed requests (seconds of prefill per uncached prompt token); None until known.
+    prefill_s_per_token: float | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def total_inflight(self) -> int:
+        """Requests in flight on this worker from every router instance we know of."""
+        return self.inflight + self.peer_inflight
+
+    def serves(self, model: str) -> bool:
+        """Whether this worker serves ``model`` (an empty model list means not yet known: accept)."""
+        return not self.models or model in self.models
