@@ -25,6 +25,9 @@ class Decision:
     match on the chosen worker (in index blocks), ``total_blocks`` how many blocks the request has.
     ``loads`` holds each candidate's load as the scheduler saw it, for the log line and debugging.
     ``block_hashes`` is what the caller hands back to ``Scheduler.commit`` so hashing happens once.
+    ``worker_epoch`` is the chosen worker's epoch as the decision saw it (what ownership is stamped
+    with), ``session`` the 64-bit hash the session table keys on, and ``prefill_tokens`` the
+    estimated prompt tokens the chosen worker does not hold.
     """
 
     worker_id: str | None
@@ -37,3 +40,6 @@ class Decision:
     loads: tuple[tuple[str, int], ...] = ()
     block_hashes: tuple[int, ...] = field(default=(), repr=False)
     session_id: str | None = None
+    worker_epoch: float = 0.0
+    session: int | None = None
+    prefill_tokens: int = 0

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# Prompt tokens are estimated as canonical bytes / 4 (English text and JSON average about 4 bytes
+# per token in common BPE vocabularies); the parser and the scheduler use the same figure.
+EST_BYTES_PER_TOKEN = 4
+
 
 @dataclass(frozen=True, slots=True)
 class RoutingKey:
@@ -13,6 +17,8 @@ class RoutingKey:
     conversation appends bytes to it and leaves every earlier byte unchanged.  The prefix index
     hashes it; nothing else reads it.  ``cache_scope`` (model name and vLLM ``cache_salt``) seeds
     the hash chain, so requests that an engine would never let share a cache never match.
+    ``cacheable`` is False for requests that leave nothing in the engine's prefix cache
+    (embeddings, token counting): they are routed but their blocks are not recorded.
     """
 
     model: str
@@ -21,6 +27,7 @@ class RoutingKey:
     est_prompt_tokens: int = 0
     max_tokens: int = 0
     cache_salt: str | None = None
+    cacheable: bool = True
 
     @property
     def cache_scope(self) -> bytes:

@@ -1,0 +1,452 @@
+"""Request body + headers -> ``RoutingKey``: canonical prompt bytes, session id, token estimates.
+
+The canonical bytes are *prefix-stable*: a later turn of the same conversation renders to the same
+bytes followed by more.  Each section (system, tools, one message) starts with ``\\x1e`` and its
+role, parts are separated by ``\\x1f``; text is copied as UTF-8, tool calls and results by name,
+id and arguments, and images, audio and files by a 128-bit digest of their data.  Fields that
+clients move from turn to turn without changing the prompt (Anthropic ``cache_control``) are left
+out.  The parts are collected in a list and joined once.
+
+Prompt tokens are estimated as canonical bytes / 4 (``EST_BYTES_PER_TOKEN``) plus a fixed
+``image_tokens`` per image; token-id prompts count exactly.  The estimate drives slack, context
+fit and predicted prefill, where being off by tens of percent is harmless.
+
+Session id, first found wins (configurable, see ``RequestOptions``): the ``X-Claude-Code-Session-Id``
+header; the ``session_id`` inside Anthropic ``metadata.user_id`` (a JSON string, or the older
+``user_<hash>_account_<uuid>_session_<uuid>`` form); the ``x-session-id`` header; OpenAI
+``prompt_cache_key``; then the configured extra headers and body fields.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import xxhash
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from kvroute.api.errors import ApiError
+from kvroute.routing.key import EST_BYTES_PER_TOKEN, RoutingKey
+
+ROUTES: tuple[str, ...] = ("chat", "completions", "messages", "count_tokens", "responses", "embeddings")
+
+DEFAULT_SESSION_SOURCES: tuple[str, ...] = (
+    "header:x-claude-code-session-id",
+    "anthropic-user-id",
+    "header:x-session-id",
+    "field:prompt_cache_key",
+)
+
+_SECTION = b"\x1e"
+_PART = b"\x1f"
+_MAX_SESSION_ID = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOptions:
+    """How requests are read.
+
+    ``session_sources`` is the ordered list of places a session id is looked for:
+    ``header:<name>``, ``field:<dotted.path>`` in the body, or ``anthropic-user-id`` (the
+    ``session_id`` inside ``metadata.user_id``).  ``extra_session_headers`` and
+    ``extra_session_fields`` are appended after them.  Only the first ``max_prefix_bytes`` of the
+    canonical prompt are kept.
+    """
+
+    session_sources: tuple[str, ...] = DEFAULT_SESSION_SOURCES
+    extra_session_headers: tuple[str, ...] = ()
+    extra_session_fields: tuple[str, ...] = ()
+    max_prefix_bytes: int = 4 * 1024 * 1024
+    image_tokens: int = 1024
+
+    def __post_init__(self) -> None:
+        for spec in self.session_sources:
+            kind, _, name = spec.partition(":")
+            if not (spec == "anthropic-user-id" or (kind in ("header", "field") and name)):
+                raise ValueError(f"bad session source {spec!r}: use header:<name>, field:<path> "
+                                 "or anthropic-user-id")
+        if self.max_prefix_bytes <= 0 or self.image_tokens < 0:
+            raise ValueError("max_prefix_bytes must be positive and image_tokens non-negative")
+
+    def sources(self) -> tuple[str, ...]:
+        """Every session source in lookup order."""
+        return (*self.session_sources, *(f"header:{h}" for h in self.extra_session_headers),
+                *(f"field:{f}" for f in self.extra_session_fields))
+
+
+_DEFAULT_OPTIONS = RequestOptions()
+
+
+class _Canon:
+    """Collects canonical byte parts; joined once at the end."""
+
+    __slots__ = ("extra_tokens", "image_tokens", "parts")
+
+    def __init__(self, image_tokens: int) -> None:
+        self.parts: list[bytes] = []
+        self.extra_tokens = 0
+        self.image_tokens = image_tokens
+
+    def section(self, role: str) -> None:
+        self.parts.append(_SECTION + role.encode())
+
+    def text(self, s: str) -> None:
+        self.parts.append(_PART)
+        self.parts.append(s.encode())
+
+    def digest(self, tag: str, data: Any, image: bool = False) -> None:
+        raw = data.encode() if isinstance(data, str) else orjson.dumps(data)
+        self.parts.append(f"\x1f{tag}:{xxhash.xxh3_128_hexdigest(raw)}".encode())
+        if image:
+            self.extra_tokens += self.image_tokens
+
+    def json(self, value: Any) -> None:
+        self.parts.append(_PART)
+        self.parts.append(orjson.dumps(value))
+
+    def value(self, value: Any) -> None:
+        """A string as text (tool arguments usually arrive JSON-encoded already), else as JSON."""
+        if isinstance(value, str):
+            self.text(value)
+        else:
+            self.json(value)
+
+    def tokens(self, ids: list[Any], param: str) -> None:
+        if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 1 << 32 for t in ids):
+            raise ApiError(400, f"{param} must contain token ids (non-negative integers)", param=param)
+        self.parts.append(_PART)
+        # Four bytes per id: bytes / 4 counts them exactly.
+        self.parts.append(array("I", ids).tobytes())
+
+
+def _bad(message: str, param: str) -> ApiError:
+    return ApiError(400, message, param=param)
+
+
+def _without_cache_control(value: Any) -> Any:
+    if isinstance(value, dict) and "cache_control" in value:
+        return {k: v for k, v in value.items() if k != "cache_control"}
+    return value
+
+
+# --- content renderers ---------------------------------------------------------------------------
+
+def _openai_part(c: _Canon, part: Any, param: str) -> None:
+    if not isinstance(part, dict):
+        raise _bad(f"{param} must be an object", param)
+    kind = part.get("type")
+    if kind in ("text", "input_text", "output_text", "refusal"):
+        text = part.get("text", part.get("refusal"))
+        if not isinstance(text, str):
+            raise _bad(f"{param}.text must be a string", param)
+        c.text(text)
+    elif kind in ("image_url", "input_image"):
+        url = part.get("image_url")
+        url = url.get("url") if isinstance(url, dict) else url
+        c.digest("image", url if url is not None else part.get("file_id", part), image=True)
+    elif kind in ("input_audio", "file", "input_file"):
+        c.digest(str(kind), part.get(str(kind), part.get("file_data", part.get("file_id", part))))
+    else:
+        c.json(part)
+
+
+def _openai_content(c: _Canon, content: Any, param: str) -> None:
+    if content is None:
+        return
+    if isinstance(content, str):
+        c.text(content)
+    elif isinstance(content, list):
+        for j, part in enumerate(content):
+            _openai_part(c, part, f"{param}[{j}]")
+    else:
+        raise _bad(f"{param} must be a string or a list of content parts", param)
+
+
+def _anthropic_block(c: _Canon, block: Any, param: str) -> None:
+    if isinstance(block, str):
+        c.text(block)
+        return
+    if not isinstance(block, dict):
+        raise _bad(f"{param} must be an object", param)
+    kind = block.get("type")
+    if kind == "text":
+        text = block.get("text")
+        if not isinstance(text, str):
+            raise _bad(f"{param}.text must be a string", param)
+        c.text(text)
+    elif kind in ("image", "document"):
+        source = block.get("source")
+        data = source.get("data", source.get("url", source)) if isinstance(source, dict) else source
+        c.digest(str(kind), data, image=kind == "image")
+    elif kind == "tool_use":
+        c.text(f"tool_use:{block.get('id', '')}:{block.get('name', '')}")
+        c.json(block.get("input"))
+    elif kind == "tool_result":
+        c.text(f"tool_result:{block.get('tool_use_id', '')}:{bool(block.get('is_error'))}")
+        _anthropic_content(c, block.get("content"), f"{param}.content")
+    elif kind == "thinking":
+        thinking = block.get("thinking")
+        if isinstance(thinking, str):
+            c.text(thinking)
+    elif kind == "redacted_thinking":
+        c.digest("redacted", block.get("data", ""))
+    else:
+        c.json(_without_cache_control(block))
+
+
+def _anthropic_content(c: _Canon, content: Any, param: str) -> None:
+    if content is None:
+        return
+    if isinstance(content, str):
+        c.text(content)
+    elif isinstance(content, list):
+        for j, block in enumerate(content):
+            _anthropic_block(c, block, f"{param}[{j}]")
+    else:
+        raise _bad(f"{param} must be a string or a list of content blocks", param)
+
+
+def _tools(c: _Canon, body: Mapping[str, Any], name: str, anthropic: bool) -> None:
+    tools = body.get(name)
+    if tools is None:
+        return
+    if not isinstance(tools, list):
+        raise _bad(f"{name} must be a list", name)
+    c.section(name)
+    c.json([_without_cache_control(t) for t in tools] if anthropic else tools)
+
+
+def _messages(body: Mapping[str, Any]) -> list[Any]:
+    messages = body.get("messages")
+    if messages is None:
+        raise _bad("messages is required", "messages")
+    if not isinstance(messages, list):
+        raise _bad("messages must be a list", "messages")
+    if not messages:
+        raise _bad("messages must not be empty", "messages")
+    return messages
+
+
+def _role(message: Any, param: str) -> str:
+    if not isinstance(message, dict):
+        raise _bad(f"{param} must be an object", param)
+    role = message.get("role")
+    if not isinstance(role, str) or not role:
+        raise _bad(f"{param}.role must be a non-empty string", f"{param}.role")
+    return role
+
+
+# --- routes -------------------------------------------------------------------------------------
+
+def _render_chat(c: _Canon, body: Mapping[str, Any]) -> None:
+    messages = _messages(body)
+    _tools(c, body, "tools", anthropic=False)
+    _tools(c, body, "functions", anthropic=False)
+    for i, m in enumerate(messages):
+        param = f"messages[{i}]"
+        c.section(_role(m, param))
+        _openai_content(c, m.get("content"), f"{param}.content")
+        calls = m.get("tool_calls")
+        if isinstance(calls, list):
+            for call in calls:
+                fn = call.get("function") if isinstance(call, dict) else None
+                if isinstance(fn, dict):
+                    c.text(f"tool_call:{call.get('id', '')}:{fn.get('name', '')}")
+                    c.value(fn.get("arguments"))
+        if isinstance(m.get("tool_call_id"), str):
+            c.text(f"tool_call_id:{m['tool_call_id']}")
+
+
+def _render_messages(c: _Canon, body: Mapping[str, Any]) -> None:
+    messages = _messages(body)
+    system = body.get("system")
+    if system is not None:
+        c.section("system")
+        _anthropic_content(c, system, "system")
+    _tools(c, body, "tools", anthropic=True)
+    for i, m in enumerate(messages):
+        param = f"messages[{i}]"
+        c.section(_role(m, param))
+        _anthropic_content(c, m.get("content"), f"{param}.content")
+
+
+def _render_prompt(c: _Canon, prompt: Any, param: str) -> None:
+    if isinstance(prompt, str):
+        c.text(prompt)
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        for p in prompt:
+            c.text(p)
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, list) for p in prompt):
+        for j, p in enumerate(prompt):
+            c.tokens(p, f"{param}[{j}]")
+    elif isinstance(prompt, list) and prompt:
+        c.tokens(prompt, param)
+    else:
+        raise _bad(f"{param} must be a string, a list of strings or a list of token ids", param)
+
+
+def _render_completions(c: _Canon, body: Mapping[str, Any]) -> None:
+    if "prompt" not in body:
+        raise _bad("prompt is required", "prompt")
+    c.section("prompt")
+    _render_prompt(c, body["prompt"], "prompt")
+
+
+def _render_responses(c: _Canon, body: Mapping[str, Any]) -> None:
+    instructions = body.get("instructions")
+    if instructions is not None:
+        if not isinstance(instructions, str):
+            raise _bad("instructions must be a string", "instructions")
+        c.section("instructions")
+        c.text(instructions)
+    _tools(c, body, "tools", anthropic=False)
+    items = body.get("input")
+    if items is None:
+        return
+    if isinstance(items, str):
+        c.section("user")
+        c.text(items)
+        return
+    if not isinstance(items, list):
+        raise _bad("input must be a string or a list of items", "input")
+    for i, item in enumerate(items):
+        param = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise _bad(f"{param} must be an object", param)
+        kind = item.get("type", "message")
+        if kind == "message":
+            c.section(_role(item, param))
+            _openai_content(c, item.get("content"), f"{param}.content")
+        elif kind == "function_call":
+            c.section("function_call")
+            c.text(f"{item.get('call_id', '')}:{item.get('name', '')}")
+            c.value(item.get("arguments"))
+        elif kind == "function_call_output":
+            c.section("function_call_output")
+            c.text(str(item.get("call_id", "")))
+            c.value(item.get("output"))
+        else:
+            c.section(str(kind))
+            c.json(item)
+
+
+def _render_embeddings(c: _Canon, body: Mapping[str, Any]) -> None:
+    if "input" not in body:
+        raise _bad("input is required", "input")
+    _render_prompt(c, body["input"], "input")
+
+
+_RENDERERS: dict[str, Callable[[_Canon, Mapping[str, Any]], None]] = {
+    "chat": _render_chat,
+    "completions": _render_completions,
+    "messages": _render_messages,
+    "count_tokens": _render_messages,
+    "responses": _render_responses,
+    "embeddings": _render_embeddings,
+}
+# Requests that leave nothing in an engine's prefix cache: routed, but their blocks are not indexed.
+_NOT_CACHED = frozenset(("count_tokens", "embeddings"))
+
+
+# --- session id, tokens -------------------------------------------------------------------------
+
+def _header(headers: Mapping[str, str], name: str) -> str | None:
+    if isinstance(headers, CIMultiDictProxy | CIMultiDict):
+        return headers.get(name)
+    value = headers.get(name)
+    if value is None:
+        lname = name.lower()
+        value = next((v for k, v in headers.items() if k.lower() == lname), None)
+    return value
+
+
+def _field(body: Mapping[str, Any], path: str) -> Any:
+    value: Any = body
+    for part in path.split("."):
+        if not isinstance(value, dict):
+            return None
+        value = value.get(part)
+    return value
+
+
+def _from_user_id(body: Mapping[str, Any]) -> str | None:
+    user_id = _field(body, "metadata.user_id")
+    if not isinstance(user_id, str):
+        return None
+    if user_id.startswith("{"):
+        try:
+            parsed = orjson.loads(user_id)
+        except orjson.JSONDecodeError:
+            return None
+        sid = parsed.get("session_id") if isinstance(parsed, dict) else None
+        return sid if isinstance(sid, str) else None
+    _, found, sid = user_id.rpartition("_session_")
+    return sid if found else None
+
+
+def session_id_of(body: Mapping[str, Any], headers: Mapping[str, str], options: RequestOptions) -> str | None:
+    """The request's session id from the first configured source that has one."""
+    for spec in options.sources():
+        if spec == "anthropic-user-id":
+            value: Any = _from_user_id(body)
+        else:
+            kind, _, name = spec.partition(":")
+            value = _header(headers, name) if kind == "header" else _field(body, name)
+        if isinstance(value, str) and 0 < len(value) <= _MAX_SESSION_ID and value.strip():
+            return value.strip()
+    return None
+
+
+def _max_tokens(body: Mapping[str, Any], route: str) -> int:
+    names = {"chat": ("max_completion_tokens", "max_tokens"), "responses": ("max_output_tokens",)}
+    for name in names.get(route, ("max_tokens",)):
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise _bad(f"{name} must be a non-negative integer", name)
+        return value
+    return 0
+
+
+def parse_request(route: str, body: Any, headers: Mapping[str, str],
+                  options: RequestOptions | None = None) -> RoutingKey:
+    """Reduce one API request to its ``RoutingKey``.
+
+    ``route`` is one of ``ROUTES``: ``chat`` (/v1/chat/completions), ``completions``, ``messages``
+    (Anthropic), ``count_tokens``, ``responses`` (OpenAI Responses) or ``embeddings``.  ``body`` is
+    the already-parsed JSON.  Raises ``ApiError(400)`` naming the offending field.
+    """
+    renderer = _RENDERERS.get(route)
+    if renderer is None:
+        raise ValueError(f"unknown route {route!r}; expected one of {', '.join(ROUTES)}")
+    opts = options or _DEFAULT_OPTIONS
+    if not isinstance(body, dict):
+        raise _bad("the request body must be a JSON object", "body")
+    model = body.get("model")
+    if model is None:
+        raise _bad("model is required", "model")
+    if not isinstance(model, str) or not model:
+        raise _bad("model must be a non-empty string", "model")
+    salt = body.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise _bad("cache_salt must be a non-empty string", "cache_salt")
+    canon = _Canon(opts.image_tokens)
+    renderer(canon, body)
+    prefix = b"".join(canon.parts)
+    est = len(prefix) // EST_BYTES_PER_TOKEN + canon.extra_tokens
+    if len(prefix) > opts.max_prefix_bytes:
+        prefix = prefix[:opts.max_prefix_bytes]
+    cacheable = route not in _NOT_CACHED
+    return RoutingKey(
+        model=model,
+        prefix=prefix if cacheable else b"",
+        session_id=session_id_of(body, headers, opts),
+        est_prompt_tokens=est,
+        max_tokens=_max_tokens(body, route),
+        cache_salt=salt,
+        cacheable=cacheable,
+    )

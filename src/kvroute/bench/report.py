@@ -1,0 +1,180 @@
+"""Reports of a benchmark: seed-2-style tables (terminal and Markdown), JSON and PNG plots."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+from rich.table import Table
+
+from kvroute.bench.results import BenchResult, StepResult
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """One figure of the table: its header, how to read it from a step, and how to print it."""
+
+    header: str
+    unit: str
+    get: Callable[[StepResult], float | None]
+    fmt: Callable[[float], str]
+
+
+def _fixed(digits: int) -> Callable[[float], str]:
+    return lambda v: f"{v:,.{digits}f}"
+
+
+COLUMNS: tuple[Column, ...] = (
+    Column("Sessions/h", "", lambda s: s.sessions_per_hour, _fixed(0)),
+    Column("Output tokens/min", "", lambda s: s.output_tokens_per_min, _fixed(0)),
+    Column("TTFB p50", " (s)", lambda s: s.ttfb_p50_s, _fixed(2)),
+    Column("TTFB p95", " (s)", lambda s: s.ttfb_p95_s, _fixed(2)),
+    Column("Replicas busy", "", lambda s: s.replicas_busy, _fixed(2)),
+    Column("Prefix hits", " (%)", lambda s: s.prefix_hit_pct, _fixed(1)),
+    Column("Stayed on replica", " (%)", lambda s: s.stayed_pct, _fixed(1)),
+)
+
+
+def _cell(col: Column, step: StepResult | None) -> str:
+    if step is None:
+        return "—"
+    value = col.get(step)
+    return "—" if value is None else col.fmt(value)
+
+
+def ab_rows(result: BenchResult, off: str, on: str) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of seed 2's table: each figure as ``off → on``, one row per step."""
+    header = ["Sessions"] + [f"{c.header} off → on{c.unit}" for c in COLUMNS]
+    rows = []
+    for n in result.step_sizes():
+        a, b = result.step(off, n), result.step(on, n)
+        rows.append([str(n)] + [f"{_cell(c, a)} → {_cell(c, b)}" for c in COLUMNS])
+    return header, rows
+
+
+def wide_rows(result: BenchResult) -> tuple[list[str], list[list[str]]]:
+    """Header and rows for any number of policies: one row per step and policy."""
+    header = ["Sessions", "Policy", "Requests"] + [f"{c.header}{c.unit}" for c in COLUMNS]
+    rows = []
+    for n in result.step_sizes():
+        for policy in result.policies():
+            step = result.step(policy, n)
+            requests = "—" if step is None else f"{step.requests:,}"
+            rows.append([str(n), policy, requests] + [_cell(c, step) for c in COLUMNS])
+    return header, rows
+
+
+def table_rows(result: BenchResult) -> tuple[list[str], list[list[str]]]:
+    """The A/B table for exactly two policies (first = off, second = on), the wide one otherwise."""
+    policies = result.policies()
+    if len(policies) == 2:
+        return ab_rows(result, policies[0], policies[1])
+    return wide_rows(result)
+
+
+def title(result: BenchResult) -> str:
+    """One line saying what was compared."""
+    policies = result.policies()
+    if len(policies) == 2:
+        return f"off = {policies[0]}, on = {policies[1]}"
+    return "policies: " + ", ".join(policies)
+
+
+def rich_table(result: BenchResult) -> Table:
+    """The table for the terminal."""
+    header, rows = table_rows(result)
+    table = Table(title=title(result), show_lines=False)
+    for i, h in enumerate(header):
+        table.add_column(h, justify="left" if i < 2 and not h.endswith("Requests") else "right")
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def markdown_table(result: BenchResult) -> str:
+    """The table as GitHub Markdown."""
+    header, rows = table_rows(result)
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def write_json(result: BenchResult, path: Path) -> None:
+    """Write the whole result (meta and every step) as JSON."""
+    path.write_bytes(orjson.dumps(result.as_dict(), option=orjson.OPT_INDENT_2))
+
+
+def read_json(path: Path) -> BenchResult:
+    """Read what :func:`write_json` wrote."""
+    return BenchResult.from_dict(orjson.loads(path.read_bytes()))
+
+
+def write_plots(result: BenchResult, out_dir: Path) -> list[Path]:
+    """TTFB p50/p95 per step on a log scale and the prefix-hit share per step, one PNG each."""
+    import matplotlib  # imported here: plotting is optional and slow to import
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = result.step_sizes()
+    xs = list(range(len(sizes)))
+    paths: list[Path] = []
+
+    def series(policy: str, get: Callable[[StepResult], float | None]) -> list[float]:
+        values: list[float] = []
+        for n in sizes:
+            step = result.step(policy, n)
+            value = None if step is None else get(step)
+            values.append(float("nan") if value is None else value)
+        return values
+
+    def finish(fig: Any, ax: Any, ylabel: str, name: str) -> None:
+        ax.set_xticks(xs, [str(n) for n in sizes])
+        ax.set_xlabel("concurrent sessions")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        path = out_dir / name
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        paths.append(path)
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for i, policy in enumerate(result.policies()):
+        color = f"C{i}"
+        ax.plot(xs, series(policy, lambda s: s.ttfb_p50_s), "o-", color=color, label=f"{policy} p50")
+        ax.plot(xs, series(policy, lambda s: s.ttfb_p95_s), "s--", color=color, label=f"{policy} p95")
+    ax.set_yscale("log")
+    ax.set_title("Time to first byte per step")
+    finish(fig, ax, "seconds (log scale)", "ttfb.png")
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for i, policy in enumerate(result.policies()):
+        ax.plot(xs, series(policy, lambda s: s.prefix_hit_pct), "o-", color=f"C{i}", label=policy)
+    ax.set_ylim(0, 100)
+    ax.set_title("Prefix-cache hit share per step (replicas' own counters)")
+    finish(fig, ax, "prompt tokens served from cache (%)", "hits.png")
+    return paths
+
+
+def write_report(result: BenchResult, out_dir: Path, *, plots: bool = True) -> list[Path]:
+    """Write ``results.json``, ``results.md`` and (optionally) the plots into ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out_dir / "results.json", out_dir / "results.md"
+    write_json(result, json_path)
+    md_path.write_text(f"{title(result)}\n\n{markdown_table(result)}")
+    written = [json_path, md_path]
+    if plots:
+        written += write_plots(result, out_dir)
+    return written
+
+
+def chat_markdown(rows: Sequence[tuple[str, str, int, float]]) -> str:
+    """Seed 1's growing-chat table: turn | worker | prompt tokens | time."""
+    lines = ["| turn | worker | prompt tokens | time |", "|---|---|---|---|"]
+    lines += [f"| {t} | {w} | {p:,} | {s:.2f} s |" for t, w, p, s in rows]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,97 @@
+"""What a benchmark records: one row per request, one summary per load step, one run per policy."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """One request as the client saw it; times are seconds since the step started.
+
+    ``ttfb_s`` is the time to the first streamed token (None if none came), ``end_s`` when the
+    response ended (None if it was cut off).  Token counts come from the response's ``usage``.
+    """
+
+    session_id: str | None
+    round: int
+    start_s: float
+    ttfb_s: float | None = None
+    end_s: float | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    worker: str | None = None
+    error: str | None = None
+    last_round: bool = False
+
+
+@dataclass(slots=True)
+class StepResult:
+    """The summary of one load step (seed 2's table row for one policy)."""
+
+    policy: str
+    sessions: int
+    duration_s: float
+    requests: int
+    errors: int
+    sessions_completed: int
+    sessions_per_hour: float
+    output_tokens_per_min: float
+    ttfb_p50_s: float | None
+    ttfb_p95_s: float | None
+    replicas_busy: float | None
+    prefix_hit_pct: float | None
+    stayed_pct: float | None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    unfinished: int = 0
+
+
+@dataclass(slots=True)
+class PolicyRun:
+    """Every step of one policy."""
+
+    policy: str
+    steps: list[StepResult] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class BenchResult:
+    """A whole benchmark: what ran (``meta``) and each policy's steps, in the order they ran."""
+
+    meta: dict[str, Any]
+    runs: list[PolicyRun] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data for JSON."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BenchResult:
+        """Inverse of :meth:`as_dict`."""
+        runs = [PolicyRun(r["policy"], [StepResult(**s) for s in r["steps"]]) for r in data["runs"]]
+        return cls(dict(data["meta"]), runs)
+
+    def policies(self) -> list[str]:
+        """Policy names in run order."""
+        return [r.policy for r in self.runs]
+
+    def step_sizes(self) -> list[int]:
+        """Concurrent-session counts of the steps, in order of first appearance."""
+        sizes: list[int] = []
+        for run in self.runs:
+            for step in run.steps:
+                if step.sessions not in sizes:
+                    sizes.append(step.sessions)
+        return sizes
+
+    def step(self, policy: str, sessions: int) -> StepResult | None:
+        """The step of ``policy`` at ``sessions`` concurrent sessions, if it ran."""
+        for run in self.runs:
+            if run.policy == policy:
+                for step in run.steps:
+                    if step.sessions == sessions:
+                        return step
+        return None

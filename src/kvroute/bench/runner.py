@@ -1,0 +1,266 @@
+"""Closed-loop load over HTTP: steps of concurrent agent sessions against one endpoint.
+
+Each of ``n`` session loops sends a session's rounds one after another (the next round starts when
+the previous response has ended) and starts the workload's next session when one is done.  When a
+step's window closes no new request starts; requests in flight run to their end (bounded by the
+drain timeout) so that their time to first byte is measured rather than censored.  Meanwhile the
+replicas' ``/metrics`` are polled for the number of busy replicas, and scraped before and after the
+step for the prefix-cache counters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import aiohttp
+import orjson
+
+from kvroute.bench.results import PolicyRun, RequestRecord, StepResult
+from kvroute.bench.stats import Samples, busy_count, cache_delta, parse_samples, summarize_step
+from kvroute.bench.workloads import PlannedRequest, Workload
+
+WORKER_HEADER = "x-kvroute-worker"
+ApiKind = Literal["openai", "anthropic"]
+
+# Synthetic workloads start each step at its own block of session indices, so a step replays the
+# same sessions under every policy however many the previous step used.
+STEP_STRIDE = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class HttpTarget:
+    """Where the load goes and where the replicas' metrics are.
+
+    ``time_scale`` converts measured seconds into the target's own seconds: a simulator running at
+    ``--speed 10`` is given ``time_scale=10`` so that the report reads in simulated seconds.
+    """
+
+    url: str
+    model: str
+    metrics_urls: tuple[str, ...] = ()
+    api: ApiKind = "openai"
+    time_scale: float = 1.0
+    api_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """Load steps (concurrent sessions), the window of each, and the bounds around it."""
+
+    sessions: tuple[int, ...] = (4, 8, 16, 24, 32)
+    duration_s: float = 180.0
+    drain_timeout_s: float = 120.0
+    poll_interval_s: float = 1.0
+    request_timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if not self.sessions or any(n < 1 for n in self.sessions):
+            raise ValueError("steps must be positive session counts")
+        if self.duration_s <= 0 or self.drain_timeout_s < 0 or self.poll_interval_s <= 0:
+            raise ValueError("duration and poll interval must be > 0, drain timeout >= 0")
+
+
+StepCallback = Callable[[int, float, Sequence[RequestRecord]], None]
+
+
+def _content_of(event: dict[str, Any]) -> str | None:
+    """Generated text carried by one streamed event (OpenAI or Anthropic), None if it carries none."""
+    if event.get("type") == "content_block_delta":
+        delta = event.get("delta") or {}
+        return str(delta.get("text") or delta.get("thinking") or "")
+    choices = event.get("choices")
+    if not choices:
+        return None
+    choice = choices[0]
+    delta = choice.get("delta")
+    if isinstance(delta, dict):
+        return str(delta.get("content") or delta.get("reasoning_content") or "")
+    text = choice.get("text")
+    return None if text is None else str(text)
+
+
+def _apply_usage(event: dict[str, Any], rec: RequestRecord) -> None:
+    """Fill token counts from an OpenAI ``usage`` chunk or Anthropic ``message_start``/``message_delta``."""
+    usage = event.get("usage")
+    if event.get("type") == "message_start":
+        usage = (event.get("message") or {}).get("usage")
+    if not isinstance(usage, dict):
+        return
+    if "prompt_tokens" in usage:
+        rec.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        details = usage.get("prompt_tokens_details") or {}
+        rec.cached_tokens = int(details.get("cached_tokens") or 0)
+        rec.output_tokens = int(usage.get("completion_tokens") or 0)
+        return
+    if "input_tokens" in usage:
+        cached = int(usage.get("cache_read_input_tokens") or 0)
+        rec.cached_tokens = cached
+        rec.prompt_tokens = (int(usage.get("input_tokens") or 0) + cached
+                             + int(usage.get("cache_creation_input_tokens") or 0))
+    if "output_tokens" in usage:
+        rec.output_tokens = int(usage.get("output_tokens") or 0)
+
+
+async def send_request(http: aiohttp.ClientSession, target: HttpTarget, req: PlannedRequest,
+                       rec: RequestRecord, clock: Callable[[], float]) -> None:
+    """Send ``req`` with streaming and fill ``rec`` as the response arrives (``clock()`` is seconds
+    since the step started, in the target's time scale)."""
+    if target.api == "anthropic":
+        path, body = "/v1/messages", req.anthropic_body(target.model)
+        headers = {"anthropic-version": "2023-06-01", **req.headers()}
+        if target.api_key:
+            headers["x-api-key"] = target.api_key
+    else:
+        path, body = "/v1/chat/completions", req.openai_body(target.model)
+        headers = dict(req.headers())
+        if target.api_key:
+            headers["authorization"] = f"Bearer {target.api_key}"
+    headers["content-type"] = "application/json"
+    chunks = 0
+    try:
+        async with http.post(target.url.rstrip("/") + path, data=orjson.dumps(body), headers=headers) as resp:
+            rec.worker = resp.headers.get(WORKER_HEADER)
+            if resp.status != 200:
+                text = (await resp.read())[:300].decode(errors="replace")
+                rec.error = f"HTTP {resp.status}: {text}"
+                return
+            async for raw in resp.content:
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == b"[DONE]":
+                    break
+                event = orjson.loads(payload)
+                if event.get("type") == "error" or "error" in event:
+                    rec.error = f"stream error: {orjson.dumps(event.get('error'))[:300].decode()}"
+                    return
+                text = _content_of(event)
+                if text is not None:
+                    # The first event carrying a choice: vLLM sends it (role chunk included) once
+                    # the first token exists.
+                    if rec.ttfb_s is None:
+                        rec.ttfb_s = clock() - rec.start_s
+                    chunks += 1 if text else 0
+                _apply_usage(event, rec)
+        if rec.output_tokens == 0:
+            rec.output_tokens = chunks
+        rec.end_s = clock()
+    except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
+        rec.error = f"{type(exc).__name__}: {exc}"[:300]
+
+
+async def scrape(http: aiohttp.ClientSession, urls: Sequence[str]) -> list[Samples | None]:
+    """One ``/metrics`` scrape of every replica; None for a replica that did not answer."""
+
+    async def one(url: str) -> Samples | None:
+        try:
+            async with http.get(url, timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                if resp.status != 200:
+                    return None
+                return parse_samples(await resp.text())
+        except (TimeoutError, aiohttp.ClientError, ValueError):
+            return None
+
+    return list(await asyncio.gather(*(one(u) for u in urls)))
+
+
+class _Step:
+    """The state of one running step: its clock, its records and the session indices it hands out."""
+
+    def __init__(self, workload: Workload, first_index: int, time_scale: float) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.t0 = self.loop.time()
+        self.time_scale = time_scale
+        self.workload = workload
+        self.next_index = first_index
+        self.records: list[RequestRecord] = []
+
+    def now(self) -> float:
+        return (self.loop.time() - self.t0) * self.time_scale
+
+    def take_session(self) -> int | None:
+        size = self.workload.size
+        if size is not None and self.next_index >= size:
+            return None
+        index = self.next_index
+        self.next_index += 1
+        return index
+
+
+async def _session_loop(http: aiohttp.ClientSession, target: HttpTarget, step: _Step,
+                        window_s: float) -> None:
+    while step.now() < window_s:
+        index = step.take_session()
+        if index is None:
+            return
+        script = step.workload.session(index)
+        for i, req in enumerate(script.requests):
+            if step.now() >= window_s:
+                return
+            rec = RequestRecord(req.session_id, req.round, step.now(), last_round=i == script.rounds - 1)
+            step.records.append(rec)
+            await send_request(http, target, req, rec, step.now)
+            if rec.error is not None:
+                break  # an agent whose request failed gives up on that task
+
+
+async def run_step(http: aiohttp.ClientSession, target: HttpTarget, workload: Workload, policy: str,
+                   sessions: int, first_index: int, plan: StepPlan,
+                   on_tick: StepCallback | None = None) -> tuple[StepResult, int]:
+    """Run one step of ``sessions`` concurrent session loops; returns its summary and the next unused
+    session index."""
+    before = await scrape(http, target.metrics_urls) if target.metrics_urls else []
+    step = _Step(workload, first_index, target.time_scale)
+    window_s = plan.duration_s
+    busy: list[int] = []
+
+    async def poll() -> None:
+        while True:
+            if target.metrics_urls and step.now() < window_s:
+                busy.append(busy_count(await scrape(http, target.metrics_urls)))
+            if on_tick is not None:
+                on_tick(sessions, min(step.now(), window_s), step.records)
+            await asyncio.sleep(plan.poll_interval_s)
+
+    poller = asyncio.create_task(poll())
+    loops = [asyncio.create_task(_session_loop(http, target, step, window_s)) for _ in range(sessions)]
+    wall_limit = (window_s + plan.drain_timeout_s) / target.time_scale
+    _, pending = await asyncio.wait(loops, timeout=wall_limit)
+    for task in pending:
+        task.cancel()
+    for task in pending:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    poller.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await poller
+    if on_tick is not None:
+        on_tick(sessions, window_s, step.records)
+    cache = None
+    if target.metrics_urls:
+        after = await scrape(http, target.metrics_urls)
+        if all(s is not None for s in before + after):
+            cache = cache_delta([s or {} for s in before], [s or {} for s in after])
+    result = summarize_step(policy, sessions, window_s, step.records, busy, cache)
+    return result, step.next_index
+
+
+async def run_policy(target: HttpTarget, workload: Workload, policy: str, plan: StepPlan,
+                     on_tick: StepCallback | None = None) -> PolicyRun:
+    """Every step of ``plan`` against ``target``, labelled ``policy``."""
+    run = PolicyRun(policy)
+    timeout = aiohttp.ClientTimeout(total=plan.request_timeout_s / target.time_scale)
+    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
+        next_index = 0
+        for k, sessions in enumerate(plan.sessions):
+            first = k * STEP_STRIDE if workload.size is None else next_index
+            result, next_index = await run_step(http, target, workload, policy, sessions, first, plan,
+                                                on_tick)
+            run.steps.append(result)
+    return run

@@ -1,0 +1,161 @@
+"""Statistics of a load step: percentiles, Prometheus counter deltas and the seed-2 table figures."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvroute.bench.results import RequestRecord, StepResult
+
+HITS = "vllm:prefix_cache_hits_total"
+QUERIES = "vllm:prefix_cache_queries_total"
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+
+SeriesKey = tuple[str, tuple[tuple[str, str], ...]]
+Samples = dict[SeriesKey, float]
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The ``q``-th percentile (0..100) with linear interpolation between order statistics
+    (numpy's default); None for no values."""
+    if not 0.0 <= q <= 100.0:
+        raise ValueError("q must be in [0, 100]")
+    if not values:
+        return None
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def parse_samples(text: str) -> Samples:
+    """Every sample of a Prometheus text exposition, keyed by sample name and sorted labels."""
+    samples: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = float(sample.value)
+    return samples
+
+
+def gauge_sum(samples: Mapping[SeriesKey, float], name: str) -> float | None:
+    """Sum of every series of gauge ``name``; None when the exposition has none."""
+    values = [v for (n, _), v in samples.items() if n == name]
+    return sum(values) if values else None
+
+
+def counter_delta(before: Mapping[SeriesKey, float], after: Mapping[SeriesKey, float], name: str) -> float:
+    """How much counter ``name`` grew between two scrapes, summed over its series.
+
+    A series that went down was reset (the engine restarted): it counts from zero, so its delta is
+    its new value.  A series that appeared counts in full; one that disappeared counts nothing.
+    """
+    total = 0.0
+    for key, value in after.items():
+        if key[0] != name:
+            continue
+        prev = before.get(key)
+        total += value if prev is None or value < prev else value - prev
+    return total
+
+
+@dataclass(frozen=True, slots=True)
+class CacheCounters:
+    """Prefix-cache counters summed over the replicas, in tokens."""
+
+    hits: float
+    queries: float
+
+    @property
+    def hit_pct(self) -> float | None:
+        """Hits as a percentage of queries; None when nothing was queried."""
+        return 100.0 * self.hits / self.queries if self.queries > 0 else None
+
+
+def cache_delta(before: Sequence[Mapping[SeriesKey, float]],
+                after: Sequence[Mapping[SeriesKey, float]]) -> CacheCounters:
+    """Prefix-cache counter deltas summed over replicas (``before[i]``/``after[i]``: replica ``i``)."""
+    if len(before) != len(after):
+        raise ValueError("before and after must list the same replicas")
+    hits = sum(counter_delta(b, a, HITS) for b, a in zip(before, after, strict=True))
+    queries = sum(counter_delta(b, a, QUERIES) for b, a in zip(before, after, strict=True))
+    return CacheCounters(hits, queries)
+
+
+def busy_count(scrapes: Iterable[Mapping[SeriesKey, float] | None]) -> int:
+    """Replicas with requests in work (running or waiting) in one poll of every replica."""
+    busy = 0
+    for samples in scrapes:
+        if samples is None:
+            continue
+        if (gauge_sum(samples, RUNNING) or 0.0) + (gauge_sum(samples, WAITING) or 0.0) > 0:
+            busy += 1
+    return busy
+
+
+def stayed_share(records: Iterable[RequestRecord]) -> float | None:
+    """Percentage of follow-up requests served by the replica that served their session's previous
+    request; None when there are no follow-ups with a known worker on both sides."""
+    by_session: dict[str, list[RequestRecord]] = {}
+    for rec in records:
+        if rec.session_id is not None:
+            by_session.setdefault(rec.session_id, []).append(rec)
+    stayed = moved = 0
+    for recs in by_session.values():
+        recs.sort(key=lambda r: r.round)
+        for prev, cur in pairwise(recs):
+            if prev.worker is None or cur.worker is None or cur.round != prev.round + 1:
+                continue
+            if cur.worker == prev.worker:
+                stayed += 1
+            else:
+                moved += 1
+    return 100.0 * stayed / (stayed + moved) if stayed + moved else None
+
+
+def summarize_step(policy: str, sessions: int, duration_s: float, records: Sequence[RequestRecord],
+                   busy_samples: Sequence[int], cache: CacheCounters | None) -> StepResult:
+    """Seed 2's figures for one step.
+
+    ``records`` are the requests started during the step's window of ``duration_s`` seconds; each
+    ran to its end (or was cut off after the drain).  Throughput counts what completed inside the
+    window: output tokens of requests that ended in it, sessions whose last round ended in it.
+    Time to first byte is over every request that got one, inside the window or during the drain, so
+    that slow requests under overload are not censored away.  The hit share comes from the replicas'
+    own counters (``cache``) when they were scraped, and from the responses' ``usage`` otherwise.
+    """
+    if duration_s <= 0:
+        raise ValueError("duration_s must be > 0")
+    ok = [r for r in records if r.error is None and r.end_s is not None]
+    in_window = [r for r in ok if r.end_s is not None and r.end_s <= duration_s]
+    ttfbs = [r.ttfb_s for r in records if r.ttfb_s is not None and r.error is None]
+    completed = sum(1 for r in in_window if r.last_round)
+    prompt = sum(r.prompt_tokens for r in ok)
+    cached = sum(r.cached_tokens for r in ok)
+    if cache is not None and cache.hit_pct is not None:
+        hit_pct: float | None = cache.hit_pct
+    else:
+        hit_pct = 100.0 * cached / prompt if prompt else None
+    return StepResult(
+        policy=policy,
+        sessions=sessions,
+        duration_s=duration_s,
+        requests=len(records),
+        errors=sum(1 for r in records if r.error is not None),
+        sessions_completed=completed,
+        sessions_per_hour=completed * 3600.0 / duration_s,
+        output_tokens_per_min=sum(r.output_tokens for r in in_window) * 60.0 / duration_s,
+        ttfb_p50_s=percentile(ttfbs, 50),
+        ttfb_p95_s=percentile(ttfbs, 95),
+        replicas_busy=sum(busy_samples) / len(busy_samples) if busy_samples else None,
+        prefix_hit_pct=hit_pct,
+        stayed_pct=stayed_share(records),
+        prompt_tokens=prompt,
+        cached_tokens=cached,
+        unfinished=sum(1 for r in records if r.error is None and r.end_s is None),
+    )

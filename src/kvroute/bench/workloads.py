@@ -1,0 +1,246 @@
+"""Benchmark workloads: agent sessions (seed 2) and a growing chat (seed 1), fully determined by a seed.
+
+Sizes are given in tokens of the simulator's pseudo-tokenizer, where a token is four bytes of the
+rendered prompt; the generated text is ASCII made of four-byte words, so a message of ``n`` tokens is
+``4*n`` bytes and the token counts the replicas report match the plan to within the chat template's
+few bytes per message.  A real tokenizer counts these words differently, which changes the absolute
+sizes but not the shape: the shared and unique parts of every prompt stay where the plan puts them.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+SESSION_HEADER = "X-Claude-Code-Session-Id"
+
+# 3-letter syllables + a space: every word is exactly one pseudo-token.
+_LETTERS = "bcdfghjklmnprstvz"
+_VOWELS = "aeiou"
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One chat message as sent to the engine."""
+
+    role: str
+    content: str
+
+    def as_dict(self) -> dict[str, str]:
+        """The OpenAI/Anthropic wire form of this message."""
+        return {"role": self.role, "content": self.content}
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedRequest:
+    """One request of a session: the whole conversation so far and the output budget."""
+
+    session_id: str | None
+    round: int
+    system: str
+    messages: tuple[Message, ...]
+    max_tokens: int
+
+    @property
+    def est_prompt_tokens(self) -> int:
+        """Planned prompt size in pseudo-tokens (four bytes each), without the template's framing."""
+        return (len(self.system) + sum(len(m.content) for m in self.messages)) // 4
+
+    def openai_body(self, model: str, *, stream: bool = True) -> dict[str, Any]:
+        """An OpenAI ``/v1/chat/completions`` body (system prompt as the first message)."""
+        messages = [{"role": "system", "content": self.system}] if self.system else []
+        messages.extend(m.as_dict() for m in self.messages)
+        body: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": self.max_tokens,
+                                "stream": stream, "temperature": 0}
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        return body
+
+    def anthropic_body(self, model: str, *, stream: bool = True) -> dict[str, Any]:
+        """An Anthropic ``/v1/messages`` body."""
+        body: dict[str, Any] = {"model": model, "messages": [m.as_dict() for m in self.messages],
+                                "max_tokens": self.max_tokens, "stream": stream}
+        if self.system:
+            body["system"] = self.system
+        return body
+
+    def headers(self) -> dict[str, str]:
+        """Headers a Claude Code client would send with this request (the session id, if any)."""
+        return {SESSION_HEADER: self.session_id} if self.session_id else {}
+
+
+@dataclass(frozen=True, slots=True)
+class SessionScript:
+    """Every request of one session, in order; request ``i`` extends request ``i-1``."""
+
+    session_id: str | None
+    requests: tuple[PlannedRequest, ...]
+
+    @property
+    def rounds(self) -> int:
+        """Number of requests in the session."""
+        return len(self.requests)
+
+
+class Workload(Protocol):
+    """A source of sessions addressed by index, so that every policy replays the same ones."""
+
+    @property
+    def size(self) -> int | None:
+        """How many sessions there are; None for an endless synthetic workload."""
+        ...
+
+    def session(self, index: int) -> SessionScript:
+        """Session number ``index``; IndexError past the end of a finite workload."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class AgentWorkloadConfig:
+    """Seed 2's synthetic Claude-Code-style sessions.
+
+    A system prompt shared by every session (``system_prompts`` distinct ones, sessions drawn among
+    them, model the share of the prefix), a first message unique to the session, then ``rounds``
+    follow-ups that each append the previous answer and ``round_tokens`` new tokens.  Every size
+    varies by up to ``jitter`` (a fraction) around its nominal value.
+    """
+
+    system_tokens: int = 3500
+    first_tokens: int = 7000
+    rounds: int = 5
+    round_tokens: int = 400
+    max_output_tokens: int = 256
+    system_prompts: int = 1
+    jitter: float = 0.1
+
+    def __post_init__(self) -> None:
+        for name in ("system_tokens", "first_tokens", "round_tokens"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+        if self.rounds < 0:
+            raise ValueError("rounds must be >= 0")
+        if self.max_output_tokens < 1:
+            raise ValueError("max_output_tokens must be >= 1")
+        if self.system_prompts < 1:
+            raise ValueError("system_prompts must be >= 1")
+        if not 0.0 <= self.jitter < 1.0:
+            raise ValueError("jitter must be in [0, 1)")
+
+
+def words(rng: random.Random, tokens: int) -> str:
+    """``tokens`` pseudo-words of four bytes each (three letters and a space)."""
+    out = []
+    for _ in range(tokens):
+        out.append(rng.choice(_LETTERS) + rng.choice(_VOWELS) + rng.choice(_LETTERS) + " ")
+    return "".join(out)
+
+
+def _jittered(rng: random.Random, nominal: int, jitter: float) -> int:
+    if nominal == 0 or jitter == 0.0:
+        return nominal
+    return max(1, round(nominal * (1.0 + rng.uniform(-jitter, jitter))))
+
+
+@dataclass(frozen=True, slots=True)
+class AgentWorkload:
+    """An endless, deterministic sequence of agent sessions: session ``i`` depends only on the seed
+    and ``i``, so every policy of an A/B sees byte-identical prompts in the same order."""
+
+    config: AgentWorkloadConfig = field(default_factory=AgentWorkloadConfig)
+    seed: int = 0
+
+    @property
+    def size(self) -> int | None:
+        """Endless: any index is a session."""
+        return None
+
+    def system_prompt(self, index: int) -> str:
+        """Shared system prompt number ``index`` (of ``config.system_prompts``)."""
+        rng = random.Random(f"kvroute-agent-system:{self.seed}:{index}")
+        head = f"You are coding agent profile {index}. Follow the repository conventions.\n"
+        return head + words(rng, max(0, self.config.system_tokens - len(head) // 4))
+
+    def session(self, index: int) -> SessionScript:
+        """The ``index``-th session of this workload."""
+        if index < 0:
+            raise IndexError(index)
+        cfg = self.config
+        rng = random.Random(f"kvroute-agent-session:{self.seed}:{index}")
+        session_id = str(uuid.UUID(int=rng.getrandbits(128), version=4))
+        system = self.system_prompt(rng.randrange(cfg.system_prompts))
+        history: list[Message] = []
+        requests: list[PlannedRequest] = []
+        for rnd in range(cfg.rounds + 1):
+            if rnd == 0:
+                text = f"Task {session_id}:\n" + words(rng, _jittered(rng, cfg.first_tokens, cfg.jitter))
+            else:
+                # The answer the agent got last round goes back into its history.  It is planned
+                # here rather than copied from the replica so that prompts never depend on which
+                # policy ran; the engine recomputes at most those few hundred tokens.
+                answer = words(rng, requests[-1].max_tokens)
+                history.append(Message("assistant", answer))
+                text = f"Tool result {rnd}:\n" + words(rng, _jittered(rng, cfg.round_tokens, cfg.jitter))
+            history.append(Message("user", text))
+            requests.append(PlannedRequest(session_id, rnd, system, tuple(history), cfg.max_output_tokens))
+        return SessionScript(session_id, tuple(requests))
+
+    def sessions(self, start: int = 0) -> Iterator[SessionScript]:
+        """Sessions ``start``, ``start+1``, ... forever."""
+        index = start
+        while True:
+            yield self.session(index)
+            index += 1
+
+
+@dataclass(frozen=True, slots=True)
+class GrowingChatConfig:
+    """Seed 1's measurement: one conversation of ``first_tokens`` grown by ``turn_tokens`` per turn,
+    one token of output each, with an unrelated conversation of ``other_tokens`` sent after turn
+    ``other_after`` (0 to leave it out)."""
+
+    first_tokens: int = 5600
+    turn_tokens: int = 190
+    turns: int = 5
+    output_tokens: int = 1
+    other_tokens: int = 5700
+    other_after: int = 3
+
+    def __post_init__(self) -> None:
+        if self.first_tokens < 1 or self.turn_tokens < 1 or self.turns < 1 or self.output_tokens < 1:
+            raise ValueError("growing chat sizes, turns and output tokens must be >= 1")
+        if not 0 <= self.other_after <= self.turns:
+            raise ValueError("other_after must be between 0 and turns")
+
+
+@dataclass(frozen=True, slots=True)
+class ChatStep:
+    """One row of the growing-chat table: which turn, and the request to send."""
+
+    label: str
+    request: PlannedRequest
+
+
+def growing_chat(config: GrowingChatConfig, seed: int = 0) -> list[ChatStep]:
+    """The requests of seed 1's table in the order they are sent.  Like seed 1's API calls they carry
+    no session id: only the prompt itself can keep a turn where its prefix is cached."""
+    rng = random.Random(f"kvroute-chat:{seed}")
+    history: list[Message] = []
+    steps: list[ChatStep] = []
+    for turn in range(1, config.turns + 1):
+        if turn == 1:
+            history.append(Message("user", words(rng, config.first_tokens)))
+            label = "1 (cold)"
+        else:
+            history.append(Message("assistant", words(rng, config.output_tokens)))
+            history.append(Message("user", words(rng, config.turn_tokens - config.output_tokens)))
+            label = str(turn)
+        steps.append(ChatStep(label, PlannedRequest(None, turn - 1, "", tuple(history),
+                                                    config.output_tokens)))
+        if turn == config.other_after:
+            other = (Message("user", words(rng, config.other_tokens)),)
+            steps.append(ChatStep("a different conversation",
+                                  PlannedRequest(None, 0, "", other, config.output_tokens)))
+    return steps

@@ -1,0 +1,240 @@
+"""Router settings: defaults, then a TOML file, then ``KVROUTE_*`` environment variables, then flags.
+
+Every scalar setting ``name`` can be set as ``name = ...`` at the top level of the TOML file, as the
+environment variable ``KVROUTE_<NAME>`` and, for the common ones, as a ``kvroute serve`` flag.
+Workers and per-model settings are tables in the file; ``KVROUTE_WORKERS`` (comma-separated URLs)
+and ``--worker`` replace the file's worker list.  See docs/server.md for the full reference.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+Overflow = int | Literal["auto"]
+
+_TRUE = frozenset(("1", "true", "yes", "on"))
+_FALSE = frozenset(("0", "false", "no", "off", ""))
+
+
+class SettingsError(ValueError):
+    """A setting is missing, misspelt or of the wrong type; the message names it."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSpec:
+    """A replica given in the configuration.
+
+    ``id`` defaults to the URL's ``host:port`` so that every router instance derives the same id.
+    ``models`` declares what the worker serves (otherwise discovered from its ``/v1/models``);
+    ``max_num_seqs`` is for engines that do not say (vLLM exposes it nowhere by default).
+    """
+
+    url: str
+    id: str | None = None
+    models: tuple[str, ...] = ()
+    max_num_seqs: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSettings:
+    """Per-model routing knobs; ``None`` means "the router-wide default"."""
+
+    policy: str | None = None
+    sticky: bool | None = None
+    overflow: Overflow | None = None
+    max_num_seqs: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything ``kvroute serve`` and ``start_router`` need to run one router instance."""
+
+    workers: tuple[WorkerSpec, ...] = ()
+    policy: str = "auto"
+    models: Mapping[str, ModelSettings] = field(default_factory=dict)
+    # Extra keyword arguments for RoutingConfig (index size, slack, session expiry, ...), from [routing].
+    routing: Mapping[str, Any] = field(default_factory=dict)
+    host: str = "127.0.0.1"
+    port: int = 8000
+    admin_token: str | None = None
+    worker_header: bool = True
+    max_body_bytes: int = 32 * 1024 * 1024
+    retries: int = 2
+    probe_interval_s: float = 1.0
+    probe_timeout_s: float = 2.0
+    failure_threshold: int = 3
+    upstream_connect_timeout_s: float = 5.0
+    # Longest silence accepted from a worker (before its first byte or between two chunks).
+    upstream_read_timeout_s: float = 600.0
+    connections_per_worker: int = 1024
+    shutdown_timeout_s: float = 30.0
+    log_prompts: bool = False
+    redis_url: str | None = None
+
+    @classmethod
+    def load(
+        cls,
+        path: str | Path | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+        overrides: Mapping[str, Any] | None = None,
+    ) -> Settings:
+        """Build settings from defaults, the TOML file at ``path`` (or ``$KVROUTE_CONFIG``), the
+        environment and ``overrides`` (flag values; ``None`` entries are ignored), later winning."""
+        env = os.environ if env is None else env
+        raw: dict[str, Any] = {}
+        path = path or env.get("KVROUTE_CONFIG") or None
+        if path is not None:
+            try:
+                raw.update(tomllib.loads(Path(path).read_text()))
+            except OSError as exc:
+                raise SettingsError(f"cannot read config file {path}: {exc.strerror}") from exc
+            except tomllib.TOMLDecodeError as exc:
+                raise SettingsError(f"config file {path} is not valid TOML: {exc}") from exc
+        raw.update(_from_env(env))
+        raw.update({k: v for k, v in (overrides or {}).items() if v is not None})
+        return cls.from_dict(raw)
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> Settings:
+        """Validate a plain mapping (the TOML document's shape) into settings."""
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(raw) - set(known))
+        if unknown:
+            raise SettingsError(f"unknown setting(s): {', '.join(unknown)}")
+        values: dict[str, Any] = {}
+        for name, value in raw.items():
+            if name == "workers":
+                values[name] = tuple(_worker(w) for w in _as_list(value, "workers"))
+            elif name == "models":
+                if not isinstance(value, Mapping):
+                    raise SettingsError("models must be a table of model name -> settings")
+                values[name] = {str(m): _model(str(m), s) for m, s in value.items()}
+            elif name == "routing":
+                if not isinstance(value, Mapping):
+                    raise SettingsError("routing must be a table")
+                values[name] = dict(value)
+            else:
+                values[name] = _coerce(name, value, known[name].default)
+        settings = cls(**values)
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        """Reject values that cannot work, naming the setting."""
+        positive = ("max_body_bytes", "probe_interval_s", "probe_timeout_s", "failure_threshold",
+                    "upstream_connect_timeout_s", "upstream_read_timeout_s", "connections_per_worker")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise SettingsError(f"{name} must be positive")
+        if self.retries < 0 or self.shutdown_timeout_s < 0:
+            raise SettingsError("retries and shutdown_timeout_s must not be negative")
+        if not 0 <= self.port <= 65535:
+            raise SettingsError("port must be between 0 and 65535")
+
+    def replace(self, **changes: Any) -> Settings:
+        """A copy with some settings changed (validated)."""
+        settings = dataclasses.replace(self, **changes)
+        settings.validate()
+        return settings
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(Settings):
+        value = env.get(f"KVROUTE_{f.name.upper()}")
+        if value is None or f.name in ("models", "routing"):
+            continue
+        if f.name == "workers":
+            out["workers"] = [u.strip() for u in value.split(",") if u.strip()]
+        else:
+            out[f.name] = value
+    return out
+
+
+def _as_list(value: Any, name: str) -> list[Any]:
+    if isinstance(value, str | Mapping):
+        return [value]
+    if isinstance(value, list | tuple):
+        return list(value)
+    raise SettingsError(f"{name} must be a list")
+
+
+def _worker(value: Any) -> WorkerSpec:
+    """A worker from a bare URL or a table ``{url, id, models, max_num_seqs}``."""
+    if isinstance(value, WorkerSpec):
+        return value
+    if isinstance(value, str):
+        value = {"url": value}
+    if not isinstance(value, Mapping):
+        raise SettingsError("each worker must be a URL or a table with a url")
+    unknown = sorted(set(value) - {"url", "id", "models", "max_num_seqs"})
+    if unknown:
+        raise SettingsError(f"unknown worker setting(s): {', '.join(unknown)}")
+    url = value.get("url")
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise SettingsError(f"worker url must start with http:// or https://, got {url!r}")
+    models = value.get("models", ())
+    if isinstance(models, str):
+        models = (models,)
+    max_num_seqs = value.get("max_num_seqs")
+    return WorkerSpec(
+        url=url.rstrip("/"),
+        id=None if value.get("id") is None else str(value["id"]),
+        models=tuple(str(m) for m in models),
+        max_num_seqs=None if max_num_seqs is None else _coerce("max_num_seqs", max_num_seqs, 1),
+    )
+
+
+def _model(name: str, value: Any) -> ModelSettings:
+    if isinstance(value, ModelSettings):
+        return value
+    if not isinstance(value, Mapping):
+        raise SettingsError(f"models.{name} must be a table")
+    unknown = sorted(set(value) - {"policy", "sticky", "overflow", "max_num_seqs"})
+    if unknown:
+        raise SettingsError(f"unknown setting(s) in models.{name}: {', '.join(unknown)}")
+    overflow = value.get("overflow")
+    if overflow is not None and overflow != "auto":
+        overflow = _coerce(f"models.{name}.overflow", overflow, 1)
+        if overflow < 1:
+            raise SettingsError(f"models.{name}.overflow must be 'auto' or a positive number")
+    sticky, mns, policy = value.get("sticky"), value.get("max_num_seqs"), value.get("policy")
+    return ModelSettings(
+        policy=None if policy is None else str(policy),
+        sticky=None if sticky is None else _coerce(f"models.{name}.sticky", sticky, True),
+        overflow=overflow,
+        max_num_seqs=None if mns is None else _coerce(f"models.{name}.max_num_seqs", mns, 1),
+    )
+
+
+def _coerce(name: str, value: Any, default: Any) -> Any:
+    """Convert ``value`` to the type of ``default`` (strings from the environment included)."""
+    try:
+        if isinstance(default, bool):
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in _TRUE or text in _FALSE:
+                return text in _TRUE
+            raise ValueError(value)
+        if isinstance(default, int):
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError(value)
+            return int(value)
+        if isinstance(default, float):
+            if isinstance(value, bool):
+                raise ValueError(value)
+            return float(value)
+        if value is not None and not isinstance(value, str):
+            raise ValueError(value)
+        return value
+    except (TypeError, ValueError):
+        kind = type(default).__name__ if default is not None else "str"
+        raise SettingsError(f"{name} must be a {kind}, got {value!r}") from None

@@ -1,0 +1,1 @@
+"""Developer tooling: preparing and running real inference engines beside kvroute (not used at run time)."""

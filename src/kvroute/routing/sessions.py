@@ -1,0 +1,108 @@
+"""Seed 2's session table: session -> worker, with idle expiry and a bound on entries.
+
+Sessions are keyed by a 64-bit hash of (cache scope, session id), so the table and the messages
+shared between router instances never carry the raw id, and a session that talks to two models
+keeps one binding per model.  Entries are kept in least-recently-seen order, so expiry and
+eviction both pop from the front.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class Binding:
+    """Where one session lives and when it last sent a request."""
+
+    worker_id: str
+    last_seen: float
+
+
+class SessionTable:
+    """Bounded, expiring session bindings with a per-worker count of bound sessions."""
+
+    def __init__(self, ttl_s: float = 3600.0, max_entries: int = 100_000) -> None:
+        self.ttl_s = ttl_s
+        self.max_entries = max_entries
+        self._bindings: OrderedDict[int, Binding] = OrderedDict()
+        self._per_worker: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._bindings)
+
+    def get(self, session: int, now: float) -> str | None:
+        """The worker ``session`` is bound to, unless the binding has expired."""
+        b = self._bindings.get(session)
+        if b is None or now - b.last_seen > self.ttl_s:
+            return None
+        return b.worker_id
+
+    def bind(self, session: int, worker_id: str, now: float) -> bool:
+        """Bind (or re-bind, or refresh) ``session`` to ``worker_id``; returns whether it moved.
+
+        A refresh stamped older than the binding's last request (a late message from another router
+        instance) is ignored.
+        """
+        b = self._bindings.get(session)
+        if b is None:
+            self._bindings[session] = Binding(worker_id, now)
+            self._count(worker_id, 1)
+            self.expire(now)
+            return True
+        if now < b.last_seen:
+            return False
+        moved = b.worker_id != worker_id
+        if moved:
+            self._count(b.worker_id, -1)
+            self._count(worker_id, 1)
+            b.worker_id = worker_id
+        b.last_seen = now
+        self._bindings.move_to_end(session)
+        self.expire(now)
+        return moved
+
+    def expire(self, now: float) -> None:
+        """Drop idle bindings and, beyond the bound, the least recently seen ones."""
+        bindings = self._bindings
+        cutoff = now - self.ttl_s
+        while bindings:
+            session, oldest = next(iter(bindings.items()))
+            if oldest.last_seen >= cutoff and len(bindings) <= self.max_entries:
+                break
+            del bindings[session]
+            self._count(oldest.worker_id, -1)
+
+    def drop_worker(self, worker_id: str) -> int:
+        """Unbind every session of a removed worker; returns how many there were."""
+        gone = [s for s, b in self._bindings.items() if b.worker_id == worker_id]
+        for s in gone:
+            del self._bindings[s]
+        self._per_worker.pop(worker_id, None)
+        return len(gone)
+
+    def bound(self, worker_id: str) -> int:
+        """Sessions currently bound to ``worker_id`` (including idle ones not yet expired)."""
+        return self._per_worker.get(worker_id, 0)
+
+    def active(self, now: float, within_s: float) -> dict[str, int]:
+        """Sessions per worker whose last request is at most ``within_s`` old.
+
+        Walks from the most recently seen binding and stops at the first older one, so it costs
+        the number of active sessions, not the table size.
+        """
+        counts: dict[str, int] = {}
+        cutoff = now - within_s
+        for b in reversed(self._bindings.values()):
+            if b.last_seen < cutoff:
+                break
+            counts[b.worker_id] = counts.get(b.worker_id, 0) + 1
+        return counts
+
+    def _count(self, worker_id: str, delta: int) -> None:
+        n = self._per_worker.get(worker_id, 0) + delta
+        if n:
+            self._per_worker[worker_id] = n
+        else:
+            self._per_worker.pop(worker_id, None)

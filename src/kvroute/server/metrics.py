@@ -1,0 +1,115 @@
+"""The router's own Prometheus metrics, in a registry per router (several run in one test process).
+
+Counters and histograms are updated on the hot path; everything that is a snapshot of state
+(in-flight counts, engine figures, index and session sizes) is read at scrape time by a collector,
+so the hot path never pays for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from kvroute.fleet.registry import Registry
+
+TTFB_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                120.0)
+BLOCK_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+
+
+class RouterMetrics:
+    """The metric objects of one router; ``render()`` is the ``/metrics`` body."""
+
+    def __init__(self, registry: Registry, scheduler_stats: Callable[[], Mapping[str, Any]]) -> None:
+        self.prometheus = CollectorRegistry(auto_describe=True)
+        r = self.prometheus
+        self.requests = Counter(
+            "kvroute_requests", "Requests sent to a worker, by worker, model and decision kind",
+            ["worker", "model", "kind"], registry=r,
+        )
+        self.prefix_blocks = Histogram(
+            "kvroute_prefix_blocks_matched", "Prefix-index blocks the chosen worker already held",
+            buckets=BLOCK_BUCKETS, registry=r,
+        )
+        self.ttfb = Histogram(
+            "kvroute_ttfb_seconds", "Time from the request's arrival to its first response byte",
+            buckets=TTFB_BUCKETS, registry=r,
+        )
+        self.retries = Counter(
+            "kvroute_retries", "Requests retried on another worker, by why the attempt failed",
+            ["reason"], registry=r,
+        )
+        self.failures = Counter(
+            "kvroute_failures", "Failed upstream attempts and rejected requests, by reason",
+            ["reason"], registry=r,
+        )
+        r.register(_StateCollector(registry, scheduler_stats))
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric of this router."""
+        return generate_latest(self.prometheus)
+
+
+class _StateCollector(Collector):
+    """Scrape-time gauges: per-worker state and engine figures, index and session sizes."""
+
+    def __init__(self, registry: Registry, scheduler_stats: Callable[[], Mapping[str, Any]]) -> None:
+        self._registry = registry
+        self._stats = scheduler_stats
+
+    def describe(self) -> list[Metric]:
+        # Nothing to pre-register: these families vary with the fleet and are built per scrape.
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        inflight = GaugeMetricFamily("kvroute_inflight", "Requests this router has in flight, per worker",
+                                     labels=["worker"])
+        healthy = GaugeMetricFamily("kvroute_worker_healthy", "1 if the worker is a candidate (healthy)",
+                                    labels=["worker"])
+        draining = GaugeMetricFamily("kvroute_worker_draining", "1 if the worker is being drained",
+                                     labels=["worker"])
+        epoch = GaugeMetricFamily("kvroute_worker_epoch", "The worker's epoch (registration or engine start)",
+                                  labels=["worker"])
+        running = GaugeMetricFamily("kvroute_worker_running", "vllm:num_requests_running of the worker",
+                                    labels=["worker"])
+        waiting = GaugeMetricFamily("kvroute_worker_waiting", "vllm:num_requests_waiting of the worker",
+                                    labels=["worker"])
+        kv = GaugeMetricFamily("kvroute_worker_kv_cache_usage",
+                               "vllm:kv_cache_usage_perc of the worker (fraction, 0-1)", labels=["worker"])
+        hits = CounterMetricFamily("kvroute_worker_prefix_cache_hits",
+                                   "vllm:prefix_cache_hits_total of the worker (tokens)", labels=["worker"])
+        queries = CounterMetricFamily("kvroute_worker_prefix_cache_queries",
+                                      "vllm:prefix_cache_queries_total of the worker (tokens)",
+                                      labels=["worker"])
+        for record in self._registry.records():
+            s, wid = record.state, [record.id]
+            inflight.add_metric(wid, s.inflight)
+            healthy.add_metric(wid, 1.0 if s.healthy else 0.0)
+            draining.add_metric(wid, 1.0 if s.draining else 0.0)
+            epoch.add_metric(wid, s.epoch)
+            if s.running is not None:
+                running.add_metric(wid, s.running)
+            if s.waiting is not None:
+                waiting.add_metric(wid, s.waiting)
+            if s.kv_usage is not None:
+                kv.add_metric(wid, s.kv_usage)
+            m = record.metrics
+            if m is not None and m.prefix_hits is not None:
+                hits.add_metric(wid, m.prefix_hits)
+            if m is not None and m.prefix_queries is not None:
+                queries.add_metric(wid, m.prefix_queries)
+        yield from (inflight, healthy, draining, epoch, running, waiting, kv, hits, queries)
+        stats = self._stats()
+        yield _gauge("kvroute_index_blocks", "Blocks held by the prefix index", stats.get("index_blocks"))
+        yield _gauge("kvroute_sessions", "Sessions bound to a worker", stats.get("sessions"))
+
+
+def _gauge(name: str, doc: str, value: Any) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, doc)
+    if isinstance(value, int | float):
+        family.add_metric([], value)
+    return family

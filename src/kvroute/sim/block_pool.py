@@ -1,0 +1,83 @@
+"""KV block pool like vLLM's: fixed blocks, reference counts, hash index, LRU free list.
+
+Each block holds ``block_size`` tokens.  A block's content is indexed by chained hashes at a finer
+granularity, the *match unit* (``prefix_match_unit`` tokens; equal to the block size for dense
+models, which makes this exactly vLLM's full-block index).  A block with reference count 0 stays
+in the index on the free list until it is reused; the free list is an LRU queue evicted from its
+head, and blocks freed together are appended tail-first so a sequence's last blocks go first.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+
+
+class BlockPool:
+    """``num_blocks`` blocks; allocation, sharing, freeing and the hash index."""
+
+    __slots__ = ("_cached", "_free", "_hashes", "_refs", "block_size", "num_blocks")
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        if num_blocks <= 0 or block_size <= 0:
+            raise ValueError("num_blocks and block_size must be positive")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self._refs = [0] * num_blocks
+        self._hashes: list[list[int]] = [[] for _ in range(num_blocks)]
+        self._cached: dict[int, int] = {}
+        self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
+
+    @property
+    def num_free(self) -> int:
+        """Blocks that can be allocated now (free, cached or not)."""
+        return len(self._free)
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks held by running sequences (vLLM's ``kv_cache_usage_perc``)."""
+        return 1.0 - len(self._free) / self.num_blocks
+
+    def lookup(self, unit_hash: int) -> int | None:
+        """The block holding the unit with this chained hash, if cached."""
+        return self._cached.get(unit_hash)
+
+    def num_free_among(self, blocks: Iterable[int]) -> int:
+        """How many of ``blocks`` are on the free list (touching them takes them off it)."""
+        return sum(1 for b in blocks if self._refs[b] == 0)
+
+    def touch(self, blocks: Iterable[int]) -> None:
+        """Share cached blocks with one more sequence."""
+        for b in blocks:
+            if self._refs[b] == 0:
+                del self._free[b]
+            self._refs[b] += 1
+
+    def allocate(self, n: int) -> list[int]:
+        """Take ``n`` blocks from the head of the free list, evicting their cached content."""
+        if n > len(self._free):
+            raise RuntimeError(f"allocating {n} blocks with {len(self._free)} free")
+        out: list[int] = []
+        for _ in range(n):
+            b, _none = self._free.popitem(last=False)
+            for h in self._hashes[b]:
+                if self._cached.get(h) == b:
+                    del self._cached[h]
+            self._hashes[b] = []
+            self._refs[b] = 1
+            out.append(b)
+        return out
+
+    def free(self, blocks: list[int]) -> None:
+        """Drop one reference to each block; unreferenced blocks join the free list tail-first."""
+        for b in reversed(blocks):
+            self._refs[b] -= 1
+            if self._refs[b] == 0:
+                self._free[b] = None
+
+    def register(self, block: int, unit_hash: int) -> None:
+        """Index a completed unit of ``block``; a unit already cached elsewhere keeps that block."""
+        if unit_hash not in self._cached:
+            self._cached[unit_hash] = block
+            self._hashes[block].append(unit_hash)
+

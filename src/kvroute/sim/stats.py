@@ -1,0 +1,67 @@
+"""Counters and histograms an engine keeps for ``/metrics`` (vLLM's meanings, tokens as units)."""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field, replace
+
+# vLLM's bucket boundaries for the same histograms.
+TTFT_BUCKETS: tuple[float, ...] = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)
+E2E_BUCKETS: tuple[float, ...] = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
+)
+
+
+@dataclass(slots=True)
+class Histogram:
+    """Cumulative-bucket histogram with fixed upper bounds (``+Inf`` implied)."""
+
+    bounds: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.counts:
+            self.counts = [0] * (len(self.bounds) + 1)
+
+    def observe(self, value: float) -> None:
+        """Record one observation."""
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
+        self.count += 1
+
+    def cumulative(self) -> list[int]:
+        """Counts of observations ``<=`` each bound, then the total (the ``+Inf`` bucket)."""
+        out: list[int] = []
+        running = 0
+        for c in self.counts:
+            running += c
+            out.append(running)
+        return out
+
+    def copy(self) -> Histogram:
+        """An independent copy."""
+        return replace(self, counts=list(self.counts))
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """Monotonic counters since the engine (re)started, in tokens where vLLM counts tokens."""
+
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    num_preemptions: int = 0
+    finished: dict[str, int] = field(default_factory=dict)
+    ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
+    e2e: Histogram = field(default_factory=lambda: Histogram(E2E_BUCKETS))
+
+    def copy(self) -> EngineStats:
+        """An independent copy (what ``snapshot()`` hands out)."""
+        return replace(self, finished=dict(self.finished), ttft=self.ttft.copy(), e2e=self.e2e.copy())

@@ -1,0 +1,274 @@
+"""Pseudo-tokenizer and chat template of the simulator, shared with the benchmark workloads.
+
+A request is rendered into one UTF-8 byte string by a simple chat template (system, tools, then the
+messages in order, then an assistant-generation marker).  A *token* is 4 bytes of that rendering:
+``count_tokens(data) == ceil(len(data) / 4)``.  Token ids are the little-endian ``uint32`` of those
+4 bytes (the last one zero-padded), so ids can be turned back into bytes exactly.
+
+Prefix stability: appending a turn only appends bytes.  The rendering of turn N (ending with the
+generation marker) is a byte prefix of turn N+1's rendering, where the marker is the start of the
+assistant message.  The assistant header is padded with spaces so that the assistant's content
+starts on a 4-byte (token) boundary; generated text therefore tokenizes the same way in the reply
+and when the client sends it back in the next turn, and its KV blocks can be reused like vLLM's.
+
+Block hashes are computed straight from byte slices (block ``i`` is
+``data[i*T*4:(i+1)*T*4]`` for ``T`` tokens per block), chained with xxh3_64 and seeded by the
+model name and ``cache_salt`` — no per-token Python objects on the hot path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import orjson
+import xxhash
+
+BYTES_PER_TOKEN = 4
+
+_START = b"<|im_start|>"
+_END = b"<|im_end|>\n"
+_ASSISTANT = b"<|im_start|>assistant"
+
+
+class RenderError(ValueError):
+    """The request body cannot be rendered (wrong shape); the message says which field."""
+
+
+def count_tokens(data: bytes) -> int:
+    """Number of pseudo-tokens in a rendering: one per 4 bytes, rounded up."""
+    return -(-len(data) // BYTES_PER_TOKEN)
+
+
+def hash_seed(model: str, cache_salt: str | None = None) -> int:
+    """Seed of the block-hash chain: requests that may not share a cache never share a hash."""
+    return xxhash.xxh3_64_intdigest(f"{model}\x00{cache_salt or ''}".encode())
+
+
+def block_hashes(data: bytes, block_tokens: int, seed: int, limit: int | None = None) -> list[int]:
+    """Chained xxh3_64 hashes of the full blocks of ``data`` (``block_tokens`` tokens each).
+
+    ``h(i) = xxh3_64(block i, seed=h(i-1))`` with ``h(-1) = seed``; a partial last block is not
+    hashed.  ``limit`` caps the number of blocks hashed.
+    """
+    width = block_tokens * BYTES_PER_TOKEN
+    n = len(data) // width
+    if limit is not None:
+        n = min(n, limit)
+    out: list[int] = []
+    h = seed
+    view = memoryview(data)
+    digest = xxhash.xxh3_64_intdigest
+    for i in range(n):
+        h = digest(view[i * width:(i + 1) * width], seed=h)
+        out.append(h)
+    return out
+
+
+def token_ids(data: bytes) -> list[int]:
+    """The pseudo-token ids of a rendering (for ``/tokenize`` and render endpoints only)."""
+    padded = data + b"\x00" * (-len(data) % BYTES_PER_TOKEN)
+    return [int.from_bytes(padded[i:i + 4], "little") for i in range(0, len(padded), 4)]
+
+
+def detokenize(ids: Iterable[int]) -> bytes:
+    """Inverse of :func:`token_ids` (zero padding dropped)."""
+    try:
+        raw = b"".join(int(t).to_bytes(4, "little") for t in ids)
+    except (OverflowError, ValueError, TypeError) as exc:
+        raise RenderError(f"invalid token id: {exc}") from None
+    return raw.rstrip(b"\x00")
+
+
+def token_strs(data: bytes) -> list[str]:
+    """Each token's text (invalid UTF-8 pieces replaced), for ``/tokenize`` with ``return_token_strs``."""
+    return [data[i:i + 4].decode("utf-8", "replace") for i in range(0, len(data), 4)]
+
+
+# --------------------------------------------------------------------------------------- rendering
+
+
+class _Buffer:
+    """Append-only byte builder that knows its length (the assistant header pads on it)."""
+
+    __slots__ = ("length", "parts")
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+        self.length = 0
+
+    def add(self, data: bytes) -> None:
+        self.parts.append(data)
+        self.length += len(data)
+
+    def header(self, role: str) -> None:
+        if role == "assistant":
+            self.assistant_header()
+        else:
+            self.add(_START + role.encode() + b"\n")
+
+    def assistant_header(self) -> None:
+        # Pad so that the assistant content starts on a token boundary (see module docstring).
+        pad = -(self.length + len(_ASSISTANT) + 1) % BYTES_PER_TOKEN
+        self.add(_ASSISTANT + b" " * pad + b"\n")
+
+    def text(self, value: str) -> None:
+        self.add(value.encode("utf-8", "surrogatepass"))
+
+    def result(self) -> bytes:
+        return b"".join(self.parts)
+
+
+def _dumps(value: Any) -> bytes:
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    except TypeError as exc:
+        raise RenderError(f"value cannot be serialized: {exc}") from None
+
+
+def _openai_content(buf: _Buffer, content: Any, field: str) -> None:
+    if content is None:
+        return
+    if isinstance(content, str):
+        buf.text(content)
+        return
+    if not isinstance(content, list):
+        raise RenderError(f"{field}: content must be a string or a list of parts")
+    for i, part in enumerate(content):
+        if not isinstance(part, Mapping):
+            raise RenderError(f"{field}[{i}]: content part must be an object")
+        kind = part.get("type")
+        if kind == "text":
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise RenderError(f"{field}[{i}].text must be a string")
+            buf.text(text)
+        elif kind in ("image_url", "input_audio", "file", "video_url"):
+            # Media is a placeholder plus a digest of its payload: equal media, equal tokens.
+            buf.add(b"<media:" + xxhash.xxh3_64_hexdigest(_dumps(part)).encode() + b">")
+        else:
+            raise RenderError(f"{field}[{i}]: unsupported content part type {kind!r}")
+
+
+def _tool_calls(buf: _Buffer, calls: Any, field: str) -> None:
+    if not isinstance(calls, list):
+        raise RenderError(f"{field}.tool_calls must be a list")
+    for i, call in enumerate(calls):
+        if not isinstance(call, Mapping):
+            raise RenderError(f"{field}.tool_calls[{i}] must be an object")
+        fn = call.get("function") or {}
+        buf.add(b"<tool_call>" + _dumps({"name": fn.get("name"), "arguments": fn.get("arguments")})
+                + b"</tool_call>")
+
+
+def render_chat(body: Mapping[str, Any], add_generation_prompt: bool = True) -> bytes:
+    """Render an OpenAI chat-completions body: leading system/developer messages, tools, messages."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RenderError("'messages' must be a non-empty list")
+    buf = _Buffer()
+    i = 0
+    while i < len(messages) and isinstance(messages[i], Mapping) and \
+            messages[i].get("role") in ("system", "developer"):
+        buf.header("system")
+        _openai_content(buf, messages[i].get("content"), f"messages[{i}]")
+        buf.add(_END)
+        i += 1
+    tools = body.get("tools")
+    if tools:
+        buf.header("tools")
+        buf.add(_dumps(tools))
+        buf.add(_END)
+    for j in range(i, len(messages)):
+        msg = messages[j]
+        field = f"messages[{j}]"
+        if not isinstance(msg, Mapping):
+            raise RenderError(f"{field} must be an object")
+        role = msg.get("role")
+        if role not in ("system", "developer", "user", "assistant", "tool", "function"):
+            raise RenderError(f"{field}.role {role!r} is not one of system, user, assistant, tool")
+        buf.header("system" if role == "developer" else "tool" if role == "function" else role)
+        _openai_content(buf, msg.get("content"), field)
+        if role == "assistant" and msg.get("tool_calls"):
+            _tool_calls(buf, msg["tool_calls"], field)
+        buf.add(_END)
+    if add_generation_prompt:
+        buf.assistant_header()
+    return buf.result()
+
+
+def render_completion(prompt: Any) -> bytes:
+    """Render an OpenAI completions ``prompt`` (a string, or a list of token ids)."""
+    if isinstance(prompt, str):
+        return prompt.encode("utf-8", "surrogatepass")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        return render_completion(prompt[0])
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        return detokenize(prompt)
+    raise RenderError("'prompt' must be a string or a list of token ids")
+
+
+def _anthropic_blocks(buf: _Buffer, content: Any, field: str) -> None:
+    if isinstance(content, str):
+        buf.text(content)
+        return
+    if not isinstance(content, list):
+        raise RenderError(f"{field}.content must be a string or a list of content blocks")
+    for i, block in enumerate(content):
+        if not isinstance(block, Mapping):
+            raise RenderError(f"{field}.content[{i}] must be an object")
+        kind = block.get("type")
+        if kind == "text":
+            text = block.get("text")
+            if not isinstance(text, str):
+                raise RenderError(f"{field}.content[{i}].text must be a string")
+            buf.text(text)
+        elif kind == "tool_use":
+            buf.add(b"<tool_call>" + _dumps({"name": block.get("name"), "arguments": block.get("input")})
+                    + b"</tool_call>")
+        elif kind == "tool_result":
+            buf.add(b"<tool_response>")
+            inner = block.get("content")
+            if inner is not None:
+                _anthropic_blocks(buf, inner, f"{field}.content[{i}]")
+            buf.add(b"</tool_response>")
+        elif kind in ("thinking", "redacted_thinking"):
+            buf.add(b"<think>")
+            buf.text(str(block.get("thinking", "")))
+            buf.add(b"</think>")
+        elif kind in ("image", "document"):
+            buf.add(b"<media:" + xxhash.xxh3_64_hexdigest(_dumps(block)).encode() + b">")
+        else:
+            raise RenderError(f"{field}.content[{i}]: unsupported content block type {kind!r}")
+
+
+def render_anthropic(body: Mapping[str, Any], add_generation_prompt: bool = True) -> bytes:
+    """Render an Anthropic messages body: ``system``, ``tools``, then the messages' content blocks."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RenderError("messages: field required (a non-empty list)")
+    buf = _Buffer()
+    system = body.get("system")
+    if system:
+        buf.header("system")
+        _anthropic_blocks(buf, system, "system")
+        buf.add(_END)
+    tools = body.get("tools")
+    if tools:
+        buf.header("tools")
+        buf.add(_dumps(tools))
+        buf.add(_END)
+    for j, msg in enumerate(messages):
+        field = f"messages.{j}"
+        if not isinstance(msg, Mapping):
+            raise RenderError(f"{field} must be an object")
+        role = msg.get("role")
+        if role not in ("user", "assistant"):
+            raise RenderError(f"{field}.role must be 'user' or 'assistant'")
+        buf.header(role)
+        _anthropic_blocks(buf, msg.get("content"), field)
+        buf.add(_END)
+    if add_generation_prompt:
+        buf.assistant_header()
+    return buf.result()
+

@@ -1,0 +1,124 @@
+"""Statistics of a step: percentiles, counter deltas (with resets) and the table's figures."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvroute.bench.results import RequestRecord
+from kvroute.bench.stats import (
+    CacheCounters,
+    busy_count,
+    cache_delta,
+    counter_delta,
+    parse_samples,
+    percentile,
+    stayed_share,
+    summarize_step,
+)
+
+EXPO = """# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{{engine="0",model_name="m"}} {hits}
+# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{{engine="0",model_name="m"}} {queries}
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{{engine="0",model_name="m"}} {running}
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{{engine="0",model_name="m"}} {waiting}
+"""
+
+
+def expo(hits: float, queries: float, running: int = 0, waiting: int = 0) -> str:
+    return EXPO.format(hits=hits, queries=queries, running=running, waiting=waiting)
+
+
+def test_percentile_interpolates_like_numpy() -> None:
+    values = [4.0, 1.0, 3.0, 2.0]
+    assert percentile(values, 50) == pytest.approx(2.5)
+    assert percentile(values, 95) == pytest.approx(3.85)
+    assert percentile(values, 0) == 1.0
+    assert percentile(values, 100) == 4.0
+    assert percentile([7.0], 95) == 7.0
+    assert percentile([], 50) is None
+    with pytest.raises(ValueError):
+        percentile(values, 101)
+
+
+def test_parse_samples_keeps_total_suffix_and_labels() -> None:
+    samples = parse_samples(expo(10, 40, running=3))
+    key = ("vllm:prefix_cache_hits_total", (("engine", "0"), ("model_name", "m")))
+    assert samples[key] == 10.0
+    assert samples[("vllm:num_requests_running", (("engine", "0"), ("model_name", "m")))] == 3.0
+
+
+def test_counter_delta_plain_and_summed_over_series() -> None:
+    before = parse_samples(expo(100, 400))
+    after = parse_samples(expo(160, 500))
+    assert counter_delta(before, after, "vllm:prefix_cache_hits_total") == 60.0
+    assert counter_delta(before, after, "vllm:prefix_cache_queries_total") == 100.0
+    two = parse_samples(expo(5, 10) + 'vllm:prefix_cache_hits_total{engine="1",model_name="m"} 7\n')
+    assert counter_delta({}, two, "vllm:prefix_cache_hits_total") == 12.0
+
+
+def test_counter_delta_after_a_reset_counts_from_zero() -> None:
+    before = parse_samples(expo(1000, 4000))
+    after = parse_samples(expo(30, 90))  # the engine restarted in between
+    assert counter_delta(before, after, "vllm:prefix_cache_hits_total") == 30.0
+    assert counter_delta(before, after, "vllm:prefix_cache_queries_total") == 90.0
+
+
+def test_cache_delta_over_replicas_and_hit_share() -> None:
+    before = [parse_samples(expo(0, 0)), parse_samples(expo(50, 100))]
+    after = [parse_samples(expo(30, 100)), parse_samples(expo(100, 200))]
+    cache = cache_delta(before, after)
+    assert (cache.hits, cache.queries) == (80.0, 200.0)
+    assert cache.hit_pct == pytest.approx(40.0)
+    assert CacheCounters(0, 0).hit_pct is None
+    with pytest.raises(ValueError):
+        cache_delta(before, after[:1])
+
+
+def test_busy_count_counts_running_or_waiting_replicas() -> None:
+    scrapes = [parse_samples(expo(0, 0, running=2)), parse_samples(expo(0, 0, waiting=1)),
+               parse_samples(expo(0, 0)), None]
+    assert busy_count(scrapes) == 2
+
+
+def rec(session: str | None, rnd: int, worker: str | None, **kw: object) -> RequestRecord:
+    return RequestRecord(session, rnd, start_s=0.0, worker=worker, **kw)  # type: ignore[arg-type]
+
+
+def test_stayed_share_compares_each_follow_up_with_the_previous_round() -> None:
+    records = [rec("a", 0, "w1"), rec("a", 1, "w1"), rec("a", 2, "w2"), rec("a", 3, "w2"),
+               rec("b", 0, "w3"), rec("b", 1, None), rec(None, 0, "w1")]
+    # a: stayed, moved, stayed; b's follow-up has no worker header and does not count.
+    assert stayed_share(records) == pytest.approx(200 / 3)
+    assert stayed_share([rec("a", 0, "w1")]) is None
+
+
+def test_summarize_step_counts_throughput_inside_the_window_and_ttfb_of_all() -> None:
+    records = [
+        rec("a", 0, "w1", ttfb_s=1.0, end_s=5.0, output_tokens=100, prompt_tokens=1000, cached_tokens=0),
+        rec("a", 1, "w1", ttfb_s=0.5, end_s=9.0, output_tokens=50, prompt_tokens=1100, cached_tokens=1000,
+            last_round=True),
+        # Ended during the drain: its TTFB counts, its tokens and session do not.
+        rec("b", 0, "w2", ttfb_s=4.0, end_s=12.0, output_tokens=70, prompt_tokens=900, last_round=True),
+        rec("c", 0, "w2", error="HTTP 500: boom"),
+        rec("d", 0, "w1"),  # cut off after the drain
+    ]
+    step = summarize_step("session", 4, 10.0, records, busy_samples=[1, 2, 3], cache=None)
+    assert step.requests == 5 and step.errors == 1 and step.unfinished == 1
+    assert step.sessions_completed == 1
+    assert step.sessions_per_hour == pytest.approx(360.0)
+    assert step.output_tokens_per_min == pytest.approx(150 * 6.0)
+    assert step.ttfb_p50_s == pytest.approx(1.0)
+    assert step.replicas_busy == pytest.approx(2.0)
+    # No counters scraped: the share comes from usage.
+    assert step.prefix_hit_pct == pytest.approx(100 * 1000 / 3000)
+    assert step.stayed_pct == 100.0
+    with_counters = summarize_step("s", 4, 10.0, records, [], CacheCounters(30, 60))
+    assert with_counters.prefix_hit_pct == pytest.approx(50.0)
+    assert with_counters.replicas_busy is None
