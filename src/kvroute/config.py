@@ -16,10 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from kvroute.api.requests import RequestOptions
+from kvroute.routing.config import ModelPolicy, RoutingConfig
+
 Overflow = int | Literal["auto"]
 
 _TRUE = frozenset(("1", "true", "yes", "on"))
 _FALSE = frozenset(("0", "false", "no", "off", ""))
+_KIND_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 
 
 class SettingsError(ValueError):
@@ -58,8 +62,11 @@ class Settings:
     workers: tuple[WorkerSpec, ...] = ()
     policy: str = "auto"
     models: Mapping[str, ModelSettings] = field(default_factory=dict)
-    # Extra keyword arguments for RoutingConfig (index size, slack, session expiry, ...), from [routing].
+    # [routing]: RoutingConfig fields (index size, session expiry, ...) and ModelPolicy tunables
+    # (slack_steps, stay_tokens, ...) that apply to every model.
     routing: Mapping[str, Any] = field(default_factory=dict)
+    # [requests]: RequestOptions fields (session_sources, extra_session_headers, ...).
+    requests: Mapping[str, Any] = field(default_factory=dict)
     host: str = "127.0.0.1"
     port: int = 8000
     admin_token: str | None = None
@@ -73,8 +80,13 @@ class Settings:
     # Longest silence accepted from a worker (before its first byte or between two chunks).
     upstream_read_timeout_s: float = 600.0
     connections_per_worker: int = 1024
+    # Idle upstream connections are closed before the engine's own keep-alive timeout (uvicorn: 5 s)
+    # would close them under a request being sent.
+    upstream_keepalive_s: float = 4.0
     shutdown_timeout_s: float = 30.0
     log_prompts: bool = False
+    # The dashboard (/dashboard) and its JSON are read-only; with this they need the admin token too.
+    dashboard_requires_token: bool = False
     redis_url: str | None = None
 
     @classmethod
@@ -111,17 +123,19 @@ class Settings:
         values: dict[str, Any] = {}
         for name, value in raw.items():
             if name == "workers":
-                values[name] = tuple(_worker(w) for w in _as_list(value, "workers"))
+                values[name] = tuple(parse_worker_spec(w) for w in _as_list(value, "workers"))
             elif name == "models":
                 if not isinstance(value, Mapping):
                     raise SettingsError("models must be a table of model name -> settings")
                 values[name] = {str(m): _model(str(m), s) for m, s in value.items()}
-            elif name == "routing":
+            elif name in ("routing", "requests"):
                 if not isinstance(value, Mapping):
-                    raise SettingsError("routing must be a table")
+                    raise SettingsError(f"{name} must be a table")
                 values[name] = dict(value)
             else:
                 values[name] = _coerce(name, value, known[name].default)
+        if values.get("admin_token") == "":
+            values["admin_token"] = None  # an empty KVROUTE_ADMIN_TOKEN means "no token"
         settings = cls(**values)
         settings.validate()
         return settings
@@ -129,7 +143,8 @@ class Settings:
     def validate(self) -> None:
         """Reject values that cannot work, naming the setting."""
         positive = ("max_body_bytes", "probe_interval_s", "probe_timeout_s", "failure_threshold",
-                    "upstream_connect_timeout_s", "upstream_read_timeout_s", "connections_per_worker")
+                    "upstream_connect_timeout_s", "upstream_read_timeout_s", "connections_per_worker",
+                    "upstream_keepalive_s")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be positive")
@@ -137,6 +152,40 @@ class Settings:
             raise SettingsError("retries and shutdown_timeout_s must not be negative")
         if not 0 <= self.port <= 65535:
             raise SettingsError("port must be between 0 and 65535")
+        if self.dashboard_requires_token and not self.admin_token:
+            raise SettingsError("dashboard_requires_token needs admin_token")
+        self.routing_config()
+        self.request_options()
+
+    def routing_config(self) -> RoutingConfig:
+        """The scheduler's configuration: ``policy`` and ``[routing]`` for every model, then each
+        ``[models.NAME]`` table on top."""
+        policy_fields = {f.name for f in dataclasses.fields(ModelPolicy)}
+        config_fields = {f.name for f in dataclasses.fields(RoutingConfig)} - {"default", "models"}
+        unknown = sorted(set(self.routing) - policy_fields - config_fields)
+        if unknown:
+            raise SettingsError(f"unknown setting(s) in [routing]: {', '.join(unknown)}")
+        shared = {k: tuple(v) if isinstance(v, list) else v
+                  for k, v in self.routing.items() if k in policy_fields}
+        try:
+            default = ModelPolicy(**{**shared, "policy": shared.get("policy", self.policy)})
+            models = {}
+            for name, m in self.models.items():
+                changes = {k: getattr(m, k) for k in ("policy", "sticky", "overflow", "max_num_seqs")
+                           if getattr(m, k) is not None}
+                models[name] = dataclasses.replace(default, **changes)
+            return RoutingConfig(default=default, models=models,
+                                 **{k: v for k, v in self.routing.items() if k in config_fields})
+        except (TypeError, ValueError) as exc:
+            raise SettingsError(f"routing settings: {exc}") from None
+
+    def request_options(self) -> RequestOptions:
+        """How request bodies and headers are read (session id sources, prefix limits)."""
+        try:
+            return RequestOptions(**{k: tuple(v) if isinstance(v, list) else v
+                                     for k, v in self.requests.items()})
+        except (TypeError, ValueError) as exc:
+            raise SettingsError(f"[requests] settings: {exc}") from None
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with some settings changed (validated)."""
@@ -149,7 +198,7 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for f in dataclasses.fields(Settings):
         value = env.get(f"KVROUTE_{f.name.upper()}")
-        if value is None or f.name in ("models", "routing"):
+        if value is None or f.name in ("models", "routing", "requests"):
             continue
         if f.name == "workers":
             out["workers"] = [u.strip() for u in value.split(",") if u.strip()]
@@ -166,8 +215,9 @@ def _as_list(value: Any, name: str) -> list[Any]:
     raise SettingsError(f"{name} must be a list")
 
 
-def _worker(value: Any) -> WorkerSpec:
-    """A worker from a bare URL or a table ``{url, id, models, max_num_seqs}``."""
+def parse_worker_spec(value: Any) -> WorkerSpec:
+    """A worker from a bare URL or a mapping ``{url, id, models, max_num_seqs}``; raises
+    ``SettingsError`` naming what is wrong."""
     if isinstance(value, WorkerSpec):
         return value
     if isinstance(value, str):
@@ -236,5 +286,5 @@ def _coerce(name: str, value: Any, default: Any) -> Any:
             raise ValueError(value)
         return value
     except (TypeError, ValueError):
-        kind = type(default).__name__ if default is not None else "str"
-        raise SettingsError(f"{name} must be a {kind}, got {value!r}") from None
+        kind = _KIND_NAMES.get(type(default), "string")
+        raise SettingsError(f"{name} must be {kind}, got {value!r}") from None

@@ -59,7 +59,7 @@ def test_system_prompt_is_shared_and_first_message_unique() -> None:
 
 def test_sizes_are_parameters() -> None:
     cfg = AgentWorkloadConfig(system_tokens=100, first_tokens=200, rounds=2, round_tokens=50,
-                              max_output_tokens=16, jitter=0.0)
+                              min_output_tokens=16, max_output_tokens=16, jitter=0.0)
     script = AgentWorkload(cfg, seed=0).session(0)
     assert script.rounds == 3
     sizes = [r.est_prompt_tokens for r in script.requests]

@@ -17,10 +17,9 @@ from typing import Any, Protocol
 
 SESSION_HEADER = "X-Claude-Code-Session-Id"
 
-# 3-letter syllables + a space: every word is exactly one pseudo-token.
-_LETTERS = "bcdfghjklmnprstvz"
-_VOWELS = "aeiou"
-
+# Every word is three letters and a space: exactly one pseudo-token.
+_VOCAB: tuple[str, ...] = tuple(a + b + c + " " for a in "bcdfghjklmnprstvz" for b in "aeiou"
+                                for c in "bcdfghjklmnprstvz")
 
 @dataclass(frozen=True, slots=True)
 class Message:
@@ -53,8 +52,10 @@ class PlannedRequest:
         """An OpenAI ``/v1/chat/completions`` body (system prompt as the first message)."""
         messages = [{"role": "system", "content": self.system}] if self.system else []
         messages.extend(m.as_dict() for m in self.messages)
+        # ignore_eos (a vLLM extension) makes the reply exactly max_tokens long, the length of the
+        # answer the workload planned for the next round's history.
         body: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": self.max_tokens,
-                                "stream": stream, "temperature": 0}
+                                "stream": stream, "temperature": 0, "ignore_eos": True}
         if stream:
             body["stream_options"] = {"include_usage": True}
         return body
@@ -104,8 +105,9 @@ class AgentWorkloadConfig:
 
     A system prompt shared by every session (``system_prompts`` distinct ones, sessions drawn among
     them, model the share of the prefix), a first message unique to the session, then ``rounds``
-    follow-ups that each append the previous answer and ``round_tokens`` new tokens.  Every size
-    varies by up to ``jitter`` (a fraction) around its nominal value.
+    follow-ups that each append the previous answer and ``round_tokens`` new tokens.  Every input
+    size varies by up to ``jitter`` (a fraction) around its nominal value; each answer is between
+    ``min_output_tokens`` and ``max_output_tokens`` long (by default always seed 2's maximum, 256).
     """
 
     system_tokens: int = 3500
@@ -113,6 +115,7 @@ class AgentWorkloadConfig:
     rounds: int = 5
     round_tokens: int = 400
     max_output_tokens: int = 256
+    min_output_tokens: int = 256
     system_prompts: int = 1
     jitter: float = 0.1
 
@@ -122,8 +125,8 @@ class AgentWorkloadConfig:
                 raise ValueError(f"{name} must be >= 0")
         if self.rounds < 0:
             raise ValueError("rounds must be >= 0")
-        if self.max_output_tokens < 1:
-            raise ValueError("max_output_tokens must be >= 1")
+        if not 1 <= self.min_output_tokens <= self.max_output_tokens:
+            raise ValueError("need 1 <= min_output_tokens <= max_output_tokens")
         if self.system_prompts < 1:
             raise ValueError("system_prompts must be >= 1")
         if not 0.0 <= self.jitter < 1.0:
@@ -132,10 +135,7 @@ class AgentWorkloadConfig:
 
 def words(rng: random.Random, tokens: int) -> str:
     """``tokens`` pseudo-words of four bytes each (three letters and a space)."""
-    out = []
-    for _ in range(tokens):
-        out.append(rng.choice(_LETTERS) + rng.choice(_VOWELS) + rng.choice(_LETTERS) + " ")
-    return "".join(out)
+    return "".join(rng.choices(_VOCAB, k=tokens))
 
 
 def _jittered(rng: random.Random, nominal: int, jitter: float) -> int:
@@ -151,6 +151,11 @@ class AgentWorkload:
 
     config: AgentWorkloadConfig = field(default_factory=AgentWorkloadConfig)
     seed: int = 0
+    _systems: tuple[str, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        systems = tuple(self._make_system(i) for i in range(self.config.system_prompts))
+        object.__setattr__(self, "_systems", systems)
 
     @property
     def size(self) -> int | None:
@@ -159,6 +164,9 @@ class AgentWorkload:
 
     def system_prompt(self, index: int) -> str:
         """Shared system prompt number ``index`` (of ``config.system_prompts``)."""
+        return self._systems[index]
+
+    def _make_system(self, index: int) -> str:
         rng = random.Random(f"kvroute-agent-system:{self.seed}:{index}")
         head = f"You are coding agent profile {index}. Follow the repository conventions.\n"
         return head + words(rng, max(0, self.config.system_tokens - len(head) // 4))
@@ -184,7 +192,8 @@ class AgentWorkload:
                 history.append(Message("assistant", answer))
                 text = f"Tool result {rnd}:\n" + words(rng, _jittered(rng, cfg.round_tokens, cfg.jitter))
             history.append(Message("user", text))
-            requests.append(PlannedRequest(session_id, rnd, system, tuple(history), cfg.max_output_tokens))
+            out = rng.randint(cfg.min_output_tokens, cfg.max_output_tokens)
+            requests.append(PlannedRequest(session_id, rnd, system, tuple(history), out))
         return SessionScript(session_id, tuple(requests))
 
     def sessions(self, start: int = 0) -> Iterator[SessionScript]:

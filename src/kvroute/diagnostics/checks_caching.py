@@ -30,6 +30,8 @@ def check_prefix_caching(facts: EngineFacts) -> list[Finding]:
         facts.architecture, "architecture")
     hybrid = facts.hybrid.value if facts.hybrid is not None else None
     if epc.value:
+        if not _caching_can_hit(facts):
+            return []  # on, but the Mamba mode keeps nothing: check_mamba_mode says so
         return [Finding(Severity.OK, "prefix-caching-on", "Prefix caching is on",
                         "The engine reuses the KV blocks of prompts it has already seen.", None, evidence)]
     if hybrid:

@@ -13,7 +13,7 @@ _EXAMPLE_CONTEXTS = (4_000, 16_000)
 def check_mamba_slots(facts: EngineFacts) -> list[Finding]:
     """``max_num_seqs`` above the Mamba cache blocks: vLLM refuses to start (one block per sequence)."""
     slots, seqs = facts.mamba_cache_blocks, facts.max_num_seqs
-    if slots is None or seqs is None:
+    if slots is None or seqs is None or (facts.hybrid is not None and not facts.hybrid.value):
         return []
     evidence = cite(seqs, "max_num_seqs") + cite(slots, "mamba_cache_blocks") + cite(
         facts.cache_dtype, "cache_dtype")
@@ -57,11 +57,15 @@ def check_kv_capacity(facts: EngineFacts, workload: Workload) -> list[Finding]:
             "--context-tokens to check it against your traffic.", None, evidence)]
     need = round(sessions.value * context.value)
     if need > total.value:
+        # Told how many sessions run at once: a real shortfall. Assumed max_num_seqs: a caution.
+        told = workload.concurrent_sessions is not None
+        assumed = "" if told else (
+            " This assumes max_num_seqs sessions at once; pass --sessions with your real concurrency.")
         return [Finding(
-            Severity.WARNING, "kv-capacity-short",
+            Severity.WARNING if told else Severity.INFO, "kv-capacity-short",
             f"{sessions.value} sessions × {context.value:,.0f} tokens = {need:,} > {total.value:,} KV tokens",
             "Concurrent sessions × typical context should fit in the cache; otherwise sessions evict "
-            "each other's prefixes before their next turn and the hit rate collapses.",
+            "each other's prefixes before their next turn and the hit rate collapses." + assumed,
             "send fewer concurrent sessions to each replica (more replicas), lower --max-num-seqs, "
             "or give the KV cache more memory (--gpu-memory-utilization)", evidence)]
     return [Finding(

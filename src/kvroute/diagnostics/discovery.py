@@ -34,8 +34,8 @@ async def discover(session: aiohttp.ClientSession, target: Target, admin_token: 
         metrics = await request(session, "GET", target.url("/metrics"), timeout_s=target.timeout_s)
         text = metrics.body.decode("utf-8", "replace") if metrics.status == 200 else ""
         if "kvroute_" in text:
-            detail = ("no --admin-token given" if admin_token is None
-                      else f"token refused (HTTP {reply.status})")
+            given = "no --admin-token given" if admin_token is None else "the token was refused"
+            detail = f"HTTP {reply.status}, {given}: {_error_message(reply.json())}"
             return Discovery("router-locked", detail=detail, metrics_text=text)
     return Discovery("engine")
 
@@ -47,3 +47,9 @@ def worker_records(body: object) -> list[Mapping[str, object]] | None:
         return None
     records = [w for w in items if isinstance(w, Mapping) and isinstance(w.get("url"), str)]
     return records if len(records) == len(items) else None
+
+
+def _error_message(body: object) -> str:
+    error = body.get("error") if isinstance(body, Mapping) else None
+    message = error.get("message") if isinstance(error, Mapping) else None
+    return str(message) if message else "no reason given"

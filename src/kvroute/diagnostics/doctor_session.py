@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import aiohttp
 
@@ -17,7 +17,7 @@ from kvroute.diagnostics.finding import Finding, Severity
 from kvroute.diagnostics.fleet import compare_fleet
 from kvroute.diagnostics.http_client import Target, fetch_bundle, served_model
 from kvroute.diagnostics.probe_evidence import judge_probe
-from kvroute.diagnostics.probe_run import probe_size, run_probe
+from kvroute.diagnostics.probe_run import probe_size, reply_tokens, run_probe
 from kvroute.diagnostics.prometheus_text import (
     MetricsParseError,
     Sample,
@@ -54,7 +54,7 @@ async def run_doctor(options: DoctorOptions) -> DoctorReport:
             merged, _ = facts_for_endpoint(None, text)
             report.targets.append(TargetReport(name, "log", merged, diagnose(merged, options.workload)))
         return report
-    logs = [text for _, text in options.logs] or [None] * len(options.urls)
+    logs: list[str | None] = [text for _, text in options.logs] or [None] * len(options.urls)
     async with aiohttp.ClientSession() as session:
         for url, log_text in zip(options.urls, logs, strict=True):
             target = Target(url, options.api_key, options.timeout_s)
@@ -76,34 +76,42 @@ async def _engine(session: aiohttp.ClientSession, options: DoctorOptions, target
                   log_text: str | None, kind: str, router_record: Mapping[str, object] | None = None,
                   via: str | None = None) -> TargetReport:
     bundle = await fetch_bundle(session, target)
-    merged, findings = facts_for_endpoint(bundle, log_text, router_record)
-    if router_record is not None and not bundle.reachable:
-        findings = [Finding(Severity.INFO, "read-through-router", "Read through the router only",
-                            f"{target.base_url} is not reachable from here; its settings come from "
-                            "the router's /admin/workers.", None, ())]
-    findings += diagnose(merged, options.workload)
-    report = TargetReport(target.base_url, kind, merged, findings, via=via)
+    merged, reading = facts_for_endpoint(bundle, log_text, router_record)
+    report = TargetReport(target.base_url, kind, merged, [], via=via)
+    probe_findings: list[Finding] = []
     if options.probe and bundle.reachable:
-        await _probe(session, target, report, options.probe_tokens)
-    report.findings.sort(key=lambda f: -f.severity.rank)
+        probe_findings = await _probe(session, target, report, options.probe_tokens)
+        # Read again so the counters include the probe's own traffic, but keep the typical prompt
+        # length of the real traffic: the probe's prompts are not typical.
+        typical = merged.facts.mean_prompt_tokens
+        bundle = await fetch_bundle(session, target)
+        report.merged, reading = facts_for_endpoint(bundle, log_text, router_record)
+        report.merged.facts = replace(report.merged.facts, mean_prompt_tokens=typical)
+    if router_record is not None and not bundle.reachable:
+        reading = [Finding(Severity.INFO, "read-through-router", "Read through the router only",
+                           f"{target.base_url} is not reachable from here; its settings come from "
+                           "the router's /admin/workers.", None, ())]
+    findings = [*reading, *diagnose(report.merged, options.workload), *probe_findings]
+    report.findings = sorted(findings, key=lambda f: -f.severity.rank)
     return report
 
 
 async def _probe(session: aiohttp.ClientSession, target: Target, report: TargetReport,
-                 requested_tokens: int | None) -> None:
+                 requested_tokens: int | None) -> list[Finding]:
     facts = report.merged.facts
     model = facts.model.value if facts.model is not None else await served_model(session, target)
     if model is None:
-        report.findings.append(Finding(Severity.WARNING, "probe-no-model", "Cannot probe: no model name",
-                                       "/v1/models listed no model.", None, ()))
-        return
+        return [Finding(Severity.WARNING, "probe-no-model", "Cannot probe: no model name",
+                        "/v1/models listed no model.", None, ())]
     unit = facts.match_unit()
+    unit_tokens = unit.value if unit is not None else None
     max_len = facts.max_model_len.value if facts.max_model_len is not None else None
-    size = probe_size(unit.value if unit else None, max_len, requested_tokens)
-    report.probe = await run_probe(session, target, model, size, secrets.token_hex(6))
+    size = probe_size(unit_tokens, max_len, requested_tokens)
+    report.probe = await run_probe(session, target, model, size, secrets.token_hex(6),
+                                   reply_tokens(unit_tokens))
     block = facts.block_size.value if facts.block_size is not None else None
     pmu = facts.prefix_match_unit.value if facts.prefix_match_unit is not None else None
-    report.findings += judge_probe(report.probe, block, pmu)
+    return judge_probe(report.probe, block, pmu)
 
 
 async def _router_workers(session: aiohttp.ClientSession, options: DoctorOptions, router_url: str,

@@ -117,7 +117,7 @@ def merge_facts(*partials: EngineFacts) -> MergedFacts:
     """Merge partial facts, earlier sources first; startup errors from all sources are kept."""
     merged = MergedFacts()
     for part in partials:
-        updates: dict[str, object] = {}
+        updates: dict[str, Any] = {}
         for f in fields(EngineFacts):
             new = getattr(part, f.name)
             old = getattr(merged.facts, f.name)

@@ -35,11 +35,12 @@ def compare_fleet(engines: Sequence[tuple[str, EngineFacts]]) -> list[Finding]:
             f"{detail}; {majority} on {', '.join(same)}. Replicas behind one router should be "
             "configured alike, or conversations placed on the odd ones lose their cache.",
             f"start {', '.join(odd)} with the same flags as {same[0]}",
-            tuple(values[label].cite(f"{label} {name}") for label in known)))  # type: ignore[union-attr]
-    unknown = [label for label, facts in engines if facts.enable_prefix_caching is None]
+            tuple(obs.cite(f"{label} {name}") for label, obs in values.items() if obs is not None)))
+    unknown = [label for label, facts in engines if all(getattr(facts, n) is None for n in COMPARED)]
     if not findings:
         findings.append(Finding(
-            Severity.OK, "fleet-consistent", f"All {len(engines)} engines report the same settings",
+            Severity.OK, "fleet-consistent",
+            f"All {len(engines) - len(unknown)} readable engines report the same settings",
             "Compared: " + ", ".join(COMPARED) + "." + (
                 f" Not readable on {', '.join(unknown)}." if unknown else ""), None))
     return findings

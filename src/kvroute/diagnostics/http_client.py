@@ -47,9 +47,10 @@ class Reply:
     def json(self) -> object | None:
         """The body as JSON, or None if it is not JSON."""
         try:
-            return orjson.loads(self.body)
+            value: object = orjson.loads(self.body)
         except orjson.JSONDecodeError:
             return None
+        return value
 
 
 async def request(session: aiohttp.ClientSession, method: str, url: str, *, timeout_s: float,

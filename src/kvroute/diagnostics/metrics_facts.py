@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from kvroute.diagnostics.facts import EngineFacts, Observed, merge_facts
 from kvroute.diagnostics.prometheus_text import Sample, first_total, label_values, total
 from kvroute.diagnostics.settings import facts_from_settings
@@ -19,7 +21,7 @@ def facts_from_metrics(samples: list[Sample]) -> EngineFacts:
         facts_from_settings(s.labels, f"{_SOURCE} {s.name}")
         for s in sorted(_info_samples(samples), key=lambda s: s.name != _CACHE_INFO)
     ]
-    found: dict[str, Observed[object]] = {}
+    found: dict[str, Observed[Any]] = {}
     models = label_values([s for s in samples if s.name.startswith("vllm:")], "model_name")
     if models:
         found["model"] = Observed(models[0], f"{_SOURCE} model_name label")

@@ -8,6 +8,7 @@ query counters moved (global, so other traffic can).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
@@ -16,6 +17,8 @@ from kvroute.diagnostics.finding import Finding, Severity
 
 # A repeat this much faster than the cold request counts as a visible hit when nothing else tells.
 _VISIBLE_SPEEDUP = 1.5
+# A follow-up turn "reuses the previous turn" when at least this share of that turn's prompt hit.
+_COVERED = 0.9
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,19 +56,21 @@ def judge_probe(steps: Sequence[ProbeStep], block_size: int | None = None,
                         tuple(_describe(s) for s in steps))]
     if len(steps) < 2:
         return []
-    cold, repeat, turns = steps[0], steps[1], steps[2:]
-    findings = [_judge_repeat(cold, repeat)]
-    if repeat.cached_tokens is None and repeat.hits_delta:
+    cold, repeat, turns = steps[0], steps[1], list(steps[2:])
+    unit = match_unit or block_size
+    turns_hit = any((t.reused() or 0) > 0 for t in turns)
+    findings = [_judge_repeat(cold, repeat, turns_hit)]
+    if repeat.cached_tokens is None and (repeat.hits_delta or any(t.hits_delta for t in turns)):
         findings.append(Finding(
             Severity.INFO, "probe-no-cached-tokens", "usage does not report cached tokens",
             "The counters show hits, but responses carry no usage.prompt_tokens_details.cached_tokens, "
             "so clients cannot see them per request.", "--enable-prompt-tokens-details", ()))
-    if turns and (repeat.reused() or 0) > 0:
-        findings.append(_judge_turns(turns, block_size, match_unit))
+    if turns and ((repeat.reused() or 0) > 0 or turns_hit):
+        findings.append(_judge_turns([repeat, *turns], block_size, unit))
     return findings
 
 
-def _judge_repeat(cold: ProbeStep, repeat: ProbeStep) -> Finding:
+def _judge_repeat(cold: ProbeStep, repeat: ProbeStep, turns_hit: bool) -> Finding:
     evidence = (_describe(cold), _describe(repeat))
     reused = repeat.reused()
     size = f"{repeat.prompt_tokens:,}-token" if repeat.prompt_tokens else "repeated"
@@ -83,30 +88,47 @@ def _judge_repeat(cold: ProbeStep, repeat: ProbeStep) -> Finding:
         return Finding(Severity.OK, "probe-repeat-hit",
                        f"A {size} prompt sent twice reused {reused:,.0f} tokens the second time",
                        f"{timing}.", None, evidence)
-    return Finding(Severity.ERROR, "probe-repeat-miss",
-                   f"A {size} prompt sent twice reused nothing the second time",
+    if turns_hit:
+        return Finding(
+            Severity.INFO, "probe-repeat-miss",
+            f"A {size} prompt sent twice reused nothing, but the conversation's next turns did",
+            f"{timing}. On a hybrid model a hit can only resume where a state checkpoint exists: "
+            "the end of a scheduler step on a match-unit boundary. An exact repeat may end between "
+            "checkpoints; a conversation's next turn starts after the previous reply, where one was "
+            "written.", None, evidence)
+    return Finding(Severity.ERROR, "probe-no-hit",
+                   f"Neither a {size} prompt sent twice nor a growing conversation reused anything",
                    f"{timing}: a repeated prompt costs what a new one does, so the cache is not "
-                   "working at all. The configuration findings above say why.",
+                   "working at all. The configuration findings say why.",
                    "apply the fixes above and probe again", evidence)
 
 
-def _judge_turns(turns: Sequence[ProbeStep], block_size: int | None, match_unit: int | None) -> Finding:
-    evidence = tuple(_describe(t) for t in turns)
-    reused = [t.reused() or 0.0 for t in turns]
-    if all(r > 0 for r in reused):
+def _judge_turns(steps: Sequence[ProbeStep], block_size: int | None, unit: int | None) -> Finding:
+    """Each turn should reuse (nearly) all of the previous request's prompt."""
+    evidence = tuple(_describe(t) for t in steps[1:])
+    shares: list[str] = []
+    covered = True
+    for previous, turn in itertools.pairwise(steps):
+        reused = turn.reused() or 0.0
+        had = previous.prompt_tokens
+        if had:
+            shares.append(f"{turn.label} {reused:,.0f} of {had:,}")
+            covered = covered and reused >= _COVERED * had
+        else:
+            shares.append(f"{turn.label} {reused:,.0f}")
+            covered = covered and reused > 0
+    detail = "Reused per turn, of the previous request's prompt tokens: " + ", ".join(shares) + "."
+    if covered:
         return Finding(Severity.OK, "probe-conversation-hit",
-                       "Each follow-up turn of a growing conversation reused the previous turns",
-                       "Reused per turn: " + ", ".join(f"{r:,.0f}" for r in reused) + " tokens.",
-                       None, evidence)
-    unit = match_unit or block_size
+                       "Each follow-up turn of a growing conversation reused the previous turn",
+                       detail, None, evidence)
     coarse = unit is not None and unit >= COARSE_UNIT
-    why = (f" Hits can only land on multiples of {unit:,} tokens, and a turn boundary rarely is one."
-           if coarse else "")
+    why = (f" Hits can only land on multiples of {unit:,} tokens, so the tail of every turn is "
+           "recomputed." if coarse else "")
     fix = f"--prefix-match-unit {suggest_match_unit(block_size or unit or 32)}" if coarse else None
-    return Finding(Severity.WARNING, "probe-conversation-miss",
-                   "An exact repeat hits, but a growing conversation's next turn does not",
-                   "Reused per turn: " + ", ".join(f"{r:,.0f}" for r in reused) + " tokens." + why,
-                   fix, evidence)
+    return Finding(Severity.WARNING, "probe-conversation-partial",
+                   "A growing conversation's next turn does not reuse the whole previous turn",
+                   detail + why, fix, evidence)
 
 
 def _describe(step: ProbeStep) -> str:

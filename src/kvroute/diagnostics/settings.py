@@ -89,6 +89,10 @@ def _hybrid(flat: Mapping[str, object], found: Mapping[str, object], source: str
     for key in _HYBRID_ONLY:
         if key in flat and parse_text(flat[key]) is not None:
             return Observed(True, f"{source} {key}={flat[key]}")
+    slots = found.get("mamba_cache_blocks")
+    if isinstance(slots, Observed):
+        # Only models with Mamba / linear-attention layers keep recurrent-state slots.
+        return Observed(slots.value > 0, f"{slots.source}={slots.value}")
     arch = found.get("architecture")
     if isinstance(arch, Observed):
         return Observed(is_hybrid_architecture(str(arch.value)), f"{source} architecture={arch.value}")

@@ -116,7 +116,8 @@ class Prober:
             return None
 
     def watch(self, worker_id: str) -> None:
-        """Start (or restart) the probe loop of ``worker_id``."""
+        """Start (or restart) the probe loop of ``worker_id``; its first round is one interval
+        from now (whoever registers a worker probes it once at once, see ``probe_once``)."""
         self.unwatch(worker_id)
         self._tasks[worker_id] = asyncio.create_task(self._loop(worker_id), name=f"probe:{worker_id}")
 
@@ -127,11 +128,14 @@ class Prober:
             task.cancel()
 
     async def _loop(self, worker_id: str) -> None:
-        rounds = 0
-        needs_info = True
-        while self._registry.get(worker_id) is not None:
+        rounds = 1
+        record = self._registry.get(worker_id)
+        needs_info = record is None or record.last_probe is None or record.state.max_num_seqs is None
+        while True:
+            await asyncio.sleep(self._interval)
             record = self._registry.get(worker_id)
-            assert record is not None
+            if record is None:
+                return
             needs_models = not record.model_cards or rounds % self._models_every == 0
             try:
                 result = await self.probe_once(
@@ -143,7 +147,6 @@ class Prober:
             if result is not None and result.reachable:
                 needs_info = False
             rounds += 1
-            await asyncio.sleep(self._interval)
 
     async def close(self) -> None:
         """Stop every loop and close the probe connections."""

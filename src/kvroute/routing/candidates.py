@@ -38,7 +38,8 @@ class Candidate:
         if running is None and waiting is None:
             return cls(worker, load, load, load)
         r, w = running or 0, waiting or 0
-        return cls(worker, load, max(load, r + w), max(load, 4 * w + r))
+        busy, score = r + w, 4 * w + r
+        return cls(worker, load, busy if busy > load else load, score if score > load else load)
 
 
 @dataclass(slots=True)

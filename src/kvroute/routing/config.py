@@ -27,7 +27,8 @@ class ModelPolicy:
     than the freest candidate per step the prompt's estimated token count reaches.
 
     The ``auto`` policy predicts each candidate's time to first token, in seconds, as
-    ``backlog + s_per_token * (uncached + inflight_tokens * load + waiting_tokens * waiting)`` and
+    ``s_per_token * (backlog + uncached + inflight_tokens * busy + waiting_tokens * waiting)``, adds
+    ``prefill_penalty`` times the uncached tokens' prefill for the delay they cause to others, and
     takes the lowest; see docs/routing.md.
     """
 
@@ -49,8 +50,14 @@ class ModelPolicy:
     backlog_weight: float = 1.0
     # A session stays on its worker unless another is predicted faster by more than this many tokens.
     stay_tokens: float = 512.0
+    # Extra weight on uncached tokens beyond this request's own wait: prefill sent anywhere delays
+    # every request queued behind it, so a cache miss costs the fleet more than its own TTFT.
+    prefill_penalty: float = 1.0
+    # How far the engine-reported hit share discounts the index's matches (0: trust the index,
+    # 1: scale matches by the reported/predicted hit ratio).
+    realisation_weight: float = 0.0
     # New sessions go to workers with at most this many more active sessions than the least (None: off).
-    session_spread: int | None = 1
+    session_spread: int | None = 0
     # A session counts as active on its worker while its last request is younger than this.
     session_active_s: float = 300.0
     # Learning from finished requests: EWMA weight, and minimum uncached tokens for a TTFT sample.
@@ -69,12 +76,14 @@ class ModelPolicy:
         if list(self.slack_steps) != sorted(self.slack_steps) or any(s < 0 for s in self.slack_steps):
             raise ValueError("slack_steps must be non-negative and ascending")
         for name in ("prefill_s_per_token", "inflight_tokens", "waiting_tokens", "backlog_weight",
-                     "stay_tokens", "session_active_s"):
+                     "stay_tokens", "prefill_penalty", "realisation_weight", "session_active_s"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a finite non-negative number")
         if self.prefill_s_per_token <= 0:
             raise ValueError("prefill_s_per_token must be positive")
+        if self.realisation_weight > 1:
+            raise ValueError("realisation_weight must be between 0 and 1")
         if self.session_spread is not None and self.session_spread < 0:
             raise ValueError("session_spread must be non-negative or None")
         if not 0 < self.learn_alpha <= 1:

@@ -53,6 +53,16 @@ class PrefixIndex:
         reg = self._current.get(worker_id)
         return reg.slot if reg is not None and reg.epoch == epoch else None
 
+    def slots_of(self, workers: Sequence[tuple[str, float]]) -> dict[int, int]:
+        """``{slot: position}`` for the (worker id, epoch) pairs that own anything at that epoch."""
+        current = self._current
+        out: dict[int, int] = {}
+        for i, (wid, epoch) in enumerate(workers):
+            reg = current.get(wid)
+            if reg is not None and reg.epoch == epoch:
+                out[reg.slot] = i
+        return out
+
     def register(self, worker_id: str, epoch: float) -> int | None:
         """Make ``epoch`` the worker's current one (an older epoch than known is refused: None)."""
         reg = self._current.get(worker_id)

@@ -91,7 +91,7 @@ class Scheduler:
             cands = kept
         self._match(hashes, cands, now)
         if policy.uses_learning:
-            self._annotate(cands, cfg.prefill_s_per_token, cfg.learn_min_samples, now)
+            self._annotate(cands, cfg.prefill_s_per_token, now)
         scores = [scorer(ctx, cands) for scorer in policy.scorers]
         keys = list(zip(*scores, strict=True)) if scores else [()] * len(cands)
         i = policy.picker(self._picker, keys)
@@ -106,24 +106,20 @@ class Scheduler:
         )
 
     def _match(self, hashes: tuple[int, ...], cands: list[Candidate], now: float) -> None:
-        slots: dict[int, int] = {}
-        for i, c in enumerate(cands):
-            slot = self._index.slot_for(c.worker.id, c.worker.epoch)
-            if slot is not None:
-                slots[slot] = i
+        slots = self._index.slots_of([(c.worker.id, c.worker.epoch) for c in cands])
         for slot, depth in self._index.match(hashes, slots, now).items():
             cands[slots[slot]].matched_blocks = depth
 
-    def _annotate(self, cands: list[Candidate], default_spt: float, min_samples: int, now: float) -> None:
+    def _annotate(self, cands: list[Candidate], default_spt: float, now: float) -> None:
+        learning = self._learning
         for c in cands:
-            learned = self._learning.get(c.worker.id)
-            spt = c.worker.prefill_s_per_token
+            learned = learning.get(c.worker.id)
             if learned is None:
-                c.s_per_token = spt or default_spt
+                c.s_per_token = c.worker.prefill_s_per_token or default_spt
                 continue
-            c.s_per_token = spt or learned.s_per_token(default_spt, min_samples)
-            c.realisation = learned.realisation(min_samples)
-            c.backlog_tokens = learned.backlog(now, c.s_per_token)
+            spt = c.s_per_token = c.worker.prefill_s_per_token or learned.rate or default_spt
+            c.realisation = learned.realised
+            c.backlog_tokens = learned.backlog(now, spt)
 
     def _nobody(self, key: RoutingKey, policy: Policy, hashes: tuple[int, ...], ctx: Context,
                 stage: str, offered: int) -> Decision:
@@ -156,7 +152,7 @@ class Scheduler:
         if key.cacheable:
             learned = self._learn(worker)
             est = key.est_prompt_tokens
-            spt = learned.s_per_token(cfg.prefill_s_per_token, cfg.learn_min_samples)
+            spt = learned.s_per_token(cfg.prefill_s_per_token)
             hit = (est - decision.prefill_tokens) / est if est else None
             learned.on_sent(now, spt, decision.prefill_tokens, hit)
         if decision.session is not None:
@@ -170,11 +166,8 @@ class Scheduler:
             if self._index.record(record.hashes, record.worker_id, record.epoch, record.time) and \
                     record.prefill_tokens:
                 learned = self._learn(record.worker_id)
-                spt = learned.s_per_token(self.config.default.prefill_s_per_token,
-                                          self.config.default.learn_min_samples)
-                now = self._clock()
-                learned.backlog_tokens = learned.backlog(now, spt) + record.prefill_tokens
-                learned.backlog_at = now
+                spt = learned.s_per_token(self.config.default.prefill_s_per_token)
+                learned.add_backlog(self._clock(), spt, record.prefill_tokens)
         elif isinstance(record, SessionRecord):
             self._sessions.bind(record.session, record.worker_id, record.time)
         else:
@@ -207,7 +200,8 @@ class Scheduler:
     def _learn(self, worker_id: str) -> WorkerLearning:
         learned = self._learning.get(worker_id)
         if learned is None:
-            learned = self._learning[worker_id] = WorkerLearning(alpha=self.config.default.learn_alpha)
+            cfg = self.config.default
+            learned = self._learning[worker_id] = WorkerLearning(cfg.learn_alpha, cfg.learn_min_samples)
         return learned
 
     # --- introspection -------------------------------------------------------------------------
@@ -224,9 +218,9 @@ class Scheduler:
                                      for kind in DecisionKind if kind is not DecisionKind.NO_WORKER}
             entry["sessions"] = self._sessions.bound(wid)
             if learned is not None:
-                spt = learned.s_per_token(cfg.prefill_s_per_token, cfg.learn_min_samples)
+                spt = learned.s_per_token(cfg.prefill_s_per_token)
                 entry["prefill_s_per_token"] = spt
-                entry["cache_realisation"] = learned.realisation(cfg.learn_min_samples)
+                entry["cache_realisation"] = learned.realised
                 entry["backlog_tokens"] = round(learned.backlog(now, spt))
             workers[wid] = entry
         return {

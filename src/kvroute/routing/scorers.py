@@ -58,27 +58,32 @@ def session_affinity(ctx: Context, cands: list[Candidate]) -> list[float]:
 
 
 def predicted_ttft(ctx: Context, cands: list[Candidate]) -> list[float]:
-    """The ``auto`` policy's estimate of each candidate's time to first token, in seconds.
+    """The ``auto`` policy's cost of each candidate, in seconds; lowest wins.
 
-    ``backlog + s_per_token * (uncached + inflight_tokens * busy + waiting_tokens * waiting)``:
-    the prefill still queued there, then this prompt's tokens the worker does not hold (the index's
-    match, discounted by how much of its predictions the engine's own hit counts bore out), with
-    the requests in flight and the engine's waiting queue priced in prefill-token equivalents.
-    The session's own worker is credited ``stay_tokens`` so that noise does not move it; with a
-    numeric ``overflow`` it is never kept past that many requests in flight.
+    Predicted time to first token, ``s_per_token * (backlog + uncached + inflight_tokens * busy +
+    waiting_tokens * waiting)``: the prefill still queued there, this prompt's tokens the worker
+    does not hold, and the requests in flight and the engine's waiting queue priced in
+    prefill-token equivalents.  To that the cost adds ``prefill_penalty`` times the uncached
+    prefill, the delay it causes to every request queued behind it.  The session's own worker is
+    credited ``stay_tokens`` so that noise does not move it; with a numeric ``overflow`` it is never
+    kept past that many requests in flight.  ``Candidate.predicted_s`` keeps the plain prediction.
     """
-    pol, est = ctx.policy, float(ctx.est_tokens)
+    pol, est, block_tokens = ctx.policy, float(ctx.est_tokens), ctx.block_tokens
+    per_inflight, per_waiting, per_backlog = pol.inflight_tokens, pol.waiting_tokens, pol.backlog_weight
+    penalty, trust = pol.prefill_penalty, pol.realisation_weight
     cap = pol.overflow if pol.overflow != "auto" else None
     out: list[float] = []
     for c in cands:
-        uncached = est - ctx.matched_tokens(c) * c.realisation
-        work = uncached + pol.inflight_tokens * c.busy + pol.waiting_tokens * (c.worker.waiting or 0)
-        seconds = c.s_per_token * (work + pol.backlog_weight * c.backlog_tokens)
-        c.predicted_s = seconds
+        matched = c.matched_blocks * block_tokens
+        held = (matched if matched < est else est) * (1.0 - trust * (1.0 - c.realisation))
+        uncached = est - held
+        queue = per_backlog * c.backlog_tokens + per_inflight * c.busy + per_waiting * (c.worker.waiting or 0)
+        c.predicted_s = c.s_per_token * (queue + uncached)
+        cost = c.s_per_token * (queue + (1.0 + penalty) * uncached)
         if c.worker.id == ctx.bound:
             if cap is not None and c.load > cap:
-                seconds = math.inf
+                cost = math.inf
             else:
-                seconds -= c.s_per_token * pol.stay_tokens
-        out.append(seconds)
+                cost -= c.s_per_token * pol.stay_tokens
+        out.append(cost)
     return out

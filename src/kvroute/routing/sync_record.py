@@ -126,7 +126,8 @@ def record_from_dict(d: Any) -> SyncRecord:
     """Any record from its ``to_dict()`` form, dispatched on ``type``; raises ValueError."""
     if not isinstance(d, Mapping):
         raise ValueError("a sync record must be a JSON object")
-    cls = _TYPES.get(d.get("type"))  # type: ignore[arg-type]
+    kind = d.get("type")
+    cls = _TYPES.get(kind) if isinstance(kind, str) else None
     if cls is None:
-        raise ValueError(f"unknown sync record type {d.get('type')!r}")
+        raise ValueError(f"unknown sync record type {kind!r}")
     return cls.from_dict(d)

@@ -1,0 +1,140 @@
+"""Cost of one routing decision, and memory per 100k indexed blocks.
+
+    python benchmarks/bench_decision.py            # full grid, prints a Markdown table
+    python benchmarks/bench_decision.py --quick    # fewer repetitions
+    python benchmarks/bench_decision.py --json out.json
+
+Each cell: a warm index (every worker has served a few conversations, and one worker holds the
+request's earlier turn), random loads and engine figures, then ``decide()`` on a fresh
+``RoutingKey`` each time, so the block hashing is paid on every call, as in the server.
+``parse`` is ``parse_request`` of the chat body that produces that key; ``commit`` records it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import statistics
+import time
+import tracemalloc
+from collections.abc import Callable
+from typing import Any
+
+from kvroute.api.requests import parse_request
+from kvroute.routing.config import ModelPolicy, RoutingConfig
+from kvroute.routing.hashing import block_hashes
+from kvroute.routing.key import RoutingKey
+from kvroute.routing.prefix_index import PrefixIndex
+from kvroute.routing.scheduler import Scheduler
+from kvroute.routing.worker import WorkerState
+
+SIZES = {"8 KB": 8 << 10, "32 KB": 32 << 10, "128 KB": 128 << 10, "1 MB": 1 << 20}
+WORKERS = (4, 16, 64, 512)
+
+
+def _text(seed: int, n: int) -> str:
+    rng = random.Random(seed)
+    words = [f"w{rng.randrange(10_000)}" for _ in range(n // 4 + 1)]
+    return " ".join(words)[:n]
+
+
+def _fleet(n: int, rng: random.Random) -> list[WorkerState]:
+    ws = []
+    for i in range(n):
+        w = WorkerState(id=f"worker-{i:03d}", url=f"http://10.0.0.{i % 250}:8000", models=frozenset({"m"}),
+                        epoch=1.0, max_num_seqs=64, max_model_len=1 << 20)
+        w.inflight = rng.randrange(0, 8)
+        w.running, w.waiting, w.kv_usage = rng.randrange(0, 16), rng.randrange(0, 2), rng.random()
+        ws.append(w)
+    return ws
+
+
+def _timed(fn: Callable[[], object], reps: int) -> tuple[float, float]:
+    """Median and p99 in microseconds."""
+    samples = []
+    gc.disable()
+    try:
+        for _ in range(reps):
+            t0 = time.perf_counter_ns()
+            fn()
+            samples.append((time.perf_counter_ns() - t0) / 1000)
+    finally:
+        gc.enable()
+    samples.sort()
+    return statistics.median(samples), samples[min(len(samples) - 1, int(len(samples) * 0.99))]
+
+
+def bench_cell(policy: str, size: int, n_workers: int, reps: int) -> dict[str, Any]:
+    rng = random.Random(size * 1000 + n_workers)
+    now = [1_700_000_000.0]
+    sched = Scheduler(RoutingConfig(default=ModelPolicy(policy=policy)), clock=lambda: now[0])
+    ws = _fleet(n_workers, rng)
+    # Warm index: a few earlier conversations per worker (capped so 512 workers stay quick).
+    for j in range(min(4 * n_workers, 256)):
+        k = RoutingKey(model="m", prefix=_text(j, 8192).encode(), est_prompt_tokens=2048)
+        sched.commit(k, sched.decide(k, [ws[j % n_workers]]))
+    body = {"model": "m", "messages": [{"role": "system", "content": _text(-1, size // 2)},
+                                       {"role": "user", "content": _text(-2, size // 2)}]}
+    earlier = parse_request("chat", {**body, "messages": body["messages"][:1]}, {})
+    sched.commit(earlier, sched.decide(earlier, [ws[0]]))
+    headers = {"x-session-id": "bench"}
+    key = parse_request("chat", body, headers)
+    keys = [RoutingKey(model=key.model, prefix=key.prefix, session_id=key.session_id,
+                       est_prompt_tokens=key.est_prompt_tokens) for _ in range(reps)]
+    it = iter(keys)
+    decide = _timed(lambda: sched.decide(next(it), ws), reps)
+    parse = _timed(lambda: parse_request("chat", body, headers), reps)
+    decision = sched.decide(key, ws)
+    commit = _timed(lambda: sched.commit(key, decision), reps)
+    return {"policy": policy, "prompt_bytes": size, "workers": n_workers, "blocks": decision.total_blocks,
+            "decide_us_p50": decide[0], "decide_us_p99": decide[1], "parse_us_p50": parse[0],
+            "commit_us_p50": commit[0], "matched": decision.matched_blocks}
+
+
+def index_memory(n_blocks: int, owners: int) -> float:
+    """Bytes per indexed block with each block owned by ``owners`` workers (hash ints included)."""
+    index = PrefixIndex(max_blocks=n_blocks)
+    prompts = [block_hashes(b"m\x00", _text(i, 512 * 100).encode(), 512, 1 << 30)
+               for i in range(n_blocks // 100)]
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for i, hashes in enumerate(prompts):
+        for w in range(owners):
+            index.record(hashes, f"worker-{(i + w) % 64:03d}", 1.0, 1_700_000_000.0 + i)
+    used = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    # The hash ints themselves were allocated before tracing started; count them (32 bytes each).
+    return used / len(index) + 32
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    parser.add_argument("--policy", default="auto")
+    parser.add_argument("--json", help="also write the results to this file")
+    args = parser.parse_args()
+    reps_for = {8 << 10: 2000, 32 << 10: 2000, 128 << 10: 500, 1 << 20: 100}
+    rows = []
+    print("| prompt | workers | blocks | decide p50 µs | decide p99 µs | parse p50 µs | commit p50 µs |")
+    print("|---|---|---|---|---|---|---|")
+    for label, size in SIZES.items():
+        for n in WORKERS:
+            reps = max(50, reps_for[size] // (4 if args.quick else 1))
+            r = bench_cell(args.policy, size, n, reps)
+            rows.append(r)
+            print(f"| {label} | {n} | {r['blocks']} | {r['decide_us_p50']:.1f} | {r['decide_us_p99']:.1f} | "
+                  f"{r['parse_us_p50']:.1f} | {r['commit_us_p50']:.1f} |", flush=True)
+    memory = {owners: index_memory(100_000, owners) for owners in (1, 4)}
+    for owners, per_block in memory.items():
+        print(f"index memory, {owners} owner(s) per block: {per_block:.0f} B/block = "
+              f"{per_block * 100_000 / 2**20:.1f} MiB per 100k blocks")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"cells": rows, "bytes_per_block": memory}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""The admin API: register, remove, drain and list workers.  Every call needs the admin token
+(``Authorization: Bearer <token>`` or ``x-admin-token: <token>``); without a configured token the
+admin API is off."""
+
+from __future__ import annotations
+
+import functools
+import hmac
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from kvroute.api.errors import error_body
+from kvroute.config import SettingsError, parse_worker_spec
+from kvroute.server.context import ROUTER, Router
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.Response(status=status, body=error_body("openai", status, message),
+                        content_type="application/json")
+
+
+def _json(doc: Any, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(doc), content_type="application/json")
+
+
+def _authorised(request: web.Request, router: Router) -> web.Response | None:
+    """None when the caller holds the admin token, else the error to answer with."""
+    token = router.settings.admin_token
+    if not token:
+        return _error(403, "the admin API is disabled: set admin_token (KVROUTE_ADMIN_TOKEN)")
+    given = request.headers.get("x-admin-token")
+    if given is None:
+        auth = request.headers.get("authorization", "")
+        scheme, _, value = auth.partition(" ")
+        given = value.strip() if scheme.lower() == "bearer" else None
+    if given is None:
+        return _error(401, "admin token required (Authorization: Bearer <token> or x-admin-token)")
+    if not hmac.compare_digest(given.encode(), token.encode()):
+        return _error(403, "wrong admin token")
+    return None
+
+
+Handler = Callable[[web.Request], Awaitable[web.Response]]
+
+
+def admin_only(handler: Handler) -> Handler:
+    """Wrap a handler so that it answers only callers holding the admin token."""
+
+    @functools.wraps(handler)
+    async def guarded(request: web.Request) -> web.Response:
+        denied = _authorised(request, request.app[ROUTER])
+        return denied if denied is not None else await handler(request)
+
+    return guarded
+
+
+async def list_workers(request: web.Request) -> web.Response:
+    """``GET /admin/workers``: every worker with its state, plus the scheduler's statistics."""
+    router = request.app[ROUTER]
+    return _json({"workers": [r.to_json() for r in router.registry.records()],
+                  "scheduler": router.scheduler.stats()})
+
+
+async def add_worker(request: web.Request) -> web.Response:
+    """``POST /admin/workers`` ``{"url", "id"?, "models"?, "max_num_seqs"?}``: register a worker
+    (re-registering an id starts a new epoch).  Answers 201 with the worker after one probe."""
+    router = request.app[ROUTER]
+    try:
+        doc = orjson.loads(await request.read())
+    except orjson.JSONDecodeError as exc:
+        return _error(400, f"invalid JSON body: {exc}")
+    try:
+        spec = parse_worker_spec(doc)
+    except SettingsError as exc:
+        return _error(400, str(exc))
+    record = await router.add_worker(spec.url, worker_id=spec.id, models=spec.models,
+                                     max_num_seqs=spec.max_num_seqs)
+    return _json(record.to_json(), status=201)
+
+
+async def remove_worker(request: web.Request) -> web.Response:
+    """``DELETE /admin/workers/{id}``: forget a worker (its in-flight requests finish)."""
+    router = request.app[ROUTER]
+    wid = request.match_info["id"]
+    if not router.remove_worker(wid):
+        return _error(404, f"no worker {wid!r}")
+    return _json({"removed": wid})
+
+
+async def drain_worker(request: web.Request) -> web.Response:
+    """``POST /admin/workers/{id}/drain`` (optional body ``{"draining": false}`` to undo): no new
+    requests go to the worker; in-flight ones finish."""
+    router = request.app[ROUTER]
+    wid = request.match_info["id"]
+    draining = True
+    raw = await request.read()
+    if raw.strip():
+        try:
+            doc = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            return _error(400, f"invalid JSON body: {exc}")
+        if not isinstance(doc, dict) or not isinstance(doc.get("draining", True), bool):
+            return _error(400, 'body must be {"draining": true|false}')
+        draining = doc.get("draining", True)
+    record = router.registry.set_draining(wid, draining)
+    if record is None:
+        return _error(404, f"no worker {wid!r}")
+    return _json(record.to_json())
+
+
+def setup_admin(app: web.Application) -> None:
+    """Mount the admin routes on ``app``."""
+    app.router.add_get("/admin/workers", admin_only(list_workers))
+    app.router.add_post("/admin/workers", admin_only(add_worker))
+    app.router.add_delete("/admin/workers/{id}", admin_only(remove_worker))
+    app.router.add_post("/admin/workers/{id}/drain", admin_only(drain_worker))

@@ -1,0 +1,85 @@
+"""``kvroute serve``: run the router in front of a fleet until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from kvroute.config import Settings
+
+log = logging.getLogger("kvroute.server")
+
+
+def serve(
+    worker: Annotated[list[str] | None, typer.Option(
+        "--worker", "-w", help="Worker base URL (repeat for each); replaces the config file's list.")] = None,
+    config: Annotated[Path | None, typer.Option(
+        "--config", "-c", help="TOML config file (default: $KVROUTE_CONFIG).")] = None,
+    host: Annotated[str | None, typer.Option(help="Address to listen on (default 127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port to listen on (default 8000).")] = None,
+    policy: Annotated[str | None, typer.Option(
+        help="Routing policy for every model without its own: auto, session, prefix, least-loaded, "
+             "p2c, round-robin (default auto).")] = None,
+    admin_token: Annotated[str | None, typer.Option(
+        help="Token the admin API requires (prefer KVROUTE_ADMIN_TOKEN).")] = None,
+    redis: Annotated[str | None, typer.Option(
+        help="Redis URL to share routing state with other router instances.")] = None,
+    retries: Annotated[int | None, typer.Option(help="Other workers tried before giving up.")] = None,
+    worker_header: Annotated[bool | None, typer.Option(
+        "--worker-header/--no-worker-header", help="Send x-kvroute-worker in responses.")] = None,
+    log_prompts: Annotated[bool | None, typer.Option(
+        "--log-prompts/--no-log-prompts", help="Include prompt text in decision logs.")] = None,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+) -> None:
+    """Route OpenAI- and Anthropic-compatible requests to the replica holding their prefix."""
+    from kvroute.config import Settings, SettingsError
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    overrides = {"workers": worker or None, "host": host, "port": port, "policy": policy,
+                 "admin_token": admin_token, "redis_url": redis, "retries": retries,
+                 "worker_header": worker_header, "log_prompts": log_prompts}
+    try:
+        settings = Settings.load(config, overrides=overrides)
+    except SettingsError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    if not settings.workers and not settings.admin_token:
+        raise typer.BadParameter("no workers: pass --worker URL, list them in the config file, "
+                                 "or set an admin token to register them at run time")
+    _run(_serve(settings))
+
+
+def _run(main: Coroutine[Any, Any, None]) -> None:
+    """Run ``main`` on uvloop when it is installed."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+        return
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main)
+
+
+async def _serve(settings: Settings) -> None:
+    from kvroute.server.app import start_router
+    from kvroute.server.dashboard import setup_dashboard
+
+    # With settings.redis_url, start_router shares routing state through the Redis bus.
+    running = await start_router(settings, host=settings.host, port=settings.port,
+                                 setup=(setup_dashboard,))
+    healthy = sum(1 for s in running.registry.states() if s.healthy)
+    log.info("kvroute listening on %s: %d workers (%d healthy), policy %s", running.url,
+             len(running.registry), healthy, settings.policy)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down: finishing in-flight requests (up to %.0f s)", settings.shutdown_timeout_s)
+    await running.close()

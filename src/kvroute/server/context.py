@@ -1,0 +1,81 @@
+"""The parts of one running router, shared by its request handlers, admin API and add-ons."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import aiohttp
+from aiohttp import web
+
+from kvroute.api.requests import RequestOptions
+from kvroute.config import Settings
+from kvroute.fleet.probe import Prober
+from kvroute.fleet.registry import Registry, WorkerRecord
+from kvroute.routing.scheduler import Scheduler
+from kvroute.routing.sync_record import SyncRecord
+from kvroute.server.activity import Activity
+from kvroute.server.metrics import RouterMetrics
+
+
+class RouteSync(Protocol):
+    """Shares routing facts with other router instances (the Redis bus implements it).
+
+    ``start`` is awaited once before the router accepts requests, with the function to call for
+    each fact received from another instance (``Scheduler.apply_remote``); ``publish`` is called on
+    the hot path and must not block (queue and send in the background); ``stop`` is awaited once
+    at shutdown.  Losing a fact must only ever cost a cache miss.
+    """
+
+    async def start(self, apply: Callable[[SyncRecord], None]) -> None: ...
+
+    def publish(self, records: Sequence[SyncRecord]) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+@dataclass(slots=True)
+class Router:
+    """Everything one router instance holds.  ``app[ROUTER]`` is this object, so add-ons mounted
+    on the app (the dashboard) read the registry, scheduler, metrics and activity from it."""
+
+    settings: Settings
+    registry: Registry
+    scheduler: Scheduler
+    metrics: RouterMetrics
+    activity: Activity
+    prober: Prober
+    request_options: RequestOptions = field(default_factory=RequestOptions)
+    sync: RouteSync | None = None
+    client: aiohttp.ClientSession | None = None
+    closing: bool = False
+
+    def publish(self, records: Sequence[SyncRecord]) -> None:
+        """Hand facts to the sync bus, if there is one."""
+        if records and self.sync is not None:
+            self.sync.publish(records)
+
+    def on_worker_epoch(self, worker_id: str, epoch: float) -> None:
+        """Registry listener: a worker's epoch changed; tell the scheduler and the other instances."""
+        self.publish(self.scheduler.on_worker_epoch(worker_id, epoch))
+
+    def on_worker_removed(self, worker_id: str) -> None:
+        """Registry listener: a worker left."""
+        self.scheduler.on_worker_removed(worker_id)
+
+    async def add_worker(self, url: str, *, worker_id: str | None = None, models: Sequence[str] = (),
+                         max_num_seqs: int | None = None) -> WorkerRecord:
+        """Register (or re-register) a worker, probe it once and keep probing it."""
+        record = self.registry.add(url, worker_id=worker_id, models=models, max_num_seqs=max_num_seqs)
+        await self.prober.probe_once(record.id, with_server_info=True)
+        self.prober.watch(record.id)
+        return record
+
+    def remove_worker(self, worker_id: str) -> bool:
+        """Stop probing and forget a worker; its in-flight requests finish."""
+        self.prober.unwatch(worker_id)
+        return self.registry.remove(worker_id)
+
+
+ROUTER: web.AppKey[Router] = web.AppKey("kvroute.router", Router)

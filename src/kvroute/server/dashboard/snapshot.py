@@ -1,0 +1,199 @@
+"""The dashboard's JSON: one snapshot of the fleet, per model and per replica (pure: no I/O).
+
+Everything here is read from state the router already keeps: the registry's worker records and
+their scraped counter history, the scheduler's statistics and routing configuration, and the
+recent-activity rings.  No prompt text exists in any of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvroute.fleet.registry import WorkerRecord
+from kvroute.routing.config import ModelPolicy, RoutingConfig
+from kvroute.routing.decision import DecisionKind
+from kvroute.server.activity import RequestRecord
+from kvroute.server.dashboard.series import Window, choose_window, latency_percentiles, token_rates
+
+# Workers whose /v1/models has not been read yet (and that declared none) are listed under this.
+UNKNOWN_MODEL = "(model not yet known)"
+_KINDS = tuple(k.value for k in DecisionKind if k is not DecisionKind.NO_WORKER)
+
+
+@dataclass(frozen=True, slots=True)
+class FleetView:
+    """What a snapshot is built from; the server fills it from its live objects."""
+
+    records: list[WorkerRecord]
+    scheduler_stats: Mapping[str, Any]
+    routing: RoutingConfig
+    requests: Iterable[RequestRecord]
+    ttfb: Iterable[tuple[float, float]]
+
+
+def build_snapshot(view: FleetView, now: float, *, span_s: float = 3600.0,
+                   decisions: int = 25) -> dict[str, Any]:
+    """The dashboard's data at time ``now``: router summary, the charts' shared window, TTFB through
+    the router, one entry per model (policy, replicas, totals, prompt-token rates) and the latest
+    ``decisions`` requests with their routing reasons."""
+    ttfb = list(view.ttfb)
+    earliest = _earliest(view.records, ttfb)
+    window = choose_window(now, earliest, span_s=span_s)
+    worker_stats: Mapping[str, Mapping[str, Any]] = view.scheduler_stats.get("workers", {})
+    by_model: dict[str, list[WorkerRecord]] = {}
+    for record in view.records:
+        for model in sorted(record.state.models) or [UNKNOWN_MODEL]:
+            by_model.setdefault(model, []).append(record)
+    recent = list(view.requests)[-decisions:]
+    recent.reverse()
+    stats = view.scheduler_stats
+    return {
+        "generated_at": now,
+        "router": {
+            "workers": len(view.records),
+            "healthy": sum(1 for r in view.records if _usable(r)),
+            "inflight": sum(r.state.inflight for r in view.records),
+            "index_blocks": stats.get("index_blocks"),
+            "index_max_blocks": stats.get("index_max_blocks"),
+            "sessions": stats.get("sessions"),
+            "session_max": stats.get("session_max"),
+        },
+        "window": window.to_json(),
+        "ttfb": latency_percentiles(ttfb, window).to_json(),
+        "models": [
+            _model(name, records, view.routing.policy_for(name), worker_stats, window)
+            for name, records in sorted(by_model.items())
+        ],
+        "decisions": [_decision(r) for r in recent],
+    }
+
+
+def _earliest(records: list[WorkerRecord], ttfb: list[tuple[float, float]]) -> float | None:
+    times = [r.history[0].time for r in records if r.history]
+    if ttfb:
+        times.append(ttfb[0][0])
+    return min(times, default=None)
+
+
+def _usable(record: WorkerRecord) -> bool:
+    return record.state.healthy and not record.state.draining
+
+
+def _model(name: str, records: list[WorkerRecord], policy: ModelPolicy,
+           worker_stats: Mapping[str, Mapping[str, Any]], window: Window) -> dict[str, Any]:
+    replicas = [_replica(r, policy, worker_stats.get(r.id, {})) for r in records]
+    return {
+        "name": name,
+        "policy": _policy(policy),
+        "replicas": replicas,
+        "totals": _totals(replicas),
+        "tokens": token_rates((r.history for r in records), window).to_json(),
+    }
+
+
+def _policy(policy: ModelPolicy) -> dict[str, Any]:
+    """The knobs in force; ``overflow_rule`` says in words what ``overflow`` means for this policy."""
+    if policy.policy == "session":
+        rule = ("a quarter of max_num_seqs in flight" if policy.overflow == "auto"
+                else f"more than {policy.overflow} in flight")
+    elif policy.policy == "auto":
+        rule = ("when another replica is predicted faster by more than "
+                f"{policy.stay_tokens:g} tokens of prefill")
+        if policy.overflow != "auto":
+            rule += f", and always past {policy.overflow} in flight"
+    else:
+        rule = "not used by this policy"
+    uses_session = policy.policy in ("session", "auto")
+    return {
+        "name": policy.policy,
+        "sticky": policy.sticky and uses_session,
+        "overflow": policy.overflow,
+        "overflow_rule": rule,
+        "slack_steps": list(policy.slack_steps),
+        "stay_tokens": policy.stay_tokens,
+        "session_spread": policy.session_spread,
+        "max_num_seqs": policy.max_num_seqs,
+    }
+
+
+def _replica(record: WorkerRecord, policy: ModelPolicy, stats: Mapping[str, Any]) -> dict[str, Any]:
+    s, m = record.state, record.metrics
+    requests = {kind: record.requests.get(kind, 0) for kind in _KINDS}
+    sticky, overflow = requests["sticky"], requests["overflow"]
+    hits = None if m is None else m.prefix_hits
+    queries = None if m is None else m.prefix_queries
+    threshold = (policy.overflow_threshold(s.max_num_seqs)
+                 if policy.policy == "session" or policy.overflow != "auto" else None)
+    return {
+        "id": s.id,
+        "url": s.url,
+        "status": "draining" if s.draining else ("healthy" if s.healthy else "down"),
+        "epoch": s.epoch,
+        "restarts": record.restarts,
+        "last_error": record.last_error,
+        "inflight": s.inflight,
+        "peer_inflight": s.peer_inflight,
+        "running": s.running,
+        "waiting": s.waiting,
+        "kv_usage": s.kv_usage,
+        "max_num_seqs": s.max_num_seqs,
+        "overflow_threshold": threshold,
+        "sessions": stats.get("sessions", 0),
+        "requests": requests,
+        "requests_total": sum(requests.values()),
+        "sticky_share": _share(sticky, sticky + overflow),
+        "prefix_cache_hits": hits,
+        "prefix_cache_queries": queries,
+        "hit_share": _share(hits, queries),
+    }
+
+
+def _totals(replicas: list[dict[str, Any]]) -> dict[str, Any]:
+    def total(key: str) -> float | None:
+        values = [r[key] for r in replicas if r[key] is not None]
+        return sum(values) if values else None
+
+    kv = [r["kv_usage"] for r in replicas if r["kv_usage"] is not None]
+    sticky = sum(r["requests"]["sticky"] for r in replicas)
+    overflow = sum(r["requests"]["overflow"] for r in replicas)
+    hits, queries = total("prefix_cache_hits"), total("prefix_cache_queries")
+    return {
+        "replicas": len(replicas),
+        "healthy": sum(1 for r in replicas if r["status"] == "healthy"),
+        "requests": {kind: sum(r["requests"][kind] for r in replicas) for kind in _KINDS},
+        "requests_total": sum(r["requests_total"] for r in replicas),
+        "sticky_share": _share(sticky, sticky + overflow),
+        "sessions": sum(r["sessions"] for r in replicas),
+        "inflight": sum(r["inflight"] for r in replicas),
+        "running": total("running"),
+        "waiting": total("waiting"),
+        "kv_usage": sum(kv) / len(kv) if kv else None,
+        "prefix_cache_hits": hits,
+        "prefix_cache_queries": queries,
+        "hit_share": _share(hits, queries),
+    }
+
+
+def _share(part: float | None, whole: float | None) -> float | None:
+    if part is None or not whole:
+        return None
+    return part / whole
+
+
+def _decision(r: RequestRecord) -> dict[str, Any]:
+    return {
+        "time": r.time,
+        "route": r.route,
+        "model": r.model,
+        "worker": r.worker,
+        "kind": r.kind,
+        "reason": r.reason,
+        "matched_blocks": r.matched_blocks,
+        "total_blocks": r.total_blocks,
+        "attempts": r.attempts,
+        "status": r.status,
+        "ttfb_s": r.ttfb_s,
+        "duration_s": r.duration_s,
+    }

@@ -1,0 +1,92 @@
+"""Picking the engine's token usage out of a response as it streams past, for the scheduler's
+learning (``Scheduler.on_finished``).  Only chunks that mention ``"usage"`` are parsed."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+_USAGE = b'"usage"'
+# Non-streamed bodies larger than this are not kept for usage (they are passed through regardless).
+_MAX_BODY = 1 << 20
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def usage_of(doc: Any) -> tuple[int | None, int | None]:
+    """``(prompt_tokens, cached_tokens)`` from an OpenAI, Responses or Anthropic body or event."""
+    if not isinstance(doc, Mapping):
+        return None, None
+    usage = doc.get("usage")
+    for holder in ("message", "response"):  # Anthropic message_start, Responses response.completed
+        inner = doc.get(holder)
+        if usage is None and isinstance(inner, Mapping):
+            usage = inner.get("usage")
+    if not isinstance(usage, Mapping):
+        return None, None
+    if "prompt_tokens" in usage:
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, Mapping) else None
+        return _int(usage.get("prompt_tokens")), _int(cached)
+    if "input_tokens" in usage:
+        read = _int(usage.get("cache_read_input_tokens"))
+        created = _int(usage.get("cache_creation_input_tokens")) or 0
+        details = usage.get("input_tokens_details")
+        if read is None and isinstance(details, Mapping):  # Responses API: input includes cached
+            return _int(usage.get("input_tokens")), _int(details.get("cached_tokens"))
+        fresh = _int(usage.get("input_tokens"))
+        if fresh is None:
+            return None, read
+        return fresh + (read or 0) + created, read
+    return None, None
+
+
+class UsageSniffer:
+    """Collects usage from a response: event by event for a stream, the whole body otherwise."""
+
+    def __init__(self, sse: bool) -> None:
+        self._sse = sse
+        self._parts: list[bytes] | None = None if sse else []
+        self._size = 0
+        self.prompt_tokens: int | None = None
+        self.cached_tokens: int | None = None
+
+    def feed(self, data: bytes | memoryview) -> None:
+        """See the next piece of the response (for a stream, whole events only)."""
+        if self._parts is not None:
+            self._size += len(data)
+            if self._size > _MAX_BODY:
+                self._parts = None
+            else:
+                self._parts.append(bytes(data))
+            return
+        if not self._sse:
+            return
+        raw = bytes(data)
+        if _USAGE not in raw:
+            return
+        for line in raw.splitlines():
+            if line.startswith(b"data:") and _USAGE in line:
+                try:
+                    self._take(orjson.loads(line[5:]))
+                except orjson.JSONDecodeError:
+                    continue
+
+    def finish(self) -> None:
+        """The response ended: parse a kept non-streamed body."""
+        if self._parts:
+            with contextlib.suppress(orjson.JSONDecodeError):
+                self._take(orjson.loads(b"".join(self._parts)))
+            self._parts = None
+
+    def _take(self, doc: Any) -> None:
+        prompt, cached = usage_of(doc)
+        if prompt is not None:
+            self.prompt_tokens = prompt
+        if cached is not None:
+            self.cached_tokens = cached

@@ -1,0 +1,111 @@
+"""``kvroute sim``: N simulated vLLM replicas on ports BASE..BASE+N-1, in one process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Annotated, Any
+
+import typer
+
+from kvroute.sim.faults import Fault
+from kvroute.sim.presets import PRESETS
+
+
+def _cost_overrides(items: list[str]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        try:
+            out[name.strip()] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep:
+            raise typer.BadParameter(f"expected NAME=NUMBER, got {item!r}", param_hint="--cost")
+    return out
+
+
+async def _serve(preset: str, replicas: int, host: str, port: int, speed: float, model: str | None,
+                 faults: list[Fault], overrides: dict[str, Any]) -> None:
+    from kvroute.sim.server import start_sim_fleet
+
+    fleet = await start_sim_fleet(preset, replicas, host=host, base_port=port, speed=speed, model=model,
+                                  **overrides)
+    for replica in fleet.replicas:
+        for fault in faults:
+            replica.faults.set(fault)
+    try:
+        cfg = fleet.replicas[0].config
+        typer.echo(
+            f"kvroute sim: {replicas} x {preset} serving {cfg.model!r} (block_size={cfg.block_size}, "
+            f"num_gpu_blocks={cfg.num_gpu_blocks}, max_num_seqs={cfg.max_num_seqs}, "
+            f"enable_prefix_caching={cfg.enable_prefix_caching}, speed={speed})"
+        )
+        for url in fleet.urls:
+            typer.echo(f"  {url}")
+        await asyncio.Event().wait()
+    finally:
+        await fleet.close()
+
+
+def sim(
+    preset: Annotated[str, typer.Option(help=f"Engine preset: {', '.join(PRESETS)}.")] = "a4000-qwen3-4b",
+    replicas: Annotated[int, typer.Option(min=1, help="Number of replicas.")] = 1,
+    port: Annotated[int, typer.Option(help="First port (replica i: PORT+i; 0: free).")] = 8100,
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    speed: Annotated[float, typer.Option(min=0.001, help="Model seconds per wall second.")] = 1.0,
+    served_model_name: Annotated[str | None, typer.Option(help="Model name to serve.")] = None,
+    max_num_seqs: Annotated[int | None, typer.Option(help="Most sequences running at once.")] = None,
+    max_model_len: Annotated[int | None, typer.Option(help="Context length limit.")] = None,
+    max_num_batched_tokens: Annotated[int | None, typer.Option(help="Token budget per step.")] = None,
+    block_size: Annotated[int | None, typer.Option(help="Tokens per KV block.")] = None,
+    num_gpu_blocks_override: Annotated[int | None, typer.Option(help="KV blocks (default: memory).")] = None,
+    enable_prefix_caching: Annotated[bool | None, typer.Option(
+        "--enable-prefix-caching/--no-enable-prefix-caching", help="Prefix caching.")] = None,
+    enable_chunked_prefill: Annotated[bool | None, typer.Option(
+        "--enable-chunked-prefill/--no-enable-chunked-prefill", help="Chunked prefill.")] = None,
+    mamba_cache_mode: Annotated[str | None, typer.Option(help="Hybrid models: none or align.")] = None,
+    prefix_match_unit: Annotated[int | None, typer.Option(help="Finest hit boundary (tokens).")] = None,
+    kv_cache_dtype: Annotated[str | None, typer.Option(help="auto or fp8.")] = None,
+    mamba_cache_blocks: Annotated[int | None, typer.Option(help="Mamba state slots (hybrid).")] = None,
+    answer_mode: Annotated[bool, typer.Option(help="Answer a trailing arithmetic question.")] = False,
+    corrupt_rate: Annotated[float, typer.Option(min=0.0, max=1.0, help="Share of bad replies.")] = 0.0,
+    output_tokens_min: Annotated[int | None, typer.Option(help="Shortest natural reply (tokens).")] = None,
+    output_tokens_max: Annotated[int | None, typer.Option(help="Longest natural reply (tokens).")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of fault and corruption draws.")] = 0,
+    fault: Annotated[list[str] | None, typer.Option(
+        help="Fault KIND[:RATE] (error, hang, drop, corrupt; slow:FACTOR).")] = None,
+    cost: Annotated[list[str] | None, typer.Option(
+        help="Cost parameter NAME=VALUE (a, b, c, d0, d1, d_kv, ...).")] = None,
+    log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
+) -> None:
+    """Run simulated vLLM replicas whose latency and counters behave like vLLM with prefix caching."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    named = {
+        "max_num_seqs": max_num_seqs, "max_model_len": max_model_len,
+        "max_num_batched_tokens": max_num_batched_tokens, "block_size": block_size,
+        "num_gpu_blocks_override": num_gpu_blocks_override, "enable_prefix_caching": enable_prefix_caching,
+        "enable_chunked_prefill": enable_chunked_prefill, "mamba_cache_mode": mamba_cache_mode,
+        "prefix_match_unit": prefix_match_unit, "kv_cache_dtype": kv_cache_dtype,
+        "mamba_cache_blocks": mamba_cache_blocks, "output_tokens_min": output_tokens_min,
+        "output_tokens_max": output_tokens_max,
+    }
+    overrides: dict[str, Any] = {k: v for k, v in named.items() if v is not None}
+    overrides.update(answer_mode=answer_mode, corrupt_rate=corrupt_rate, seed=seed)
+    overrides.update(_cost_overrides(cost or []))
+    try:
+        faults = [Fault.from_flag(text) for text in fault or []]
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--fault") from None
+    try:
+        import uvloop
+        runner: Any = uvloop.run
+    except ImportError:
+        runner = asyncio.run
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            runner(_serve(preset, replicas, host, port, speed, served_model_name, faults, overrides))
+    except (ValueError, TypeError, KeyError) as exc:
+        typer.echo(f"error: {exc.args[0] if exc.args else exc}", err=True)
+        raise typer.Exit(2) from None

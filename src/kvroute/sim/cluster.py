@@ -1,0 +1,350 @@
+"""Virtual-time simulation: N engine models, the router's real Scheduler and a closed-loop workload.
+
+Nothing here reads a clock or does I/O, so a run is a pure function of its inputs: the same seed
+gives the same results, and a five-step A/B of a four-replica fleet takes seconds instead of an
+hour.  Requests go through the same code as over HTTP wherever it matters: the router's
+``parse_request`` makes the routing key from the OpenAI body, the simulator's ``parse_request``
+renders the prompt the engine sees, and each engine is the simulator's :class:`EngineModel`.
+
+What the router sees of the fleet is modelled on the server's registry:
+
+* ``inflight`` is the router's own count, exact at every decision (incremented when a request is
+  sent, decremented when its response ends);
+* ``running``, ``waiting`` and ``kv_usage`` come from a scrape of each engine every
+  ``scrape_interval_s`` (the server's probe interval, 1 s by default), so they are up to that old
+  — the staleness every load-based policy lives with in production;
+* ``max_num_seqs`` and ``max_model_len`` are known from the start (the probe reads them from
+  ``/server_info`` and ``/v1/models``);
+* ``on_finished`` is called with the engine's usage and the time from sending to the first token,
+  as the proxy does.
+
+Client and network are instantaneous: a session sends its next round the moment the previous
+response ends, and a request reaches its engine ``request_overhead_s`` (the preset's fixed
+per-request cost) after the decision.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvroute.api.requests import parse_request as route_key
+from kvroute.bench.results import BenchResult, PolicyRun, RequestRecord, StepResult
+from kvroute.bench.stats import CacheCounters, summarize_step
+from kvroute.bench.workloads import PlannedRequest, SessionScript, Workload
+from kvroute.routing.config import ModelPolicy, RoutingConfig
+from kvroute.routing.decision import Decision
+from kvroute.routing.key import RoutingKey
+from kvroute.routing.scheduler import Scheduler
+from kvroute.routing.worker import WorkerState
+from kvroute.sim.answers import filler
+from kvroute.sim.engine import EngineConfig, EngineModel, EventKind, SimRequest
+from kvroute.sim.engine import StepResult as EngineStep
+from kvroute.sim.presets import build_config
+from kvroute.sim.protocol import parse_request as sim_request
+
+# The scheduler's clock is wall-clock seconds (epochs and entry ages travel between routers); the
+# virtual run starts at this fixed instant so that nothing depends on when it ran.
+EPOCH = 1_700_000_000.0
+# Synthetic workloads start each step at its own block of session indices (as the HTTP runner does).
+STEP_STRIDE = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """The simulated fleet and the router's view of it.
+
+    ``engine`` overrides preset settings (EngineConfig or cost-model fields); ``policy`` overrides
+    ``ModelPolicy`` fields (the tunables of ``auto``, the overflow threshold, ...) and ``routing``
+    ``RoutingConfig`` fields.
+    """
+
+    preset: str = "a4000-qwen3-4b"
+    replicas: int = 4
+    engine: Mapping[str, Any] = field(default_factory=dict)
+    policy: Mapping[str, Any] = field(default_factory=dict)
+    routing: Mapping[str, Any] = field(default_factory=dict)
+    scrape_interval_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ValueError("replicas must be at least 1")
+        if self.scrape_interval_s <= 0:
+            raise ValueError("scrape_interval_s must be positive")
+
+    def engine_config(self) -> EngineConfig:
+        """The engine config every replica runs."""
+        return build_config(self.preset, **dict(self.engine))
+
+    def routing_config(self, policy: str) -> RoutingConfig:
+        """The router's configuration for ``policy``."""
+        return RoutingConfig(default=ModelPolicy(policy=policy, **dict(self.policy)), **dict(self.routing))
+
+
+@dataclass(slots=True)
+class _Live:
+    """A request between its decision and its end."""
+
+    record: RequestRecord
+    loop: int
+    engine: int
+    sent_at: float
+    step_start: float
+    sim: SimRequest
+
+
+@dataclass(slots=True)
+class _Loop:
+    """One closed-loop session: which script, which round next."""
+
+    script: SessionScript | None = None
+    next_round: int = 0
+
+
+@dataclass(slots=True)
+class _StepRun:
+    """The closed loop of one step: ``sessions`` loops handing out the workload's sessions in order."""
+
+    workload: Workload
+    start: float
+    end: float
+    next_index: int
+    loops: list[_Loop]
+    records: list[RequestRecord] = field(default_factory=list)
+    busy: list[int] = field(default_factory=list)
+
+    def next_request(self, i: int, now: float) -> tuple[PlannedRequest, RequestRecord] | None:
+        """Loop ``i``'s next request at ``now`` (None once the window closed or the trace ran out)."""
+        lp = self.loops[i]
+        if now >= self.end:
+            return None
+        if lp.script is None or lp.next_round >= lp.script.rounds:
+            size = self.workload.size
+            if size is not None and self.next_index >= size:
+                return None
+            lp.script, lp.next_round = self.workload.session(self.next_index), 0
+            self.next_index += 1
+        req = lp.script.requests[lp.next_round]
+        lp.next_round += 1
+        rec = RequestRecord(req.session_id, req.round, now - self.start,
+                            last_round=lp.next_round == lp.script.rounds)
+        self.records.append(rec)
+        return req, rec
+
+
+class VirtualCluster:
+    """A fleet of engine models behind one router instance, in virtual time.
+
+    One cluster serves one policy: build a new one per policy so every policy starts from empty
+    caches and an empty router.  Steps run one after another on the same cluster, so later steps
+    find the caches the earlier ones left, as on a real fleet.
+    """
+
+    def __init__(self, config: ClusterConfig, policy: str) -> None:
+        self.config = config
+        self.policy = policy
+        self.now = 0.0
+        engine_cfg = config.engine_config()
+        self.model = engine_cfg.model
+        self._overhead = engine_cfg.cost.request_overhead_s
+        self.scheduler = Scheduler(config.routing_config(policy), clock=self._clock)
+        self.engines = [EngineModel(engine_cfg, EPOCH) for _ in range(config.replicas)]
+        self.workers = [
+            WorkerState(id=f"replica-{i}", url=f"sim://replica-{i}", models=frozenset({self.model}),
+                        epoch=EPOCH, max_num_seqs=engine_cfg.max_num_seqs,
+                        max_model_len=engine_cfg.max_model_len, running=0, waiting=0, kv_usage=0.0)
+            for i in range(config.replicas)
+        ]
+        self._index = {w.id: i for i, w in enumerate(self.workers)}
+        for w in self.workers:
+            self.scheduler.on_worker_epoch(w.id, w.epoch)
+        self._busy = [False] * config.replicas
+        self._heap: list[tuple[float, int, Callable[[], None]]] = []
+        self._seq = itertools.count()
+        self._rid = itertools.count()
+        self._live: dict[str, _Live] = {}
+        self._next_scrape = 0.0
+        self._step: _StepRun | None = None
+        self._poll_interval = 1.0
+
+    def _clock(self) -> float:
+        return EPOCH + self.now
+
+    def _at(self, t: float, action: Callable[[], None]) -> None:
+        heapq.heappush(self._heap, (t, next(self._seq), action))
+
+    # --- the router's view ------------------------------------------------------------------------
+
+    def _scrape(self) -> None:
+        for w, engine in zip(self.workers, self.engines, strict=True):
+            snap = engine.snapshot()
+            w.running, w.waiting, w.kv_usage = snap.num_running, snap.num_waiting, snap.kv_cache_usage
+        self._next_scrape = self.now + self.config.scrape_interval_s
+        self._at(self._next_scrape, self._scrape)
+
+    # --- engines ----------------------------------------------------------------------------------
+
+    def _kick(self, e: int) -> None:
+        if self._busy[e] or not self.engines[e].has_work():
+            return
+        result = self.engines[e].step(self.now)
+        if result.duration_s == 0 and not result.events:
+            return  # blocked until something finishes or arrives; that will kick it again
+        self._busy[e] = True
+        self._at(self.now + result.duration_s, lambda: self._stepped(e, result))
+
+    def _stepped(self, e: int, result: EngineStep) -> None:
+        self._busy[e] = False
+        done: list[_Live] = []
+        for event in result.events:
+            live = self._live.get(event.request_id)
+            if live is None:
+                continue
+            rec = live.record
+            if event.kind is EventKind.TOKEN and event.token_index == 0:
+                rec.ttfb_s = self.now - live.sent_at
+            elif event.kind is EventKind.FINISHED:
+                rec.end_s = self.now - live.step_start
+                rec.prompt_tokens, rec.cached_tokens = event.prompt_tokens, event.cached_tokens
+                rec.output_tokens = event.output_tokens
+                done.append(live)
+        self._kick(e)
+        for live in done:
+            self._finish(live)
+
+    # --- requests ---------------------------------------------------------------------------------
+
+    def _send(self, loop: int, req: PlannedRequest, rec: RequestRecord) -> None:
+        assert self._step is not None
+        step_start = self._step.start
+        body = req.openai_body(self.model)
+        key: RoutingKey = route_key("chat", body, req.headers())
+        decision: Decision = self.scheduler.decide(key, self.workers)
+        if decision.worker_id is None:
+            rec.error = decision.reason
+            self._after(loop, failed=True)
+            return
+        self.scheduler.commit(key, decision)
+        e = self._index[decision.worker_id]
+        self.workers[e].inflight += 1
+        rec.worker = decision.worker_id
+        g = sim_request("chat", body, self.model)
+        limit = g.max_tokens if g.max_tokens is not None else req.max_tokens
+        rid = f"r{next(self._rid)}"
+        sim = SimRequest(rid, g.prompt, filler(g.prompt, limit), limit, g.cache_salt)
+        live = _Live(rec, loop, e, self.now, step_start, sim)
+        self._live[rid] = live
+        self._at(self.now + self._overhead, lambda: self._arrive(live))
+
+    def _arrive(self, live: _Live) -> None:
+        try:
+            self.engines[live.engine].add_request(live.sim, self.now)
+        except ValueError as exc:  # the engine refused it (context too long): a 400 over HTTP
+            live.record.error = f"HTTP 400: {exc}"
+            self._finish(live)
+            return
+        self._kick(live.engine)
+
+    def _finish(self, live: _Live) -> None:
+        del self._live[live.sim.request_id]
+        worker = self.workers[live.engine]
+        worker.inflight -= 1
+        rec = live.record
+        if rec.error is None:
+            ttft = rec.ttfb_s
+            self.scheduler.on_finished(worker.id, prompt_tokens=rec.prompt_tokens,
+                                       cached_tokens=rec.cached_tokens, ttft_s=ttft)
+        self._after(live.loop, failed=rec.error is not None)
+
+    # --- closed loop ------------------------------------------------------------------------------
+
+    def _issue(self, i: int) -> None:
+        step = self._step
+        assert step is not None
+        nxt = step.next_request(i, self.now)
+        if nxt is not None:
+            self._send(i, *nxt)
+
+    def _after(self, loop: int, failed: bool) -> None:
+        step = self._step
+        assert step is not None
+        if failed:
+            step.loops[loop].script = None  # an agent whose request failed gives up on that task
+        self._issue(loop)
+
+    def _poll(self) -> None:
+        step = self._step
+        assert step is not None
+        if self.now < step.end:
+            step.busy.append(sum(1 for e in self.engines if e.has_work()))
+            self._at(self.now + self._poll_interval, self._poll)
+
+    def _run_step(self, workload: Workload, label: str, sessions: int, first_index: int,
+                  duration_s: float, drain_timeout_s: float) -> tuple[StepResult, int]:
+        start = self.now
+        step = self._step = _StepRun(workload, start, start + duration_s, first_index,
+                                     [_Loop() for _ in range(sessions)])
+        before = [e.snapshot().stats for e in self.engines]
+        for i in range(sessions):
+            self._at(self.now, lambda i=i: self._issue(i))
+        self._at(self.now, self._poll)
+        if self._next_scrape <= self.now:
+            self._scrape()
+        deadline = step.end + drain_timeout_s
+        while self._heap and (self.now < step.end or self._live):
+            t, _, action = heapq.heappop(self._heap)
+            if t > deadline:
+                break
+            self.now = t
+            action()
+        self.now = max(self.now, step.end)
+        for rid, live in list(self._live.items()):  # cut off after the drain timeout
+            self.engines[live.engine].abort(rid, self.now)
+            self.workers[live.engine].inflight -= 1
+            del self._live[rid]
+        # Pending engine steps and polls of this step are dropped; scrapes carry on from here.
+        self._heap = []
+        self._busy = [False] * len(self.engines)
+        self._scrape()
+        after = [e.snapshot().stats for e in self.engines]
+        cache = CacheCounters(
+            hits=sum(a.prefix_cache_hits - b.prefix_cache_hits for a, b in zip(after, before, strict=True)),
+            queries=sum(a.prefix_cache_queries - b.prefix_cache_queries
+                        for a, b in zip(after, before, strict=True)),
+        )
+        self._step = None
+        return summarize_step(label, sessions, duration_s, step.records, step.busy, cache), step.next_index
+
+    def run(self, workload: Workload, steps: Sequence[int], duration_s: float, *,
+            poll_interval_s: float = 1.0, drain_timeout_s: float = 600.0, label: str | None = None,
+            on_step: Callable[[StepResult], None] | None = None) -> PolicyRun:
+        """Run each step (concurrent sessions) for ``duration_s`` virtual seconds, one after another."""
+        if duration_s <= 0 or poll_interval_s <= 0 or drain_timeout_s < 0:
+            raise ValueError("duration and poll interval must be positive, the drain timeout non-negative")
+        self._poll_interval = poll_interval_s
+        run = PolicyRun(label or self.policy)
+        next_index = 0
+        for k, sessions in enumerate(steps):
+            first = k * STEP_STRIDE if workload.size is None else next_index
+            result, next_index = self._run_step(workload, run.policy, sessions, first, duration_s,
+                                                drain_timeout_s)
+            run.steps.append(result)
+            if on_step is not None:
+                on_step(result)
+        return run
+
+
+def run_virtual_bench(config: ClusterConfig, policies: Sequence[str], workload: Workload,
+                      steps: Sequence[int], duration_s: float, meta: Mapping[str, Any], *,
+                      poll_interval_s: float = 1.0, drain_timeout_s: float = 600.0,
+                      on_step: Callable[[StepResult], None] | None = None) -> BenchResult:
+    """The same workload under each policy, each on a fresh cluster."""
+    result = BenchResult(dict(meta))
+    for policy in policies:
+        cluster = VirtualCluster(config, policy)
+        result.runs.append(cluster.run(workload, steps, duration_s, poll_interval_s=poll_interval_s,
+                                       drain_timeout_s=drain_timeout_s, on_step=on_step))
+    return result

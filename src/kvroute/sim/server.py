@@ -1,0 +1,500 @@
+"""vLLM-compatible HTTP face of the engine model: one aiohttp app per simulated replica.
+
+Endpoints (as vLLM serves them): ``POST /v1/chat/completions``, ``/v1/completions``,
+``/v1/messages`` (Anthropic), streaming or not; ``GET /v1/models``, ``/health``, ``/metrics``,
+``/server_info``, ``/version``; ``POST /tokenize``, ``/detokenize``, ``/v1/chat/completions/render``,
+``/v1/completions/render``; and the simulator's own ``/admin/fault`` (GET lists, POST sets,
+DELETE clears; see ``sim/faults.py``).
+
+Each replica runs one asyncio task that drives its :class:`EngineModel`: step at the current model
+time, sleep the step's duration divided by ``speed``, deliver the step's events to the waiting
+handlers; idle while there is no work.  Model time runs ``speed`` times faster than the wall clock.
+
+Public helper::
+
+    fleet = await start_sim_fleet("a4000-qwen3-4b", 4, speed=20.0)
+    fleet.urls        # ["http://127.0.0.1:PORT", ...]
+    fleet.replicas    # SimReplica objects: .engine, .faults, .restart(), .url
+    await fleet.close()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from kvroute.api.errors import ApiError, ApiStyle, error_body
+from kvroute.sim.answers import Corruption, arithmetic_answer, corrupted, filler, reply_length
+from kvroute.sim.engine import EngineConfig, EngineEvent, EngineModel, EventKind, SimRequest
+from kvroute.sim.faults import Fault, FaultSet
+from kvroute.sim.metrics import render_metrics
+from kvroute.sim.presets import build_config
+from kvroute.sim.protocol import Api, GenerationRequest, Reply, parse_request
+from kvroute.sim.tokenizer import (
+    RenderError,
+    count_tokens,
+    detokenize,
+    render_anthropic,
+    render_chat,
+    render_completion,
+    token_ids,
+    token_strs,
+)
+
+log = logging.getLogger("kvroute.sim")
+
+SIM_VERSION = "0.26.0+kvroute.sim"
+_JSON = "application/json"
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyOptions:
+    """What replies say (server-level, not engine settings)."""
+
+    answer_mode: bool = False        # answer a trailing arithmetic question exactly
+    corrupt_rate: float = 0.0        # fraction of replies that are empty or a run of '!'
+    output_tokens_min: int = 32      # natural reply length range (tokens), fixed per prompt
+    output_tokens_max: int = 192
+    seed: int = 0                    # seeds fault and corruption draws (plus the replica index)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.corrupt_rate <= 1.0:
+            raise ValueError("corrupt_rate must be between 0 and 1")
+        if not 1 <= self.output_tokens_min <= self.output_tokens_max:
+            raise ValueError("need 1 <= output_tokens_min <= output_tokens_max")
+
+
+class _Dropped(Exception):
+    """The engine restarted under this request."""
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(data), status=status, content_type=_JSON)
+
+
+def _error(style: ApiStyle, exc: ApiError) -> web.Response:
+    return web.Response(body=error_body(style, exc.status, exc.message, exc.param, exc.code),
+                        status=exc.status, content_type=_JSON)
+
+
+async def _read_json(request: web.Request) -> Any:
+    try:
+        return orjson.loads(await request.read())
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(400, f"Invalid JSON body: {exc}") from None
+
+
+class SimReplica:
+    """One simulated vLLM replica: engine, engine loop, HTTP app, faults."""
+
+    def __init__(self, index: int, config: EngineConfig, *, served_model: str, speed: float,
+                 options: ReplyOptions, preset: str) -> None:
+        if speed <= 0:
+            raise ValueError("speed must be positive")
+        self.index = index
+        self.config = config
+        self.served_model = served_model
+        self.speed = speed
+        self.options = options
+        self.preset = preset
+        self.faults = FaultSet(options.seed * 1_000_003 + index)
+        self._wall0 = time.time()
+        self._mono0 = time.monotonic()
+        self.process_start_time = self._wall0
+        self.engine = EngineModel(config, self.now())
+        self._pending: dict[str, asyncio.Queue[EngineEvent | None]] = {}
+        self._wake = asyncio.Event()
+        self._down_until = 0.0
+        self._loop_task: asyncio.Task[None] | None = None
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+        self.app = self._build_app()
+
+    # ------------------------------------------------------------------------- lifecycle
+
+    def now(self) -> float:
+        """Model time: the wall clock at start plus elapsed time times ``speed``."""
+        return self._wall0 + (time.monotonic() - self._mono0) * self.speed
+
+    async def start(self, host: str, port: int) -> None:
+        """Start the engine loop and listen on ``host:port`` (0: a free port)."""
+        self._loop_task = asyncio.create_task(self._engine_loop(), name=f"sim-engine-{self.index}")
+        self._runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None,
+                                     shutdown_timeout=0.5)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        sockets = self._runner.addresses
+        bound_port = sockets[0][1]
+        self.url = f"http://{host}:{bound_port}"
+
+    async def close(self) -> None:
+        """Stop serving and stop the engine loop."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+            self._loop_task = None
+
+    def restart(self, down_s: float = 0.0) -> int:
+        """Simulate a process restart: drop in-flight requests, empty the cache, reset counters,
+        new start time; refuse requests (503) for ``down_s`` model seconds.  Returns requests dropped."""
+        dropped = self.engine.restart(self.now())
+        for rid in dropped:
+            queue = self._pending.get(rid)
+            if queue is not None:
+                queue.put_nowait(None)
+        self.process_start_time = time.time()
+        self._down_until = time.monotonic() + down_s / self.speed
+        return len(dropped)
+
+    @property
+    def down(self) -> bool:
+        """Whether the replica is 'restarting' and refusing requests."""
+        return time.monotonic() < self._down_until
+
+    # ------------------------------------------------------------------------- engine loop
+
+    async def _engine_loop(self) -> None:
+        engine = self.engine
+        while True:
+            result = engine.step(self.now()) if engine.has_work() else None
+            if result is None or (not result.events and result.duration_s == 0):
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            await asyncio.sleep(result.duration_s * self.faults.slow_factor / self.speed)
+            # Events of requests dropped meanwhile (abort, restart) find no queue and are ignored.
+            for event in result.events:
+                queue = self._pending.get(event.request_id)
+                if queue is not None:
+                    queue.put_nowait(event)
+
+    # ------------------------------------------------------------------------- generation
+
+    def _reply_text(self, g: GenerationRequest, limit: int) -> bytes:
+        opts = self.options
+        fault = self.faults.draw("corrupt")
+        natural = limit if g.ignore_eos else reply_length(g.prompt, opts.output_tokens_min,
+                                                          opts.output_tokens_max)
+        if fault is not None or (opts.corrupt_rate and self.faults.uniform() < opts.corrupt_rate):
+            kind = Corruption.EMPTY if self.faults.uniform() < 0.5 else Corruption.BANGS
+            return corrupted(kind, min(natural, limit))
+        if opts.answer_mode and not g.ignore_eos:
+            answer = arithmetic_answer(g.prompt)
+            if answer is not None:
+                return answer
+        return filler(g.prompt, natural)
+
+    async def _generate(self, request: web.Request, api: Api) -> web.StreamResponse:
+        style: ApiStyle = "anthropic" if api == "messages" else "openai"
+        try:
+            body = await _read_json(request)
+            if self.down:
+                raise ApiError(503, "The engine is restarting.")
+            g = parse_request(api, body, self.served_model)
+            limit = g.max_tokens if g.max_tokens is not None else self.config.max_model_len - g.prompt_tokens
+            message = self.config.context_error(g.prompt_tokens, g.max_tokens or 0)
+            if message or limit < 1:
+                raise ApiError(400, message or "The prompt leaves no room for the completion.",
+                               param="messages" if api != "completions" else "prompt")
+            fault = self.faults.draw("error")
+            if fault is not None:
+                raise ApiError(fault.status, "Simulated engine failure (fault injection).")
+        except ApiError as exc:
+            return _error(style, exc)
+        if self.faults.draw("hang") is not None:
+            await asyncio.Event().wait()   # until the client goes away (handler cancelled)
+        drop = self.faults.draw("drop")
+        overhead = self.config.cost.request_overhead_s
+        if overhead:
+            await asyncio.sleep(overhead / self.speed)
+        output = self._reply_text(g, limit)
+        rid = uuid.uuid4().hex
+        queue: asyncio.Queue[EngineEvent | None] = asyncio.Queue()
+        self._pending[rid] = queue
+        engine = self.engine
+        try:
+            try:
+                engine.add_request(SimRequest(rid, g.prompt, output, limit, g.cache_salt), self.now())
+            except ValueError as exc:
+                return _error(style, ApiError(400, str(exc)))
+            self._wake.set()
+            reply = Reply(g)
+            if g.stream:
+                return await self._stream(request, reply, queue, output, drop)
+            return await self._whole(request, reply, queue, output, drop)
+        except _Dropped:
+            _abort_connection(request)
+            return web.Response(status=500)
+        finally:
+            del self._pending[rid]
+            engine.abort(rid, self.now())
+
+    async def _next(self, queue: asyncio.Queue[EngineEvent | None]) -> EngineEvent:
+        event = await queue.get()
+        if event is None:
+            raise _Dropped
+        return event
+
+    async def _whole(self, request: web.Request, reply: Reply, queue: asyncio.Queue[EngineEvent | None],
+                     output: bytes, drop: Fault | None) -> web.StreamResponse:
+        while True:
+            event = await self._next(queue)
+            if event.kind is EventKind.FINISHED:
+                break
+        if drop is not None:
+            raise _Dropped
+        n = event.output_tokens
+        text = output[:n * 4].decode("utf-8", "replace")
+        return web.Response(body=reply.body(text, event.finish_reason or "stop", n, event.cached_tokens),
+                            content_type=_JSON)
+
+    async def _stream(self, request: web.Request, reply: Reply, queue: asyncio.Queue[EngineEvent | None],
+                      output: bytes, drop: Fault | None) -> web.StreamResponse:
+        resp: web.StreamResponse | None = None
+        cached = 0
+        while True:
+            event = await self._next(queue)
+            if event.kind is EventKind.SCHEDULED and resp is None:
+                cached = event.cached_tokens
+            elif event.kind is EventKind.TOKEN:
+                i = event.token_index
+                if resp is None:
+                    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                                       "Cache-Control": "no-cache"})
+                    await resp.prepare(request)
+                    await resp.write(reply.stream_start(cached))
+                if drop is not None and i >= drop.after_tokens:
+                    raise _Dropped
+                piece = reply.stream_delta(output[i * 4:(i + 1) * 4].decode("utf-8", "replace"))
+                if piece:
+                    await resp.write(piece)
+            elif event.kind is EventKind.FINISHED:
+                assert resp is not None  # a finished request has produced at least one token
+                await resp.write(reply.stream_end(event.finish_reason or "stop", event.output_tokens,
+                                                  event.cached_tokens))
+                await resp.write_eof()
+                return resp
+
+    # ------------------------------------------------------------------------- other endpoints
+
+    def _build_app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024**2)
+        gen = self._generate
+
+        def route(api: Api) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+            async def handler(request: web.Request) -> web.StreamResponse:
+                return await gen(request, api)
+            return handler
+
+        app.router.add_post("/v1/chat/completions", route("chat"))
+        app.router.add_post("/v1/completions", route("completions"))
+        app.router.add_post("/v1/messages", route("messages"))
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/server_info", self._server_info)
+        app.router.add_get("/version", self._version)
+        app.router.add_post("/tokenize", self._tokenize)
+        app.router.add_post("/detokenize", self._detokenize)
+        app.router.add_post("/v1/chat/completions/render", self._render_chat)
+        app.router.add_post("/v1/completions/render", self._render_completions)
+        app.router.add_get("/admin/fault", self._get_faults)
+        app.router.add_post("/admin/fault", self._post_fault)
+        app.router.add_delete("/admin/fault", self._clear_faults)
+        return app
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(status=503 if self.down else 200)
+
+    async def _version(self, request: web.Request) -> web.Response:
+        return _json({"version": SIM_VERSION})
+
+    async def _models(self, request: web.Request) -> web.Response:
+        created = int(self.process_start_time)
+        return _json({"object": "list", "data": [{
+            "id": self.served_model, "object": "model", "created": created, "owned_by": "vllm",
+            "root": self.served_model, "parent": None, "max_model_len": self.config.max_model_len,
+            "permission": [],
+        }]})
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body = render_metrics(self.config, self.engine.snapshot(), self.served_model,
+                              self.process_start_time)
+        return web.Response(body=body, content_type="text/plain", charset="utf-8")
+
+    def info(self) -> dict[str, Any]:
+        """Configuration as ``/server_info`` shows it (flat engine settings plus the cost model)."""
+        cfg = dataclasses.asdict(self.config)
+        cost = cfg.pop("cost")
+        cfg["prefix_match_unit"] = self.config.match_unit
+        dump = ", ".join(f"{k}={v!r}" for k, v in cfg.items())
+        return {
+            **cfg,
+            "served_model_name": self.served_model,
+            "preset": self.preset,
+            "speed": self.speed,
+            "cost": cost,
+            "reply": dataclasses.asdict(self.options),
+            "faults": self.faults.describe(),
+            "process_start_time": self.process_start_time,
+            "version": SIM_VERSION,
+            "vllm_config": dump,
+        }
+
+    async def _server_info(self, request: web.Request) -> web.Response:
+        return _json(self.info())
+
+    async def _render(self, request: web.Request, kind: str) -> tuple[bytes, dict[str, Any]]:
+        body = await _read_json(request)
+        if not isinstance(body, dict):
+            raise ApiError(400, "The request body must be a JSON object.")
+        add_gen = bool(body.get("add_generation_prompt", True))
+        try:
+            if kind == "messages" or (kind == "auto" and "messages" in body and "system" in body):
+                return render_anthropic(body, add_gen), body
+            if kind == "chat" or (kind == "auto" and "messages" in body):
+                return render_chat(body, add_gen), body
+            if "prompt" not in body:
+                raise ApiError(400, "Field required: 'prompt' or 'messages'.")
+            return render_completion(body["prompt"]), body
+        except RenderError as exc:
+            raise ApiError(400, str(exc)) from None
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        try:
+            data, body = await self._render(request, "auto")
+        except ApiError as exc:
+            return _error("openai", exc)
+        return _json({"count": count_tokens(data), "max_model_len": self.config.max_model_len,
+                      "tokens": token_ids(data),
+                      "token_strs": token_strs(data) if body.get("return_token_strs") else None})
+
+    async def _detokenize(self, request: web.Request) -> web.Response:
+        try:
+            body = await _read_json(request)
+            tokens = body.get("tokens") if isinstance(body, dict) else None
+            if not isinstance(tokens, list):
+                raise ApiError(400, "Field required: 'tokens' (a list of token ids).", param="tokens")
+            text = detokenize(tokens).decode("utf-8", "replace")
+        except RenderError as exc:
+            return _error("openai", ApiError(400, str(exc)))
+        except ApiError as exc:
+            return _error("openai", exc)
+        return _json({"prompt": text})
+
+    def _rendered(self, prefix: str, data: bytes, body: dict[str, Any]) -> dict[str, Any]:
+        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+        return {"request_id": prefix + uuid.uuid4().hex, "token_ids": token_ids(data),
+                "model": self.served_model, "features": None, "sampling_params": {"max_tokens": max_tokens}}
+
+    async def _render_chat(self, request: web.Request) -> web.Response:
+        try:
+            data, body = await self._render(request, "chat")
+        except ApiError as exc:
+            return _error("openai", exc)
+        return _json(self._rendered("chatcmpl-", data, body))
+
+    async def _render_completions(self, request: web.Request) -> web.Response:
+        try:
+            data, body = await self._render(request, "completions")
+        except ApiError as exc:
+            return _error("openai", exc)
+        return _json([self._rendered("cmpl-", data, body)])
+
+    async def _get_faults(self, request: web.Request) -> web.Response:
+        return _json({"faults": self.faults.describe(), "corrupt_rate": self.options.corrupt_rate})
+
+    async def _clear_faults(self, request: web.Request) -> web.Response:
+        self.faults.clear()
+        return _json({"faults": []})
+
+    async def _post_fault(self, request: web.Request) -> web.Response:
+        try:
+            body = await _read_json(request)
+            fault = Fault.from_json(body)
+        except ApiError as exc:
+            return _error("openai", exc)
+        except ValueError as exc:
+            return _error("openai", ApiError(400, str(exc)))
+        if fault.kind == "restart":
+            dropped = self.restart(fault.down_s)
+            return _json({"restarted": True, "dropped": dropped,
+                          "process_start_time": self.process_start_time})
+        self.faults.set(fault)
+        return _json({"faults": self.faults.describe()})
+
+
+def _abort_connection(request: web.Request) -> None:
+    transport = request.transport
+    if transport is not None:
+        transport.abort()
+
+
+@dataclass(slots=True)
+class SimFleet:
+    """Running simulated replicas; ``urls[i]`` is ``replicas[i].url``."""
+
+    replicas: list[SimReplica]
+
+    @property
+    def urls(self) -> list[str]:
+        """Base URLs of the replicas, in order."""
+        return [r.url for r in self.replicas]
+
+    async def close(self) -> None:
+        """Stop every replica."""
+        await asyncio.gather(*(r.close() for r in self.replicas))
+
+    async def __aenter__(self) -> SimFleet:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+_REPLY_FIELDS = {f.name for f in dataclasses.fields(ReplyOptions)}
+
+
+async def start_sim_fleet(preset: str, replicas: int, *, host: str = "127.0.0.1", base_port: int = 0,
+                          speed: float = 1.0, model: str | None = None, **overrides: Any) -> SimFleet:
+    """Start ``replicas`` simulated replicas of ``preset`` in this event loop.
+
+    ``base_port`` 0 binds free ports, otherwise ports ``base_port .. base_port+replicas-1``.
+    ``model`` is the served model name (default: the preset's).  ``overrides`` are engine settings
+    (``EngineConfig`` fields such as ``max_num_seqs``, ``enable_prefix_caching``,
+    ``mamba_cache_mode``, ``prefix_match_unit``, ``kv_cache_dtype``, ``num_gpu_blocks_override``),
+    cost-model parameters (``a``, ``b``, ``c``, ``d0``, ``d1``, ``d_kv``, ``request_overhead_s``),
+    or reply options (``answer_mode``, ``corrupt_rate``, ``output_tokens_min``,
+    ``output_tokens_max``, ``seed``).  Raises ValueError/TypeError/KeyError for bad settings.
+    """
+    if replicas < 1:
+        raise ValueError("replicas must be at least 1")
+    reply = ReplyOptions(**{k: overrides.pop(k) for k in list(overrides) if k in _REPLY_FIELDS})
+    config = build_config(preset, model, **overrides)
+    fleet = SimFleet([
+        SimReplica(i, config, served_model=config.model, speed=speed, options=reply, preset=preset)
+        for i in range(replicas)
+    ])
+    try:
+        for i, replica in enumerate(fleet.replicas):
+            await replica.start(host, base_port + i if base_port else 0)
+    except BaseException:
+        await fleet.close()
+        raise
+    log.info("simulated %d x %s (%s) at %s", replicas, preset, config.model, ", ".join(fleet.urls))
+    return fleet

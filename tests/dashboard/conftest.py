@@ -1,0 +1,58 @@
+"""Fixtures for the dashboard tests: simulated replicas and routers with the dashboard mounted, on
+loopback, all closed at the end of each test."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
+
+import aiohttp
+import pytest
+
+from kvroute.config import Settings
+from kvroute.server.app import RunningRouter, start_router
+from kvroute.server.dashboard import setup_dashboard
+from kvroute.sim.server import SimFleet, start_sim_fleet
+
+SIM_PRESET = "a4000-qwen3-4b"
+SIM_MODEL = "qwen3-4b"
+# Fast enough that a test's few dozen requests take about a second.
+SIM_SPEED = 20.0
+TOKEN = "dash-secret"
+
+
+@pytest.fixture
+async def sim_fleet() -> AsyncIterator[Callable[..., Awaitable[SimFleet]]]:
+    fleets: list[SimFleet] = []
+
+    async def make(replicas: int = 3) -> SimFleet:
+        fleet = await start_sim_fleet(SIM_PRESET, replicas, speed=SIM_SPEED)
+        fleets.append(fleet)
+        return fleet
+
+    yield make
+    for fleet in fleets:
+        await fleet.close()
+
+
+@pytest.fixture
+async def dashboard_router() -> AsyncIterator[Callable[..., Awaitable[RunningRouter]]]:
+    """``await dashboard_router(urls, **settings)``: a router over ``urls`` with the dashboard."""
+    routers: list[RunningRouter] = []
+
+    async def make(urls: Sequence[str] = (), **settings: Any) -> RunningRouter:
+        base = {"probe_interval_s": 0.2, "probe_timeout_s": 1.0, "admin_token": TOKEN}
+        running = await start_router(Settings.from_dict({**base, **settings, "workers": list(urls)}),
+                                     setup=[setup_dashboard])
+        routers.append(running)
+        return running
+
+    yield make
+    for running in routers:
+        await running.close()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session

@@ -1,0 +1,98 @@
+"""The dashboard in a real headless browser (Debian's chromium via Playwright): after real traffic
+through the router to simulated replicas, the cards list the right replicas with the router's own
+counts, and the charts drew.  Screenshots go to the test's folder and to test-output/."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import SIM_MODEL, TOKEN
+from dashboard_browser import chromium_available, open_dashboard
+from dashboard_traffic import run_sessions
+from playwright.async_api import Page
+
+from kvroute.fleet.registry import worker_id_for
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not chromium_available(), reason="needs Debian's chromium (/usr/bin/chromium)"),
+]
+
+TEST_OUTPUT = Path(__file__).resolve().parents[2] / "test-output"
+
+# Pixels of a series' colour (see dashboard.css): the cached area is green, the p50 line blue.
+_COLOUR_PIXELS = """([c, r, g, b]) => {
+    const canvas = document.querySelector(c);
+    const d = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data;
+    let n = 0;
+    for (let i = 0; i < d.length; i += 4)
+        if (d[i + 3] > 100 && Math.abs(d[i] - r) < 40 && Math.abs(d[i + 1] - g) < 40
+            && Math.abs(d[i + 2] - b) < 40) n++;
+    return n;
+}"""
+CACHED_GREEN = (43, 182, 115)
+P50_BLUE = (47, 111, 222)
+
+
+async def colour_pixels(page: Page, selector: str, rgb: tuple[int, int, int]) -> int:
+    return int(await page.evaluate(_COLOUR_PIXELS, [selector, *rgb]))
+
+
+async def test_cards_and_charts_after_traffic(sim_fleet, dashboard_router, tmp_path: Path) -> None:
+    fleet = await sim_fleet(3)
+    router = await dashboard_router(fleet.urls)
+    sent = await run_sessions(router.url, SIM_MODEL, sessions=6, turns=4)
+    assert sent == 24
+    await asyncio.sleep(0.5)  # two probe rounds: the engines' counters are scraped
+    expected = {r.id: sum(r.requests.values()) for r in router.registry.records()}
+    assert set(expected) == {worker_id_for(u) for u in fleet.urls}
+
+    async def check(page: Page) -> None:
+        rows = page.locator("section.model tbody tr")
+        assert await rows.count() == 3
+        shown = {}
+        for i in range(3):
+            row = rows.nth(i)
+            wid = await row.get_attribute("data-replica")
+            shown[wid] = int(await row.locator("[data-field=requests]").inner_text())
+            assert "%" in await row.locator("[data-field=hits]").inner_text()
+            assert await row.locator(".badge").inner_text() == "healthy"
+        assert shown == expected
+        assert sum(shown.values()) == sent
+        assert sum(1 for n in shown.values() if n > 0) >= 2
+        assert await page.locator("section.model h2").inner_text() == SIM_MODEL
+        assert "from cache over the last" in await page.locator("section.model .share").inner_text()
+        assert await page.locator("#empty").is_hidden()
+        assert await page.locator("#live").get_attribute("data-state") == "live"
+        assert await page.locator("#decisions tr").count() == sent
+        # The charts drew data, not just their axes.
+        assert int(await page.get_attribute("section.model canvas.tokens-chart", "data-points") or 0) > 0
+        assert await colour_pixels(page, "section.model canvas.tokens-chart", CACHED_GREEN) > 200
+        assert int(await page.get_attribute("#ttfb-chart", "data-points") or 0) > 0
+        assert await colour_pixels(page, "#ttfb-chart", P50_BLUE) > 8  # a dot at least
+
+    shot = tmp_path / "dashboard.png"
+    await open_dashboard(router.url, shot, check=check)
+    assert shot.stat().st_size > 10_000
+    TEST_OUTPUT.mkdir(exist_ok=True)
+    shutil.copyfile(shot, TEST_OUTPUT / "dashboard.png")
+
+
+async def test_protected_empty_dashboard_with_token_in_the_address(dashboard_router, tmp_path: Path) -> None:
+    router = await dashboard_router(dashboard_requires_token=True)
+
+    async def check(page: Page) -> None:
+        assert await page.locator("#empty").is_visible()
+        assert await page.locator("section.model").count() == 0
+        assert await page.locator("#live").get_attribute("data-state") == "live"
+        assert await page.locator("#t-replicas").inner_text() == "0"
+        assert await page.get_attribute("#ttfb-chart", "data-points") == "0"
+        assert "token=" in (await page.get_attribute("#data-link", "href") or "")
+
+    shot = tmp_path / "dashboard-empty.png"
+    await open_dashboard(router.url, shot, query=f"?token={TOKEN}", check=check)
+    TEST_OUTPUT.mkdir(exist_ok=True)
+    shutil.copyfile(shot, TEST_OUTPUT / "dashboard-empty.png")

