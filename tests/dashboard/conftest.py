@@ -8,17 +8,12 @@ from typing import Any
 
 import aiohttp
 import pytest
+from dashboard_setup import SIM_PRESET, SIM_SPEED, TOKEN
 
 from kvroute.config import Settings
 from kvroute.server.app import RunningRouter, start_router
 from kvroute.server.dashboard import setup_dashboard
 from kvroute.sim.server import SimFleet, start_sim_fleet
-
-SIM_PRESET = "a4000-qwen3-4b"
-SIM_MODEL = "qwen3-4b"
-# Fast enough that a test's few dozen requests take about a second.
-SIM_SPEED = 20.0
-TOKEN = "dash-secret"
 
 
 @pytest.fixture

@@ -9,8 +9,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import SIM_MODEL, TOKEN
 from dashboard_browser import chromium_available, open_dashboard
+from dashboard_setup import SIM_MODEL, TOKEN
 from dashboard_traffic import run_sessions
 from playwright.async_api import Page
 

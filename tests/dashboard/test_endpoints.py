@@ -7,7 +7,7 @@ import asyncio
 
 import aiohttp
 import pytest
-from conftest import SIM_MODEL, TOKEN
+from dashboard_setup import SIM_MODEL, TOKEN
 from dashboard_traffic import run_sessions
 
 from kvroute.config import Settings, SettingsError

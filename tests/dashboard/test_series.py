@@ -20,17 +20,17 @@ def sample(t: float, hits: float, prompt: float) -> CounterSample:
     return CounterSample(time=t, prefix_hits=hits, prefix_queries=prompt, prompt_tokens=prompt)
 
 
-def test_window_is_an_hour_of_30s_bins_once_there_is_an_hour_of_data() -> None:
+def test_window_is_an_hour_of_minute_bins_once_there_is_an_hour_of_data() -> None:
     w = choose_window(10_000.0, 10_000.0 - 7200)
-    assert (w.bin_s, w.bins) == (30.0, 120)
-    assert w.start <= 10_000.0 - 3600 + 30 and w.end > 10_000.0
+    assert (w.bin_s, w.bins) == (60.0, 60)
+    assert w.start <= 10_000.0 - 3600 + 60 and w.end > 10_000.0
 
 
 def test_young_data_gets_a_short_window_with_fine_bins() -> None:
     w = choose_window(1000.0, 990.0)
     assert w.bin_s == 2.0
     assert 120 <= w.end - w.start <= 122
-    assert choose_window(1000.0, None).bin_s == 30.0  # nothing yet: the full hour
+    assert choose_window(1000.0, None).bin_s == 60.0  # nothing yet: the full hour
 
 
 def test_window_index_bounds() -> None:

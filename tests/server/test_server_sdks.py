@@ -27,7 +27,7 @@ async def routed(sim_fleet, router):
 
 
 async def test_openai_sdk_non_streaming_and_streaming(routed):
-    fleet, r = routed
+    _, r = routed
     client = openai.AsyncOpenAI(base_url=r.url + "/v1", api_key="sk-test", max_retries=0)
     async with client:
         messages = [{"role": "user", "content": PROMPT}]
@@ -63,7 +63,7 @@ async def test_openai_sdk_sees_errors_as_its_own_exceptions(routed):
 
 
 async def test_anthropic_sdk_non_streaming_and_streaming(routed):
-    fleet, r = routed
+    _, r = routed
     client = anthropic.AsyncAnthropic(base_url=r.url, api_key="sk-ant-test", max_retries=0)
     async with client:
         messages = [{"role": "user", "content": PROMPT}]

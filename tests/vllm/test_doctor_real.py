@@ -3,6 +3,7 @@ themselves, through the router as well, and from a real startup log."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -18,12 +19,17 @@ DOCTOR = [sys.executable, "-c", "from kvroute.cli import main; main()", "doctor"
 
 
 def doctor_json(*args: str) -> dict[str, Any]:
-    """Run ``kvroute doctor ARGS --json`` as a user would and return its report."""
+    """Run ``kvroute doctor ARGS --json`` as a user would and return its report (blocking: a router
+    in this process must be given the event loop meanwhile, see ``doctor_json_async``)."""
     command = [*DOCTOR, *args, "--json"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, f"doctor exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
     report: dict[str, Any] = json.loads(result.stdout)
     return report
+
+
+async def doctor_json_async(*args: str) -> dict[str, Any]:
+    return await asyncio.to_thread(doctor_json, *args)
 
 
 def assert_caching_on(target: dict[str, Any], model: str) -> None:
@@ -47,8 +53,10 @@ def test_doctor_reads_the_real_replicas(vllm_fleet: ReplicaFleet, served_model: 
 
 @pytest.mark.vllm
 @pytest.mark.timeout(420)
-def test_doctor_through_the_router_checks_every_replica(router: RunningRouter, served_model: str) -> None:
-    report = doctor_json(router.url, "--admin-token", ADMIN_TOKEN)
+async def test_doctor_through_the_router_checks_every_replica(
+    router: RunningRouter, served_model: str
+) -> None:
+    report = await doctor_json_async(router.url, "--admin-token", ADMIN_TOKEN)
     workers = [t for t in report["targets"] if t["kind"] == "worker"]
     assert len(workers) == 2
     for target in workers:

@@ -55,15 +55,21 @@ def ab_rows(result: BenchResult, off: str, on: str) -> tuple[list[str], list[lis
     return header, rows
 
 
+PREEMPTIONS = Column("Preemptions", "", lambda s: None if s.preemptions is None else float(s.preemptions),
+                     _fixed(0))
+
+
 def wide_rows(result: BenchResult) -> tuple[list[str], list[list[str]]]:
-    """Header and rows for any number of policies: one row per step and policy."""
-    header = ["Sessions", "Policy", "Requests"] + [f"{c.header}{c.unit}" for c in COLUMNS]
+    """Header and rows for any number of policies: one row per step and policy, with the request
+    and preemption counts that explain the overloaded steps."""
+    columns = (*COLUMNS, PREEMPTIONS)
+    header = ["Sessions", "Policy", "Requests"] + [f"{c.header}{c.unit}" for c in columns]
     rows = []
     for n in result.step_sizes():
         for policy in result.policies():
             step = result.step(policy, n)
             requests = "—" if step is None else f"{step.requests:,}"
-            rows.append([str(n), policy, requests] + [_cell(c, step) for c in COLUMNS])
+            rows.append([str(n), policy, requests] + [_cell(c, step) for c in columns])
     return header, rows
 
 

@@ -47,6 +47,7 @@ class StepResult:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     unfinished: int = 0
+    preemptions: int | None = None
 
 
 @dataclass(slots=True)

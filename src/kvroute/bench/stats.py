@@ -13,6 +13,7 @@ from kvroute.bench.results import RequestRecord, StepResult
 
 HITS = "vllm:prefix_cache_hits_total"
 QUERIES = "vllm:prefix_cache_queries_total"
+PREEMPTIONS = "vllm:num_preemptions_total"
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 
@@ -66,10 +67,11 @@ def counter_delta(before: Mapping[SeriesKey, float], after: Mapping[SeriesKey, f
 
 @dataclass(frozen=True, slots=True)
 class CacheCounters:
-    """Prefix-cache counters summed over the replicas, in tokens."""
+    """Prefix-cache counters (in tokens) and preemptions, summed over the replicas."""
 
     hits: float
     queries: float
+    preemptions: float | None = None
 
     @property
     def hit_pct(self) -> float | None:
@@ -79,12 +81,14 @@ class CacheCounters:
 
 def cache_delta(before: Sequence[Mapping[SeriesKey, float]],
                 after: Sequence[Mapping[SeriesKey, float]]) -> CacheCounters:
-    """Prefix-cache counter deltas summed over replicas (``before[i]``/``after[i]``: replica ``i``)."""
+    """Prefix-cache and preemption counter deltas summed over replicas (``before[i]``/``after[i]``:
+    replica ``i``)."""
     if len(before) != len(after):
         raise ValueError("before and after must list the same replicas")
-    hits = sum(counter_delta(b, a, HITS) for b, a in zip(before, after, strict=True))
-    queries = sum(counter_delta(b, a, QUERIES) for b, a in zip(before, after, strict=True))
-    return CacheCounters(hits, queries)
+    pairs = list(zip(before, after, strict=True))
+    return CacheCounters(sum(counter_delta(b, a, HITS) for b, a in pairs),
+                         sum(counter_delta(b, a, QUERIES) for b, a in pairs),
+                         sum(counter_delta(b, a, PREEMPTIONS) for b, a in pairs))
 
 
 def busy_count(scrapes: Iterable[Mapping[SeriesKey, float] | None]) -> int:
@@ -158,4 +162,5 @@ def summarize_step(policy: str, sessions: int, duration_s: float, records: Seque
         prompt_tokens=prompt,
         cached_tokens=cached,
         unfinished=sum(1 for r in records if r.error is None and r.end_s is None),
+        preemptions=None if cache is None or cache.preemptions is None else round(cache.preemptions),
     )

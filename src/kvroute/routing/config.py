@@ -59,8 +59,12 @@ class ModelPolicy:
     # New sessions go to workers with at most this many more active sessions than the least (None: off).
     session_spread: int | None = 0
     # A session counts as active on its worker while its last request is younger than this.
-    session_active_s: float = 300.0
-    # Learning from finished requests: EWMA weight, and minimum uncached tokens for a TTFT sample.
+    session_active_s: float = 60.0
+    # Use the prefill rate learned from reported TTFTs instead of prefill_s_per_token.  Off by
+    # default: TTFT includes queueing and misses the index did not foresee, so the learned rate runs
+    # high and the backlog then drains too slowly (measured in docs/routing.md).
+    learn_rate: bool = False
+    # Learning from finished requests: EWMA weight, and samples needed before a figure is used.
     learn_alpha: float = 0.05
     learn_min_samples: int = 8
 

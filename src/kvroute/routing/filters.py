@@ -40,6 +40,18 @@ def free_slot(ctx: Context, cands: list[Candidate]) -> list[Candidate]:
     return kept or cands
 
 
+def load_within_slack(ctx: Context, cands: list[Candidate]) -> list[Candidate]:
+    """Seed 1's guard for placements: candidates carrying at most ``slack`` more requests than the
+    freest, so a cached head cannot pull every new conversation onto one worker.  A session's own
+    worker is exempt (the ``auto`` cost decides whether it stays)."""
+    if ctx.bound is not None and any(c.worker.id == ctx.bound for c in cands):
+        return cands
+    slack = ctx.policy.slack_for(ctx.est_tokens)
+    least = min(c.busy for c in cands)
+    ctx.min_load, ctx.slack = least, slack
+    return [c for c in cands if c.busy <= least + slack]
+
+
 def balanced_sessions(ctx: Context, cands: list[Candidate]) -> list[Candidate]:
     """A session being placed goes where active sessions are within ``session_spread`` of the
     fewest (soft; only for a session with no usable binding): a session's turns keep coming, so an

@@ -50,10 +50,6 @@ class WorkerLearning:
     _hit_reported: _Ewma = field(default_factory=_Ewma)
     _hit_predicted: _Ewma = field(default_factory=_Ewma)
 
-    def s_per_token(self, default: float) -> float:
-        """Learned prefill seconds per token, or ``default`` until enough samples arrived."""
-        return self.rate if self.rate is not None else default
-
     def backlog(self, now: float, s_per_token: float) -> float:
         """Prefill tokens still believed queued on the worker at ``now``."""
         left = self.backlog_tokens - (now - self.backlog_at) / s_per_token

@@ -43,7 +43,7 @@ POLICIES: dict[str, Policy] = {
         Policy("session", _BASE,
                (scorers.session_affinity, scorers.inflight, scorers.active_sessions, scorers.kv_usage),
                pickers.lowest, explain.session, uses_session=True),
-        Policy("auto", (*_BASE, filters.balanced_sessions),
+        Policy("auto", (*_BASE, filters.load_within_slack, filters.balanced_sessions),
                (scorers.predicted_ttft, scorers.deepest_match, scorers.inflight),
                pickers.lowest, explain.auto, uses_session=True, uses_learning=True),
     )

@@ -52,6 +52,9 @@ class Scheduler:
         self._picker = PickerState(rng=random.Random(self.config.seed))
         self._learning: dict[str, WorkerLearning] = {}
         self._counts: dict[str, dict[str, int]] = {}
+        # Each worker's own prefill rate (WorkerState.prefill_s_per_token) as last seen by decide,
+        # so that commit and apply_remote, which see no WorkerState, drain backlogs at that rate.
+        self._known_rates: dict[str, float | None] = {}
         self._memo_key: RoutingKey | None = None
         self._memo_hashes: tuple[int, ...] = ()
         self._hash_bytes = self.config.max_hash_bytes if self.config.hash_beyond_window else (
@@ -91,12 +94,13 @@ class Scheduler:
             cands = kept
         self._match(hashes, cands, now)
         if policy.uses_learning:
-            self._annotate(cands, cfg.prefill_s_per_token, now)
+            self._annotate(cands, cfg.prefill_s_per_token, cfg.learn_rate, now)
         scores = [scorer(ctx, cands) for scorer in policy.scorers]
         keys = list(zip(*scores, strict=True)) if scores else [()] * len(cands)
         i = policy.picker(self._picker, keys)
         kind, reason = policy.explain(policy.name, ctx, cands, i)
         chosen = cands[i]
+        self._known_rates[chosen.worker.id] = chosen.worker.prefill_s_per_token
         return Decision(
             worker_id=chosen.worker.id, kind=kind, policy=policy.name, reason=reason,
             matched_blocks=chosen.matched_blocks, total_blocks=len(hashes), est_tokens=key.est_prompt_tokens,
@@ -110,14 +114,15 @@ class Scheduler:
         for slot, depth in self._index.match(hashes, slots, now).items():
             cands[slots[slot]].matched_blocks = depth
 
-    def _annotate(self, cands: list[Candidate], default_spt: float, now: float) -> None:
+    def _annotate(self, cands: list[Candidate], default_spt: float, learn_rate: bool, now: float) -> None:
         learning = self._learning
         for c in cands:
             learned = learning.get(c.worker.id)
             if learned is None:
                 c.s_per_token = c.worker.prefill_s_per_token or default_spt
                 continue
-            spt = c.s_per_token = c.worker.prefill_s_per_token or learned.rate or default_spt
+            rate = learned.rate if learn_rate else None
+            spt = c.s_per_token = c.worker.prefill_s_per_token or rate or default_spt
             c.realisation = learned.realised
             c.backlog_tokens = learned.backlog(now, spt)
 
@@ -152,7 +157,7 @@ class Scheduler:
         if key.cacheable:
             learned = self._learn(worker)
             est = key.est_prompt_tokens
-            spt = learned.s_per_token(cfg.prefill_s_per_token)
+            spt = self._rate(worker, learned, cfg.learn_rate, cfg.prefill_s_per_token)
             hit = (est - decision.prefill_tokens) / est if est else None
             learned.on_sent(now, spt, decision.prefill_tokens, hit)
         if decision.session is not None:
@@ -166,7 +171,8 @@ class Scheduler:
             if self._index.record(record.hashes, record.worker_id, record.epoch, record.time) and \
                     record.prefill_tokens:
                 learned = self._learn(record.worker_id)
-                spt = learned.s_per_token(self.config.default.prefill_s_per_token)
+                cfg = self.config.default
+                spt = self._rate(record.worker_id, learned, cfg.learn_rate, cfg.prefill_s_per_token)
                 learned.add_backlog(self._clock(), spt, record.prefill_tokens)
         elif isinstance(record, SessionRecord):
             self._sessions.bind(record.session, record.worker_id, record.time)
@@ -191,11 +197,18 @@ class Scheduler:
         self._sessions.drop_worker(worker_id)
         self._learning.pop(worker_id, None)
         self._counts.pop(worker_id, None)
+        self._known_rates.pop(worker_id, None)
 
     def on_finished(self, worker_id: str, *, prompt_tokens: int | None = None,
                     cached_tokens: int | None = None, ttft_s: float | None = None) -> None:
         """A request on ``worker_id`` finished; learn from what the engine reported (any may be None)."""
         self._learn(worker_id).on_finished(prompt_tokens, cached_tokens, ttft_s)
+
+    def _rate(self, worker_id: str, learned: WorkerLearning, learn_rate: bool, default: float) -> float:
+        """Prefill seconds per token for ``worker_id``: the worker's own figure, else the learned
+        one when enabled, else the default (as ``_annotate`` reads it, so the backlog agrees)."""
+        known = self._known_rates.get(worker_id)
+        return known or (learned.rate if learn_rate else None) or default
 
     def _learn(self, worker_id: str) -> WorkerLearning:
         learned = self._learning.get(worker_id)
@@ -218,8 +231,9 @@ class Scheduler:
                                      for kind in DecisionKind if kind is not DecisionKind.NO_WORKER}
             entry["sessions"] = self._sessions.bound(wid)
             if learned is not None:
-                spt = learned.s_per_token(cfg.prefill_s_per_token)
+                spt = self._rate(wid, learned, cfg.learn_rate, cfg.prefill_s_per_token)
                 entry["prefill_s_per_token"] = spt
+                entry["learned_s_per_token"] = learned.rate
                 entry["cache_realisation"] = learned.realised
                 entry["backlog_tokens"] = round(learned.backlog(now, spt))
             workers[wid] = entry

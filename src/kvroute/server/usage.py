@@ -56,26 +56,21 @@ class UsageSniffer:
         self.prompt_tokens: int | None = None
         self.cached_tokens: int | None = None
 
-    def feed(self, data: bytes | memoryview) -> None:
+    def feed(self, data: bytes) -> None:
         """See the next piece of the response (for a stream, whole events only)."""
+        if self._sse:
+            if _USAGE in data:
+                for line in data.splitlines():
+                    if line.startswith(b"data:") and _USAGE in line:
+                        with contextlib.suppress(orjson.JSONDecodeError):
+                            self._take(orjson.loads(line[5:]))
+            return
         if self._parts is not None:
             self._size += len(data)
             if self._size > _MAX_BODY:
                 self._parts = None
             else:
-                self._parts.append(bytes(data))
-            return
-        if not self._sse:
-            return
-        raw = bytes(data)
-        if _USAGE not in raw:
-            return
-        for line in raw.splitlines():
-            if line.startswith(b"data:") and _USAGE in line:
-                try:
-                    self._take(orjson.loads(line[5:]))
-                except orjson.JSONDecodeError:
-                    continue
+                self._parts.append(data)
 
     def finish(self) -> None:
         """The response ended: parse a kept non-streamed body."""

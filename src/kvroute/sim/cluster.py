@@ -310,11 +310,10 @@ class VirtualCluster:
         self._busy = [False] * len(self.engines)
         self._scrape()
         after = [e.snapshot().stats for e in self.engines]
-        cache = CacheCounters(
-            hits=sum(a.prefix_cache_hits - b.prefix_cache_hits for a, b in zip(after, before, strict=True)),
-            queries=sum(a.prefix_cache_queries - b.prefix_cache_queries
-                        for a, b in zip(after, before, strict=True)),
-        )
+        pairs = list(zip(after, before, strict=True))
+        cache = CacheCounters(hits=sum(a.prefix_cache_hits - b.prefix_cache_hits for a, b in pairs),
+                              queries=sum(a.prefix_cache_queries - b.prefix_cache_queries for a, b in pairs),
+                              preemptions=sum(a.num_preemptions - b.num_preemptions for a, b in pairs))
         self._step = None
         return summarize_step(label, sessions, duration_s, step.records, step.busy, cache), step.next_index
 

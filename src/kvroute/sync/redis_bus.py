@@ -152,6 +152,7 @@ class RedisBus:
         self._tasks: list[asyncio.Task[None]] = []
         self._connected = False
         self._outage_since: float | None = None
+        self._in_flight = 0  # facts taken from the queue whose XADD has not been answered yet
 
     # --- RouteSync -----------------------------------------------------------------------------
 
@@ -207,9 +208,14 @@ class RedisBus:
         return self._view.caught_up
 
     @property
-    def queued(self) -> int:
-        """Facts waiting to be sent."""
-        return len(self._queue)
+    def unsent(self) -> int:
+        """Facts published here that Redis has not acknowledged yet."""
+        return len(self._queue) + self._in_flight
+
+    @property
+    def read_id(self) -> bytes:
+        """Stream ID of the last facts entry read (every fact up to it has been applied or held)."""
+        return self._facts_id
 
     @property
     def peers(self) -> int:
@@ -390,6 +396,7 @@ class RedisBus:
             if not records:
                 continue
             payload = encode_facts(FactsMessage(self.instance_id, self._clock(), records))
+            self._in_flight = len(batch)
             try:
                 await client.xadd(self.facts_key, {FIELD: payload}, maxlen=self._stream_maxlen,
                                   approximate=True)
@@ -402,6 +409,8 @@ class RedisBus:
             except BaseException:
                 self._requeue(batch)
                 raise
+            finally:
+                self._in_flight = 0
             for r in records:
                 self.metrics.published.labels(r.TYPE).inc()
 

@@ -43,7 +43,7 @@ class Window:
 
 
 def choose_window(now: float, earliest: float | None, *, span_s: float = 3600.0, min_span_s: float = 120.0,
-                  max_bins: int = 120) -> Window:
+                  max_bins: int = 60) -> Window:
     """The window the charts share: the last ``span_s`` seconds, or less when the data is younger
     (never under ``min_span_s``), so a router started a minute ago does not draw a blank hour."""
     age = span_s if earliest is None else now - earliest

@@ -1,0 +1,224 @@
+"""What the router itself costs: time to first byte and requests/s through `kvroute serve` against
+a direct connection to the same simulated replicas, at several numbers of concurrent streams.
+
+Three processes, as in a deployment: the replicas (`kvroute sim`, fast enough that the engine adds
+little), the router (`kvroute serve`, uvloop, decision logging on at the default INFO level) and
+this load generator.  Each level runs direct then routed, alternating, ``--rounds`` times; the
+figures are medians over every request of a target at that level.
+
+    python benchmarks/bench_router_overhead.py                 # 1, 16, 64 streams
+    python benchmarks/bench_router_overhead.py --json out.json --requests 800
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import aiohttp
+import orjson
+
+KVROUTE = [sys.executable, "-c", "from kvroute.cli import main; main()"]
+MODEL = "qwen3-4b"
+
+
+@dataclass
+class Run:
+    """One target at one concurrency level; ``router_cpu_s`` is the router process's CPU time
+    (user + system) while it ran, which the machine's other load does not inflate."""
+
+    target: str
+    concurrency: int
+    requests: int
+    seconds: float
+    ttfb_ms: list[float]
+    router_cpu_s: float = 0.0
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.seconds
+
+    def pct(self, q: float) -> float:
+        data = sorted(self.ttfb_ms)
+        return data[min(len(data) - 1, int(q * len(data)))]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def free_ports(n: int) -> int:
+    """A base port with ``n`` consecutive free ports after it (best effort)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + n > 65000:
+            continue
+        try:
+            socks = []
+            for i in range(n):
+                sock = socket.socket()
+                socks.append(sock)
+                sock.bind(("127.0.0.1", base + i))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise RuntimeError("no free port range")
+
+
+async def wait_ready(http: aiohttp.ClientSession, url: str, path: str) -> None:
+    for _ in range(600):
+        with contextlib.suppress(aiohttp.ClientError):
+            async with http.get(url + path) as resp:
+                if resp.status == 200:
+                    return
+        await asyncio.sleep(0.05)
+    raise RuntimeError(f"{url}{path} never became ready")
+
+
+def body(i: int, max_tokens: int) -> bytes:
+    prompt = f"request {i}: " + "tell me something about routing and caches. " * 20
+    return orjson.dumps({"model": MODEL, "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
+                         "messages": [{"role": "user", "content": prompt}]})
+
+
+async def one(http: aiohttp.ClientSession, url: str, data: bytes) -> float:
+    start = time.perf_counter()
+    async with http.post(url + "/v1/chat/completions", data=data,
+                         headers={"Content-Type": "application/json"}) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"{url}: HTTP {resp.status}: {await resp.text()}")
+        await resp.content.readany()
+        ttfb = time.perf_counter() - start
+        async for _ in resp.content.iter_any():
+            pass
+    return ttfb * 1000
+
+
+async def load(http: aiohttp.ClientSession, target: str, urls: list[str], concurrency: int, requests: int,
+               max_tokens: int, offset: int) -> Run:
+    """Closed loop: ``concurrency`` clients, each sending its next request when the last ends."""
+    ttfbs: list[float] = []
+    counter = iter(range(requests))
+
+    async def client() -> None:
+        for i in counter:
+            ttfbs.append(await one(http, urls[i % len(urls)], body(offset + i, max_tokens)))
+
+    start = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    return Run(target, concurrency, requests, time.perf_counter() - start, ttfbs)
+
+
+def merge(runs: list[Run]) -> Run:
+    return Run(runs[0].target, runs[0].concurrency, sum(r.requests for r in runs),
+               sum(r.seconds for r in runs), [t for r in runs for t in r.ttfb_ms],
+               sum(r.router_cpu_s for r in runs))
+
+
+def table(results: list[tuple[Run, Run]]) -> str:
+    lines = [
+        "| streams | TTFB p50 direct / router (ms) | added p50 (ms) | TTFB p95 direct / router (ms) "
+        "| req/s direct / router | req/s ratio | router CPU per request (µs) |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for direct, routed in results:
+        d50, r50 = statistics.median(direct.ttfb_ms), statistics.median(routed.ttfb_ms)
+        lines.append(
+            f"| {direct.concurrency} | {d50:.2f} / {r50:.2f} | {r50 - d50:+.2f} "
+            f"| {direct.pct(0.95):.2f} / {routed.pct(0.95):.2f} "
+            f"| {direct.rps:.0f} / {routed.rps:.0f} | {routed.rps / direct.rps:.2f} "
+            f"| {routed.router_cpu_s / routed.requests * 1e6:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+async def main(args: argparse.Namespace) -> None:
+    replicas = args.replicas
+    sim_port = free_ports(replicas)
+    router_port = free_ports(1)
+    logs = Path(tempfile.mkdtemp(prefix="kvroute-bench-"))
+    env = {**os.environ, "KVROUTE_ADMIN_TOKEN": ""}
+    sim = subprocess.Popen(
+        [*KVROUTE, "sim", "--preset", "a4000-qwen3-4b", "--replicas", str(replicas), "--port", str(sim_port),
+         "--speed", str(args.speed), "--max-num-seqs", "256"],
+        stdout=subprocess.DEVNULL, stderr=open(logs / "sim.log", "w"), env=env)  # noqa: SIM115
+    sim_urls = [f"http://127.0.0.1:{sim_port + i}" for i in range(replicas)]
+    worker_args = [a for u in sim_urls for a in ("--worker", u)]
+    router = subprocess.Popen(
+        [*KVROUTE, "serve", *worker_args, "--port", str(router_port), "--log-level", args.log_level],
+        stdout=subprocess.DEVNULL, stderr=open(logs / "router.log", "w"), env=env)  # noqa: SIM115
+    router_url = f"http://127.0.0.1:{router_port}"
+    load_before = f"{os.getloadavg()[0]:.2f}"
+    try:
+        try:
+            import uvloop
+
+            uvloop.install()
+        except ImportError:
+            pass
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=connector) as http:
+            for url in sim_urls:
+                await wait_ready(http, url, "/health")
+            await wait_ready(http, router_url, "/ready")
+            await load(http, "warmup", sim_urls + [router_url], 8, 200, args.max_tokens, 10**6)
+            results = []
+            offset = 0
+            for level in args.levels:
+                runs: dict[str, list[Run]] = {"direct": [], "router": []}
+                per_round = max(level * 4, args.requests // args.rounds)
+                for _ in range(args.rounds):
+                    for target, urls in (("direct", sim_urls), ("router", [router_url])):
+                        cpu = cpu_seconds(router.pid)
+                        run = await load(http, target, urls, level, per_round, args.max_tokens, offset)
+                        run.router_cpu_s = cpu_seconds(router.pid) - cpu
+                        runs[target].append(run)
+                        offset += per_round
+                results.append((merge(runs["direct"]), merge(runs["router"])))
+                print(f"{level:>3} streams done", file=sys.stderr)
+    finally:
+        for proc in (router, sim):
+            proc.terminate()
+        for proc in (router, sim):
+            proc.wait(30)
+    print(f"replicas={replicas} speed={args.speed} max_tokens={args.max_tokens} rounds={args.rounds} "
+          f"cpus={os.cpu_count()} load average before/after: {load_before} / {os.getloadavg()[0]:.2f}")
+    print(table(results))
+    if args.json:
+        doc = [{"direct": asdict(d) | {"rps": d.rps}, "router": asdict(r) | {"rps": r.rps}} for d, r in results]
+        Path(args.json).write_bytes(orjson.dumps(doc))
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--levels", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16, 64],
+                   help="concurrent streams per level (default 1,16,64)")
+    p.add_argument("--requests", type=int, default=600, help="requests per target per level (default 600)")
+    p.add_argument("--rounds", type=int, default=3, help="direct/router alternations per level (default 3)")
+    p.add_argument("--replicas", type=int, default=2)
+    p.add_argument("--speed", type=float, default=1000.0, help="simulator speed factor (default 1000)")
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--log-level", default="info", help="router log level (default info: decision lines on)")
+    p.add_argument("--json", help="also write the raw figures here")
+    return p.parse_args()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(parse_args()))

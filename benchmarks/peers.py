@@ -1,0 +1,324 @@
+"""kvroute side by side with the Rust routers users can ``pip install``: vllm-router and sglang-router.
+
+    python benchmarks/peers.py                              # the whole comparison (~20 min on 2 cores)
+    python benchmarks/peers.py --steps 4,8 --duration 60 --routers kvroute:auto,vllm-router:cache_aware
+    python benchmarks/peers.py --skip-quality               # router cost only
+    python benchmarks/peers.py --plots-dir docs/img         # also write the plots the docs show
+
+Each peer is installed once in its own virtual environment under ``--cache-dir``.  Every router —
+kvroute (``kvroute serve``) and each peer policy — runs in its own process on 127.0.0.1 in front of
+the same simulated replicas (``kvroute sim``'s replicas, in a process of their own, restarted for
+every router so each starts cold), and is driven by the same seeded load from this process:
+
+1. routing quality: ``kvroute.bench``'s agent sessions (shared ~3.5k-token system prompt, unique
+   ~7k-token first message, 5 rounds of ~400 tokens, 256 output tokens) at each step of concurrent
+   sessions — TTFB p50/p95, output tokens/min, prefix-cache hit share from the replicas' counters,
+   and the share of follow-ups served by their session's previous replica, from the replicas' own
+   placement log (peers do not say where they routed);
+2. router cost: small chat requests (non-streaming, then streaming) from 64 concurrent clients
+   against each router and directly against the replicas — requests/s and p50/p99 latency.
+
+``--speed`` runs the replicas' model time that many times faster than the wall clock; every time
+reported is in model seconds.  It scales the engine only: HTTP, routers and this load generator run
+at their real speed on the machine's cores, which is what the router-cost part measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import os
+import sys
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from kvroute.bench.http_ab import discover_model
+from kvroute.bench.results import BenchResult, PolicyRun, RequestRecord
+from kvroute.bench.runner import HttpTarget, StepPlan, run_policy
+from kvroute.bench.stats import stayed_share
+from kvroute.bench.workloads import AgentWorkload, AgentWorkloadConfig
+from kvroute.sync.local_redis import LocalRedis, free_port
+from peers.cost import CostPlan, CostResult, run_cost
+from peers.placements import Placement, attribute, placement_map
+from peers.procs import Proc, fetch_json, start_sim, wait_serving
+from peers.report import DIRECT, cost_markdown, quality_markdown, write_plots
+from peers.routers import (
+    DEFAULT_ROUTERS,
+    KVROUTE,
+    PEER_VERSIONS,
+    Launch,
+    Ports,
+    RouterSpec,
+    kvroute_config,
+    kvroute_launch,
+    parse_router,
+    peer_launch,
+)
+from peers.venvs import DEFAULT_CACHE, ensure_peer
+from peers.workload import KeyedWorkload
+
+
+# Router cost is about the router's own work per request, so kvroute probes at its default rate
+# there rather than once per (very short) model second.
+COST_PROBE_INTERVAL_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """Everything one run needs, from the command line."""
+
+    preset: str
+    replicas: int
+    speed: float
+    steps: tuple[int, ...]
+    duration_s: float
+    drain_s: float
+    seed: int
+    routers: tuple[RouterSpec, ...]
+    cost_routers: tuple[RouterSpec, ...]
+    cost_plan: CostPlan
+    cost_speed: float
+    sim_opts: tuple[str, ...]
+    cache_dir: Path
+    out: Path
+
+
+def _log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+@contextlib.asynccontextmanager
+async def running_router(spec: RouterSpec, workers: Sequence[str], model: str, probe_interval_s: float,
+                         venvs: dict[str, Path], log_dir: Path) -> AsyncIterator[list[str]]:
+    """Start ``spec``'s process(es) in front of ``workers``; yields the URLs to send requests to.
+    ``probe_interval_s`` (wall seconds) is how often kvroute scrapes the replicas' metrics."""
+    procs: list[Proc] = []
+    redis: LocalRedis | None = None
+    try:
+        launches: list[Launch] = []
+        if spec.family == KVROUTE:
+            config = log_dir / "kvroute.toml"
+            config.parent.mkdir(parents=True, exist_ok=True)
+            config.write_text(kvroute_config(probe_interval_s))
+            redis_url = None
+            if spec.processes > 1:
+                redis = LocalRedis()
+                redis.start()
+                redis_url = redis.url
+            launches = [kvroute_launch(sys.executable, spec, workers, free_port(), config, redis_url)
+                        for _ in range(spec.processes)]
+        else:
+            ports = Ports(free_port(), free_port())
+            launches = [peer_launch(spec, venvs[spec.family], workers, ports, closed_port=free_port())]
+        for i, launch in enumerate(launches):
+            procs.append(await Proc.start(f"router{i}", launch.argv, log_dir, env=launch.env))
+        for launch, proc in zip(launches, procs, strict=True):
+            await wait_serving(launch, proc, model)
+        yield [launch.url for launch in launches]
+    finally:
+        for proc in procs:
+            await proc.stop()
+        if redis is not None:
+            redis.close()
+
+
+def _slug(label: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in label).strip("-")
+
+
+async def quality_run(spec: RouterSpec, opts: Options, venvs: dict[str, Path]) -> tuple[PolicyRun, dict[str, Any]]:
+    """Every session step through ``spec`` on fresh replicas; stayed shares from the placement log."""
+    log_dir = opts.out / "logs" / "quality" / _slug(spec.label)
+    sim, urls = await start_sim(log_dir, opts.preset, opts.replicas, opts.speed, opts.sim_opts)
+    try:
+        model = await discover_model(urls[0])
+        captured: dict[int, Sequence[RequestRecord]] = {}
+
+        def on_tick(sessions: int, elapsed: float, records: Sequence[RequestRecord]) -> None:
+            captured[sessions] = records
+
+        workload = KeyedWorkload(AgentWorkload(AgentWorkloadConfig(), opts.seed))
+        plan = StepPlan(opts.steps, opts.duration_s, opts.drain_s, poll_interval_s=1.0)
+        # One probe per model second, as a fleet running in real time would be probed.
+        async with running_router(spec, urls, model, 1.0 / opts.speed, venvs, log_dir) as router_urls:
+            if len(router_urls) > 1:
+                raise ValueError("the quality part drives one router URL; run several kvroute "
+                                 "processes in the cost part (--cost-routers)")
+            target = HttpTarget(router_urls[0], model, tuple(u + "/metrics" for u in urls), "openai",
+                                opts.speed)
+            run = await run_policy(target, workload, spec.label, plan, on_tick)
+        raw = await fetch_json(urls[0] + "/peers/placements")
+        where = placement_map(Placement(str(s), int(r), str(rep)) for s, r, rep in raw)  # type: ignore[union-attr]
+        attribution: dict[str, Any] = {}
+        for step in run.steps:
+            records = list(captured.get(step.sessions, ()))
+            attribution[str(step.sessions)] = dataclasses.asdict(attribute(records, where))
+            step.stayed_pct = stayed_share(records)
+        return run, attribution
+    finally:
+        await sim.stop()
+
+
+async def cost_run(spec: RouterSpec | None, opts: Options, venvs: dict[str, Path]) -> list[CostResult]:
+    """Non-streaming then streaming small requests through ``spec`` (None: straight to the replicas)."""
+    label = DIRECT if spec is None else spec.label
+    log_dir = opts.out / "logs" / "cost" / _slug(label)
+    sim, urls = await start_sim(log_dir, opts.preset, opts.replicas, opts.cost_speed, opts.sim_opts)
+    try:
+        model = await discover_model(urls[0])
+        async with contextlib.AsyncExitStack() as stack:
+            targets = urls
+            if spec is not None:
+                targets = await stack.enter_async_context(
+                    running_router(spec, urls, model, COST_PROBE_INTERVAL_S, venvs, log_dir))
+            results = []
+            for stream in (False, True):
+                result = await run_cost(label, targets, model, opts.cost_plan, stream=stream, seed=opts.seed)
+                _log(f"cost {label:<34} {'stream' if stream else 'whole ':<6} "
+                     f"{result.requests_per_s:8.0f} req/s  p50 {result.p50_ms or 0:7.1f} ms  "
+                     f"p99 {result.p99_ms or 0:7.1f} ms  errors {result.errors}"
+                     + (f"  first: {result.first_error}" if result.first_error else ""))
+                results.append(result)
+        return results
+    finally:
+        await sim.stop()
+
+
+def _step_line(label: str, run: PolicyRun, att: dict[str, Any]) -> None:
+    for s in run.steps:
+        a = att.get(str(s.sessions), {})
+        _log(f"{label:<34} {s.sessions:>3} sessions: {s.requests:>4} requests, TTFB p50 "
+             f"{s.ttfb_p50_s or 0:6.2f} s p95 {s.ttfb_p95_s or 0:6.2f} s, {s.output_tokens_per_min:7.0f} tok/min, "
+             f"hits {s.prefix_hit_pct or 0:5.1f}%, stayed {s.stayed_pct or 0:5.1f}%, errors {s.errors}, "
+             f"log missing {a.get('missing', 0)} disagreed {a.get('disagreed', 0)}")
+
+
+async def run_all(opts: Options) -> dict[str, Any]:
+    """The whole comparison; returns what ``peers.json`` holds."""
+    families = {s.family for s in (*opts.routers, *opts.cost_routers)} - {KVROUTE}
+    venvs = {f: ensure_peer(opts.cache_dir, f, PEER_VERSIONS[f]) for f in sorted(families)}
+    started = time.monotonic()
+    meta: dict[str, Any] = {
+        "preset": opts.preset, "replicas": opts.replicas, "speed": opts.speed, "steps": list(opts.steps),
+        "duration_s": opts.duration_s, "drain_s": opts.drain_s, "seed": opts.seed,
+        "cost_speed": opts.cost_speed, "cost_plan": dataclasses.asdict(opts.cost_plan),
+        "peer_versions": dict(PEER_VERSIONS), "cpus": os.cpu_count(), "command": " ".join(sys.argv),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    quality = BenchResult(dict(meta))
+    attribution: dict[str, Any] = {}
+    for spec in opts.routers:
+        t0 = time.monotonic()
+        run, att = await quality_run(spec, opts, venvs)
+        quality.runs.append(run)
+        attribution[spec.label] = att
+        _step_line(spec.label, run, att)
+        _log(f"{spec.label}: {time.monotonic() - t0:.0f} s")
+    costs: list[CostResult] = []
+    if opts.cost_routers:
+        costs += await cost_run(None, opts, venvs)
+        for spec in opts.cost_routers:
+            costs += await cost_run(spec, opts, venvs)
+    meta["wall_s"] = round(time.monotonic() - started, 1)
+    return {"meta": meta, "quality": quality.as_dict(), "attribution": attribution,
+            "cost": [dataclasses.asdict(c) for c in costs]}
+
+
+def write_outputs(doc: dict[str, Any], out: Path, plots_dir: Path | None) -> str:
+    """``peers.json``, ``peers.md`` (both tables) and the plots; returns the Markdown."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "peers.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    quality = BenchResult.from_dict(doc["quality"])
+    costs = [CostResult(**c) for c in doc["cost"]]
+    base = quality.policies()[0] if quality.runs else ""
+    cost_base = next((c.label for c in costs if c.label.startswith(KVROUTE)), "")
+    meta = doc["meta"]
+    text = ""
+    if quality.runs:
+        text += f"### Routing quality (ratios to {base})\n\n" + quality_markdown(quality, base) + "\n"
+    if costs:
+        text += f"### Router cost (ratios to {cost_base})\n\n" + cost_markdown(costs, cost_base)
+    (out / "peers.md").write_text(text)
+    plan = meta["cost_plan"]
+    title = (f"Router cost: {plan['prompt_tokens']}-token prompts, {plan['max_tokens']} output tokens, "
+             f"{plan['clients']} clients, {meta['cpus']} cores shared")
+    write_plots(quality, costs, plots_dir or out, cost_title=title)
+    return text
+
+
+def _routers(text: str) -> tuple[RouterSpec, ...]:
+    if text in ("", "none"):
+        return ()
+    if text == "all":
+        return DEFAULT_ROUTERS
+    return tuple(parse_router(t) for t in text.split(",") if t.strip())
+
+
+def parse_args(argv: Sequence[str] | None = None) -> tuple[Options, Path | None]:
+    """Options from the command line, and where to write the plots (None: the output directory)."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", default="a4000-qwen3-4b")
+    p.add_argument("--replicas", type=int, default=4)
+    p.add_argument("--speed", type=float, default=8.0, help="model seconds per wall second (quality part)")
+    p.add_argument("--steps", default="4,8,16,32", help="concurrent sessions per step")
+    p.add_argument("--duration", type=float, default=160.0, help="model seconds per step")
+    p.add_argument("--drain", type=float, default=80.0,
+                   help="model seconds to let a step's requests in flight finish")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--routers", default="all",
+                   help="quality part: FAMILY:POLICY list, 'all' (kvroute first) or 'none'")
+    p.add_argument("--cost-routers", default="all,kvroute:auto:2",
+                   help="cost part: as --routers, plus kvroute:auto:N for N processes sharing Redis")
+    p.add_argument("--cost-clients", type=int, default=64)
+    p.add_argument("--cost-seconds", type=float, default=6.0, help="measured wall seconds per target and mode")
+    p.add_argument("--cost-warmup", type=float, default=1.5)
+    p.add_argument("--cost-speed", type=float, default=100.0,
+                   help="replica speed in the cost part (fast, so the routers are what differs)")
+    p.add_argument("--sim-opt", action="append", default=[], metavar="NAME=VALUE",
+                   help="simulator setting for every replica, repeatable")
+    p.add_argument("--skip-quality", action="store_true")
+    p.add_argument("--skip-cost", action="store_true")
+    p.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="where the peers' venvs live")
+    p.add_argument("--out", type=Path, default=Path("peers-bench"))
+    p.add_argument("--plots-dir", type=Path, default=None)
+    a = p.parse_args(argv)
+    try:
+        steps = tuple(int(v) for v in a.steps.split(",") if v.strip())
+        cost_text = ",".join(t for t in a.cost_routers.split(",") if t != "all")
+        cost_routers = ((DEFAULT_ROUTERS if "all" in a.cost_routers.split(",") else ())
+                        + _routers(cost_text or "none"))
+        opts = Options(
+            preset=a.preset, replicas=a.replicas, speed=a.speed, steps=steps, duration_s=a.duration,
+            drain_s=a.drain, seed=a.seed, routers=() if a.skip_quality else _routers(a.routers),
+            cost_routers=() if a.skip_cost else cost_routers,
+            cost_plan=CostPlan(clients=a.cost_clients, duration_s=a.cost_seconds, warmup_s=a.cost_warmup),
+            cost_speed=a.cost_speed, sim_opts=tuple(a.sim_opt), cache_dir=a.cache_dir, out=a.out)
+    except ValueError as exc:
+        p.error(str(exc))
+    if not steps or any(n < 1 for n in steps):
+        p.error("--steps: positive integers")
+    return opts, a.plots_dir
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run the comparison and print both tables."""
+    opts, plots_dir = parse_args(argv)
+    try:
+        import uvloop
+        runner: Any = uvloop.run
+    except ImportError:
+        runner = asyncio.run
+    doc = runner(run_all(opts))
+    print(write_outputs(doc, opts.out, plots_dir))
+    _log(f"done in {doc['meta']['wall_s']:.0f} s; wrote {opts.out / 'peers.json'} and {opts.out / 'peers.md'}")
+
+
+if __name__ == "__main__":
+    main()

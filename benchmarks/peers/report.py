@@ -1,0 +1,157 @@
+"""Tables (every figure also as a ratio to kvroute) and plots of a peers run."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from kvroute.bench.results import BenchResult, StepResult
+from peers.cost import CostResult
+
+DIRECT = "direct to replicas"
+
+
+def _ratio(value: float | None, base: float | None) -> str:
+    if value is None or base is None or base == 0:
+        return ""
+    return f" (×{value / base:.2f})"
+
+
+def _num(value: float | None, digits: int) -> str:
+    return "—" if value is None else f"{value:,.{digits}f}"
+
+
+def quality_markdown(result: BenchResult, base: str) -> str:
+    """One row per step and router: TTFB p50/p95 and output tokens/min with their ratio to
+    ``base`` (times: above 1 is slower than kvroute; throughput: below 1 is less), then the
+    prefix-cache hit share and the share of follow-ups served by their session's previous replica."""
+    header = ["Sessions", "Router", "Requests", "TTFB p50 (s)", "TTFB p95 (s)", "Output tokens/min",
+              "Prefix hits (%)", "Stayed on replica (%)", "Errors"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for n in result.step_sizes():
+        ref = result.step(base, n)
+        for policy in result.policies():
+            s = result.step(policy, n)
+            if s is None:
+                continue
+            own = policy == base or ref is None
+
+            def cell(get: Callable[[StepResult], float | None], digits: int, *, s: StepResult = s,
+                     own: bool = own) -> str:
+                value = get(s)
+                return _num(value, digits) + ("" if own or ref is None else _ratio(value, get(ref)))
+
+            lines.append("| " + " | ".join([
+                str(n), policy, f"{s.requests:,}",
+                cell(lambda x: x.ttfb_p50_s, 2), cell(lambda x: x.ttfb_p95_s, 2),
+                cell(lambda x: x.output_tokens_per_min, 0),
+                _num(s.prefix_hit_pct, 1), _num(s.stayed_pct, 1), str(s.errors),
+            ]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def cost_markdown(costs: Sequence[CostResult], base: str) -> str:
+    """One row per target: requests/s (ratio to ``base``) and p50/p99 latency, non-streaming then
+    streaming."""
+    by_key = {(c.label, c.stream): c for c in costs}
+    labels: list[str] = []
+    for c in costs:
+        if c.label not in labels:
+            labels.append(c.label)
+    header = ["Target", "Non-streaming req/s", "p50 (ms)", "p99 (ms)", "Streaming req/s", "p50 (ms)",
+              "p99 (ms)", "Errors"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for label in labels:
+        cells = [label]
+        errors = 0
+        for stream in (False, True):
+            c, ref = by_key.get((label, stream)), by_key.get((base, stream))
+            if c is None:
+                cells += ["—", "—", "—"]
+                continue
+            errors += c.errors
+            ratio = "" if label == base or ref is None else _ratio(c.requests_per_s, ref.requests_per_s)
+            cells += [_num(c.requests_per_s, 0) + ratio, _num(c.p50_ms, 1), _num(c.p99_ms, 1)]
+        cells.append(str(errors))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _series(result: BenchResult, policy: str, get: Callable[[StepResult], float | None]) -> list[float]:
+    out = []
+    for n in result.step_sizes():
+        s = result.step(policy, n)
+        value = None if s is None else get(s)
+        out.append(float("nan") if value is None else value)
+    return out
+
+
+def _style(i: int, policy: str) -> dict[str, Any]:
+    # kvroute stands out: thick black line; peers: one colour each, dashed for sglang-router.
+    if policy.startswith("kvroute"):
+        return {"color": "black", "linewidth": 2.6, "marker": "o", "zorder": 5}
+    return {"color": f"C{i % 10}", "linewidth": 1.2, "marker": ".",
+            "linestyle": "--" if policy.startswith("sglang") else "-"}
+
+
+def write_plots(result: BenchResult, costs: Sequence[CostResult], out_dir: Path, *, cost_title: str,
+                prefix: str = "peers_") -> list[Path]:
+    """``<prefix>ttfb.png`` (TTFB p50 and p95 per step), ``<prefix>quality.png`` (output tokens/min,
+    hit share, stayed share) and ``<prefix>cost.png`` (requests/s per target)."""
+    import matplotlib  # imported here: plotting is optional and slow to import
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sizes = result.step_sizes()
+    xs = list(range(len(sizes)))
+    paths: list[Path] = []
+
+    def save(fig: Any, name: str) -> None:
+        fig.tight_layout()
+        path = out_dir / f"{prefix}{name}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+
+    def panels(specs: Sequence[tuple[str, Callable[[StepResult], float | None], bool]], name: str) -> None:
+        fig, axes = plt.subplots(1, len(specs), figsize=(5.2 * len(specs), 4.4))
+        for ax, (title, get, log) in zip(axes, specs, strict=True):
+            for i, policy in enumerate(result.policies()):
+                ax.plot(xs, _series(result, policy, get), label=policy, **_style(i, policy))
+            if log:
+                ax.set_yscale("log")
+            ax.set_title(title)
+            ax.set_xticks(xs, [str(n) for n in sizes])
+            ax.set_xlabel("concurrent sessions")
+            ax.grid(True, which="both", alpha=0.3)
+        axes[-1].legend(fontsize=7, loc="best")
+        save(fig, name)
+
+    if sizes:
+        panels([("TTFB p50 (s, log)", lambda s: s.ttfb_p50_s, True),
+                ("TTFB p95 (s, log)", lambda s: s.ttfb_p95_s, True)], "ttfb")
+        panels([("Output tokens/min", lambda s: s.output_tokens_per_min, False),
+                ("Prefix-cache hits (%)", lambda s: s.prefix_hit_pct, False),
+                ("Follow-ups on their replica (%)", lambda s: s.stayed_pct, False)], "quality")
+    if costs:
+        labels: list[str] = []
+        for c in costs:
+            if c.label not in labels:
+                labels.append(c.label)
+        by_key = {(c.label, c.stream): c for c in costs}
+        fig, ax = plt.subplots(figsize=(10, 4.6))
+        width = 0.4
+        for k, stream in enumerate((False, True)):
+            values = [by_key[(lab, stream)].requests_per_s if (lab, stream) in by_key else 0.0 for lab in labels]
+            ax.bar([i + (k - 0.5) * width for i in range(len(labels))], values, width,
+                   label="streaming" if stream else "non-streaming", color=f"C{k}")
+        ax.set_xticks(range(len(labels)), labels, rotation=35, ha="right", fontsize=8)
+        ax.set_ylabel("requests/s")
+        ax.set_title(cost_title)
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend()
+        save(fig, "cost")
+    return paths

@@ -1,0 +1,137 @@
+"""The fleet registry: registration epochs, restarts, health, in-flight accounting, history."""
+
+from __future__ import annotations
+
+from kvroute.fleet.registry import ProbeResult, Registry, worker_id_for
+from kvroute.fleet.vllm_metrics import EngineMetrics
+
+
+class Clock:
+    def __init__(self, t: float = 1000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Listener:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, float | None]] = []
+
+    def on_worker_epoch(self, worker_id: str, epoch: float) -> None:
+        self.events.append(("epoch", worker_id, epoch))
+
+    def on_worker_removed(self, worker_id: str) -> None:
+        self.events.append(("removed", worker_id, None))
+
+
+def make(**kwargs) -> tuple[Registry, Clock, Listener]:
+    clock, listener = Clock(), Listener()
+    registry = Registry(clock=clock, **kwargs)
+    registry.subscribe(listener)
+    return registry, clock, listener
+
+
+def ok(**metrics) -> ProbeResult:
+    return ProbeResult(reachable=True, healthy=True, metrics=EngineMetrics(**metrics) if metrics else None)
+
+
+def test_default_ids_are_the_same_on_every_instance():
+    assert worker_id_for("http://10.0.0.5:8000/") == "10.0.0.5:8000"
+    assert worker_id_for("https://gpu.example/v") == "gpu.example:443/v"
+    assert worker_id_for("http://gpu.example") == "gpu.example:80"
+
+
+def test_registration_time_is_the_epoch_and_re_registering_starts_a_new_one():
+    registry, clock, listener = make()
+    record = registry.add("http://a:1", models=["m"], max_num_seqs=8)
+    assert record.id == "a:1" and record.state.epoch == 1000.0 and record.state.models == {"m"}
+    state = record.state
+    registry.begin("a:1")
+    clock.t = 1000.0  # same instant: the epoch must still move forward
+    again = registry.add("http://a:1")
+    assert again.state is state  # requests in flight keep decrementing the same object
+    assert state.epoch > 1000.0 and state.inflight == 1 and state.max_num_seqs is None
+    registry.end(state)
+    assert state.inflight == 0
+    assert [e[0] for e in listener.events] == ["epoch", "epoch"]
+    assert listener.events[1][2] == state.epoch
+    assert registry.remove("a:1") and not registry.remove("a:1")
+    assert listener.events[-1] == ("removed", "a:1", None)
+    assert registry.states() == () and len(registry) == 0
+
+
+def test_a_changed_engine_start_time_is_a_restart():
+    registry, clock, listener = make()
+    record = registry.add("http://a:1")
+    registry.apply_probe("a:1", ok(process_start_time=500.0))
+    assert record.state.epoch == 1000.0 and record.restarts == 0  # first sighting: no restart
+    clock.t = 2000.0
+    registry.apply_probe("a:1", ok(process_start_time=1990.0))
+    assert record.restarts == 1 and record.state.epoch == 1990.0  # the engine's own start time
+    assert listener.events[-1] == ("epoch", "a:1", 1990.0)
+    registry.apply_probe("a:1", ok(process_start_time=1500.0))  # engine clock behind the router's
+    assert record.restarts == 2 and record.state.epoch > 1990.0
+
+
+def test_probe_figures_fill_the_state_and_the_history_is_bounded():
+    registry, clock, _ = make(history_len=3)
+    record = registry.add("http://a:1")
+    for i in range(5):
+        clock.t += 1
+        registry.apply_probe("a:1", ok(running=i, waiting=1, kv_usage=0.5, prefix_hits=10.0 * i,
+                                       prefix_queries=20.0 * i, prompt_tokens=20.0 * i))
+    s = record.state
+    assert (s.running, s.waiting, s.kv_usage) == (4, 1, 0.5)
+    assert [h.prefix_hits for h in record.history] == [20.0, 30.0, 40.0]
+    assert record.history[-1].time == clock.t
+
+
+def test_models_and_limits_come_from_the_probe_unless_declared():
+    registry, _, _ = make()
+    found = registry.add("http://a:1")
+    declared = registry.add("http://b:1", models=["alias"], max_num_seqs=4)
+    cards = ({"id": "m1", "max_model_len": 4096}, {"id": "m2", "max_model_len": 2048})
+    for wid in ("a:1", "b:1"):
+        registry.apply_probe(wid, ProbeResult(reachable=True, healthy=True, models=cards, max_num_seqs=64))
+    assert found.state.models == {"m1", "m2"} and found.state.max_model_len == 2048
+    assert found.state.max_num_seqs == 64
+    assert declared.state.models == {"alias"} and declared.state.max_num_seqs == 4
+    assert registry.known_models() == {"m1", "m2", "alias"}
+    assert sorted(registry.model_cards()) == ["alias", "m1", "m2"]
+
+
+def test_health_from_probes_and_from_failed_requests():
+    registry, _, _ = make(failure_threshold=2)
+    s = registry.add("http://a:1").state
+    sick = ProbeResult(reachable=True, healthy=False, error="/health answered 503")
+    registry.apply_probe("a:1", sick)
+    assert s.healthy  # one bad answer is not enough
+    registry.apply_probe("a:1", sick)
+    assert not s.healthy
+    registry.apply_probe("a:1", ok())
+    assert s.healthy
+    registry.apply_probe("a:1", ProbeResult(reachable=False, healthy=False, error="refused"))
+    assert not s.healthy  # nothing listening: out at once
+    registry.apply_probe("a:1", ok())
+    registry.mark_failure("a:1", "http_500")
+    registry.mark_success("a:1")
+    registry.mark_failure("a:1", "http_500")
+    assert s.healthy  # success in between resets the streak
+    registry.mark_failure("a:1", "http_500")
+    assert not s.healthy
+    registry.apply_probe("a:1", ok())
+    registry.mark_failure("a:1", "connect", unreachable=True)
+    assert not s.healthy
+
+
+def test_draining_and_request_counts():
+    registry, _, _ = make()
+    record = registry.add("http://a:1")
+    assert registry.set_draining("a:1").state.draining
+    assert not registry.set_draining("a:1", False).state.draining
+    assert registry.set_draining("nope") is None
+    registry.count_request("a:1", "sticky")
+    registry.count_request("a:1", "sticky")
+    assert record.to_json()["requests"] == {"sticky": 2}
+    assert registry.begin("nope") is None

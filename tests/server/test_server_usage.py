@@ -1,0 +1,43 @@
+"""Token usage picked out of responses for the scheduler's learning."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvroute.server.usage import UsageSniffer, usage_of
+
+
+@pytest.mark.parametrize(("doc", "expected"), [
+    ({"usage": {"prompt_tokens": 100, "prompt_tokens_details": {"cached_tokens": 60}}}, (100, 60)),
+    ({"usage": {"prompt_tokens": 100, "prompt_tokens_details": None}}, (100, None)),
+    ({"type": "message_start", "message": {"usage": {"input_tokens": 40, "cache_read_input_tokens": 60}}},
+     (100, 60)),
+    ({"usage": {"input_tokens": 10, "cache_creation_input_tokens": 5}}, (15, None)),
+    ({"type": "response.completed", "response": {"usage": {"input_tokens": 100,
+                                                            "input_tokens_details": {"cached_tokens": 30}}}},
+     (100, 30)),
+    ({"type": "message_delta", "usage": {"output_tokens": 7}}, (None, None)),
+    ({"usage": {"prompt_tokens": -1}}, (None, None)),
+    ([1, 2], (None, None)),
+])
+def test_usage_of_each_api(doc, expected):
+    assert usage_of(doc) == expected
+
+
+def test_a_stream_keeps_the_last_figures_it_saw():
+    sniffer = UsageSniffer(sse=True)
+    sniffer.feed(b'event: message_start\ndata: {"type":"message_start","message":{"usage":'
+                 b'{"input_tokens":12,"cache_read_input_tokens":30}}}\n\n')
+    sniffer.feed(b'data: {"choices":[]}\n\ndata: not json "usage"\n\n')
+    sniffer.feed(b'event: message_delta\ndata: {"type":"message_delta","usage":{"output_tokens":3}}\n\n')
+    sniffer.finish()
+    assert (sniffer.prompt_tokens, sniffer.cached_tokens) == (42, 30)
+
+
+def test_a_plain_body_is_parsed_once_at_the_end():
+    sniffer = UsageSniffer(sse=False)
+    sniffer.feed(b'{"usage": {"prompt_tokens": 9, ')
+    sniffer.feed(b'"prompt_tokens_details": {"cached_tokens": 4}}}')
+    assert sniffer.prompt_tokens is None
+    sniffer.finish()
+    assert (sniffer.prompt_tokens, sniffer.cached_tokens) == (9, 4)
