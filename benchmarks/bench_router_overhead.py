@@ -178,7 +178,7 @@ async def main(args: argparse.Namespace) -> None:
             for url in sim_urls:
                 await wait_ready(http, url, "/health")
             await wait_ready(http, router_url, "/ready")
-            await load(http, "warmup", sim_urls + [router_url], 8, 200, args.max_tokens, 10**6)
+            await load(http, "warmup", [*sim_urls, router_url], 8, 200, args.max_tokens, 10**6)
             results = []
             offset = 0
             for level in args.levels:
@@ -202,7 +202,8 @@ async def main(args: argparse.Namespace) -> None:
           f"cpus={os.cpu_count()} load average before/after: {load_before} / {os.getloadavg()[0]:.2f}")
     print(table(results))
     if args.json:
-        doc = [{"direct": asdict(d) | {"rps": d.rps}, "router": asdict(r) | {"rps": r.rps}} for d, r in results]
+        doc = [{"direct": asdict(d) | {"rps": d.rps}, "router": asdict(r) | {"rps": r.rps}}
+               for d, r in results]
         Path(args.json).write_bytes(orjson.dumps(doc))
 
 

@@ -94,10 +94,18 @@ def _log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
+@dataclass(frozen=True, slots=True)
+class RunningRouter:
+    """The URLs of a router's processes (one, or several kvroute processes) and their pids."""
+
+    urls: list[str]
+    pids: list[int]
+
+
 @contextlib.asynccontextmanager
 async def running_router(spec: RouterSpec, workers: Sequence[str], model: str, probe_interval_s: float,
-                         venvs: dict[str, Path], log_dir: Path) -> AsyncIterator[list[str]]:
-    """Start ``spec``'s process(es) in front of ``workers``; yields the URLs to send requests to.
+                         venvs: dict[str, Path], log_dir: Path) -> AsyncIterator[RunningRouter]:
+    """Start ``spec``'s process(es) in front of ``workers``; yields where to send requests.
     ``probe_interval_s`` (wall seconds) is how often kvroute scrapes the replicas' metrics."""
     procs: list[Proc] = []
     redis: LocalRedis | None = None
@@ -121,7 +129,7 @@ async def running_router(spec: RouterSpec, workers: Sequence[str], model: str, p
             procs.append(await Proc.start(f"router{i}", launch.argv, log_dir, env=launch.env))
         for launch, proc in zip(launches, procs, strict=True):
             await wait_serving(launch, proc, model)
-        yield [launch.url for launch in launches]
+        yield RunningRouter([launch.url for launch in launches], [p.process.pid for p in procs])
     finally:
         for proc in procs:
             await proc.stop()
@@ -147,11 +155,11 @@ async def quality_run(spec: RouterSpec, opts: Options, venvs: dict[str, Path]) -
         workload = KeyedWorkload(AgentWorkload(AgentWorkloadConfig(), opts.seed))
         plan = StepPlan(opts.steps, opts.duration_s, opts.drain_s, poll_interval_s=1.0)
         # One probe per model second, as a fleet running in real time would be probed.
-        async with running_router(spec, urls, model, 1.0 / opts.speed, venvs, log_dir) as router_urls:
-            if len(router_urls) > 1:
+        async with running_router(spec, urls, model, 1.0 / opts.speed, venvs, log_dir) as router:
+            if len(router.urls) > 1:
                 raise ValueError("the quality part drives one router URL; run several kvroute "
                                  "processes in the cost part (--cost-routers)")
-            target = HttpTarget(router_urls[0], model, tuple(u + "/metrics" for u in urls), "openai",
+            target = HttpTarget(router.urls[0], model, tuple(u + "/metrics" for u in urls), "openai",
                                 opts.speed)
             run = await run_policy(target, workload, spec.label, plan, on_tick)
         raw = await fetch_json(urls[0] + "/peers/placements")
@@ -175,15 +183,19 @@ async def cost_run(spec: RouterSpec | None, opts: Options, venvs: dict[str, Path
         model = await discover_model(urls[0])
         async with contextlib.AsyncExitStack() as stack:
             targets = urls
+            meters = {"replicas": [sim.process.pid], "client": [os.getpid()]}
             if spec is not None:
-                targets = await stack.enter_async_context(
+                router = await stack.enter_async_context(
                     running_router(spec, urls, model, COST_PROBE_INTERVAL_S, venvs, log_dir))
+                targets, meters["router"] = router.urls, router.pids
             results = []
             for stream in (False, True):
-                result = await run_cost(label, targets, model, opts.cost_plan, stream=stream, seed=opts.seed)
+                result = await run_cost(label, targets, model, opts.cost_plan, stream=stream, seed=opts.seed,
+                                        meters=meters)
                 _log(f"cost {label:<34} {'stream' if stream else 'whole ':<6} "
                      f"{result.requests_per_s:8.0f} req/s  p50 {result.p50_ms or 0:7.1f} ms  "
-                     f"p99 {result.p99_ms or 0:7.1f} ms  errors {result.errors}"
+                     f"p99 {result.p99_ms or 0:7.1f} ms  errors {result.errors}  cpu/req: "
+                     + "  ".join(f"{g} {result.cpu_ms_per_request(g) or 0:.2f} ms" for g in result.cpu_s)
                      + (f"  first: {result.first_error}" if result.first_error else ""))
                 results.append(result)
         return results

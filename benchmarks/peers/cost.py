@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import aiohttp
 import orjson
 
 from kvroute.bench.stats import percentile
 from kvroute.bench.workloads import words
+from peers.procs import cpu_seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +53,14 @@ class CostResult:
     p50_ms: float | None
     p99_ms: float | None
     first_error: str | None = None
+    # CPU seconds each measured group of processes used during the window ("router", "replicas",
+    # "client"): on shared cores, what a router costs per request.
+    cpu_s: dict[str, float] = field(default_factory=dict)
+
+    def cpu_ms_per_request(self, group: str) -> float | None:
+        """CPU milliseconds ``group`` spent per completed request in the window."""
+        used = self.cpu_s.get(group)
+        return None if used is None or not self.requests else 1000.0 * used / self.requests
 
 
 def request_bodies(model: str, plan: CostPlan, stream: bool, seed: int = 0) -> list[bytes]:
@@ -88,8 +97,9 @@ async def _one(http: aiohttp.ClientSession, url: str, body: bytes, stream: bool)
 
 
 async def run_cost(label: str, urls: Sequence[str], model: str, plan: CostPlan, *, stream: bool,
-                   seed: int = 0) -> CostResult:
-    """Run the closed loop against ``urls`` (base URLs) and summarise the measured window."""
+                   seed: int = 0, meters: Mapping[str, Sequence[int]] | None = None) -> CostResult:
+    """Run the closed loop against ``urls`` (base URLs) and summarise the measured window.
+    ``meters`` names groups of process ids whose CPU time over the window is recorded."""
     if not urls:
         raise ValueError("no target URLs")
     bodies = request_bodies(model, plan, stream, seed)
@@ -115,10 +125,19 @@ async def run_cost(label: str, urls: Sequence[str], model: str, plan: CostPlan, 
 
     timeout = aiohttp.ClientTimeout(total=60)
     connector = aiohttp.TCPConnector(limit=0)
+    groups = dict(meters or {})
+    cpu: dict[str, float] = {}
+
+    async def meter() -> None:
+        await asyncio.sleep(max(0.0, start_at - loop.time()))
+        before = {name: cpu_seconds(pids) for name, pids in groups.items()}
+        await asyncio.sleep(max(0.0, end_at - loop.time()))
+        cpu.update({name: cpu_seconds(pids) - before[name] for name, pids in groups.items()})
+
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
-        await asyncio.gather(*(client(i, http) for i in range(plan.clients)))
+        await asyncio.gather(meter(), *(client(i, http) for i in range(plan.clients)))
     p50, p99 = percentile(latencies, 50), percentile(latencies, 99)
     return CostResult(label, stream, len(latencies), len(errors), plan.duration_s,
                       len(latencies) / plan.duration_s,
                       None if p50 is None else p50 * 1000, None if p99 is None else p99 * 1000,
-                      errors[0] if errors else None)
+                      errors[0] if errors else None, cpu)

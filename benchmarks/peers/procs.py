@@ -21,6 +21,35 @@ import orjson
 from peers.routers import Launch
 
 
+_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pids: Sequence[int]) -> float:
+    """CPU time (user + system) used so far by ``pids`` and all their descendants, from /proc;
+    processes that have gone count nothing."""
+    children: dict[int, list[int]] = {}
+    times: dict[int, float] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
+        fields = text[text.rindex(")") + 2:].split()
+        pid, ppid = int(stat.parent.name), int(fields[1])
+        children.setdefault(ppid, []).append(pid)
+        times[pid] = (int(fields[11]) + int(fields[12])) / _TICKS_PER_S
+    total, todo, seen = 0.0, list(pids), set()
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        total += times.get(pid, 0.0)
+        todo.extend(children.get(pid, ()))
+    return total
+
+
 class StartError(RuntimeError):
     """A process did not come up; the message ends with the tail of its log."""
 

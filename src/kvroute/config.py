@@ -165,8 +165,8 @@ class Settings:
         unknown = sorted(set(self.routing) - policy_fields - config_fields)
         if unknown:
             raise SettingsError(f"unknown setting(s) in [routing]: {', '.join(unknown)}")
-        shared = {k: tuple(v) if isinstance(v, list) else v
-                  for k, v in self.routing.items() if k in policy_fields}
+        shared: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v
+                                  for k, v in self.routing.items() if k in policy_fields}
         try:
             default = ModelPolicy(**{**shared, "policy": shared.get("policy", self.policy)})
             models = {}
@@ -182,8 +182,9 @@ class Settings:
     def request_options(self) -> RequestOptions:
         """How request bodies and headers are read (session id sources, prefix limits)."""
         try:
-            return RequestOptions(**{k: tuple(v) if isinstance(v, list) else v
-                                     for k, v in self.requests.items()})
+            options: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v
+                                       for k, v in self.requests.items()}
+            return RequestOptions(**options)
         except (TypeError, ValueError) as exc:
             raise SettingsError(f"[requests] settings: {exc}") from None
 

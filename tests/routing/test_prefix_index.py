@@ -21,12 +21,9 @@ def chain(blocks: list[int], scope: bytes = b"m\x00") -> tuple[int, ...]:
 
 def deepest(index: PrefixIndex, hashes: tuple[int, ...], workers: dict[str, float],
             now: float) -> dict[str, int]:
-    slots = {}
-    for wid, epoch in workers.items():
-        slot = index.slot_for(wid, epoch)
-        if slot is not None:
-            slots[slot] = wid
-    return {slots[s]: d for s, d in index.match(hashes, slots, now).items()}
+    ids = list(workers)
+    slots = index.slots_of([(wid, workers[wid]) for wid in ids])
+    return {ids[slots[s]]: d for s, d in index.match(hashes, slots, now).items()}
 
 
 def test_deepest_owned_hash_is_the_match() -> None:

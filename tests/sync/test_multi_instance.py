@@ -70,8 +70,10 @@ async def test_redis_killed_and_restarted_costs_no_request_and_sync_resumes(
         redis_server: LocalRedis, instances: Instances, http: aiohttp.ClientSession,
         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="kvroute.sync")
-    a = await instances(redis_server.url)
-    b = await instances(redis_server.url)
+    # Seed 1's prefix policy: where a follow-up goes then depends on the shared index alone, not on
+    # prefill rates the default policy learns from the burst of traffic below.
+    a = await instances(redis_server.url, policy="prefix")
+    b = await instances(redis_server.url, policy="prefix")
     routers = [a, b]
     failures: list[BaseException] = []
     stop = asyncio.Event()

@@ -49,7 +49,9 @@ class HttpTarget:
 
 @dataclass(frozen=True, slots=True)
 class StepPlan:
-    """Load steps (concurrent sessions), the window of each, and the bounds around it."""
+    """Load steps (concurrent sessions), the window of each, and the bounds around it, in the target's
+    seconds (simulated seconds for a simulator running faster than real time); only the busy-replica
+    poll interval is in wall seconds (scraping every replica is not free)."""
 
     sessions: tuple[int, ...] = (4, 8, 16, 24, 32)
     duration_s: float = 180.0
@@ -220,12 +222,13 @@ async def run_step(http: aiohttp.ClientSession, target: HttpTarget, workload: Wo
     busy: list[int] = []
 
     async def poll() -> None:
+        # Polls start one interval in, so that none sees the fleet before the first requests.
         while True:
+            await asyncio.sleep(plan.poll_interval_s)
             if target.metrics_urls and step.now() < window_s:
                 busy.append(busy_count(await scrape(http, target.metrics_urls)))
             if on_tick is not None:
                 on_tick(sessions, min(step.now(), window_s), step.records)
-            await asyncio.sleep(plan.poll_interval_s)
 
     poller = asyncio.create_task(poll())
     loops = [asyncio.create_task(_session_loop(http, target, step, window_s)) for _ in range(sessions)]

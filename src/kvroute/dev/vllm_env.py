@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         started = time.monotonic()
         try:
             prepare(env, _say)
-        except PrepareError as exc:
+        except (PrepareError, OSError) as exc:  # OSError: the home itself cannot be written
             _say(f"CANNOT PREPARE the real vLLM environment in {env.home}: {exc}")
             return 2
         _say(f"took {time.monotonic() - started:.0f} s")

@@ -212,22 +212,12 @@ class Registry:
     def __len__(self) -> int:
         return len(self._records)
 
-    def __contains__(self, worker_id: object) -> bool:
-        return worker_id in self._records
-
-    def known_models(self) -> frozenset[str]:
-        """Every model some worker declares or was seen to serve."""
-        out: set[str] = set()
-        for record in self._records.values():
-            out.update(record.state.models)
-        return frozenset(out)
-
-    def model_cards(self, *, healthy_only: bool = True) -> dict[str, list[Mapping[str, Any]]]:
-        """``/v1/models`` entries by model id, from (healthy) workers; declared models without a
-        card get a minimal one."""
+    def model_cards(self) -> dict[str, list[Mapping[str, Any]]]:
+        """``/v1/models`` entries by model id, from healthy undrained workers; declared models
+        without a card get a minimal one."""
         cards: dict[str, list[Mapping[str, Any]]] = {}
         for record in self._records.values():
-            if healthy_only and not (record.state.healthy and not record.state.draining):
+            if not record.state.healthy or record.state.draining:
                 continue
             seen = set()
             for card in record.model_cards:
@@ -317,8 +307,8 @@ class Registry:
         served = frozenset(c["id"] for c in cards if isinstance(c.get("id"), str))
         if not record.declared_models and served:
             record.state.models = served
-        lens = [c.get("max_model_len") for c in cards
-                if c.get("id") in record.state.models and isinstance(c.get("max_model_len"), int)]
+        lens: list[int] = [c["max_model_len"] for c in cards
+                           if c.get("id") in record.state.models and isinstance(c.get("max_model_len"), int)]
         if lens:
             record.state.max_model_len = min(lens)
 

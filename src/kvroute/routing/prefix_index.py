@@ -48,11 +48,6 @@ class PrefixIndex:
 
     # --- registrations -------------------------------------------------------------------------
 
-    def slot_for(self, worker_id: str, epoch: float) -> int | None:
-        """The live slot of ``worker_id`` at ``epoch``, or None if it owns nothing at that epoch."""
-        reg = self._current.get(worker_id)
-        return reg.slot if reg is not None and reg.epoch == epoch else None
-
     def slots_of(self, workers: Sequence[tuple[str, float]]) -> dict[int, int]:
         """``{slot: position}`` for the (worker id, epoch) pairs that own anything at that epoch."""
         current = self._current

@@ -290,7 +290,7 @@ class VirtualCluster:
         before = [e.snapshot().stats for e in self.engines]
         for i in range(sessions):
             self._at(self.now, lambda i=i: self._issue(i))
-        self._at(self.now, self._poll)
+        self._at(self.now + self._poll_interval, self._poll)
         if self._next_scrape <= self.now:
             self._scrape()
         deadline = step.end + drain_timeout_s

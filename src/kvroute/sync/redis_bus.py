@@ -153,6 +153,7 @@ class RedisBus:
         self._connected = False
         self._outage_since: float | None = None
         self._in_flight = 0  # facts taken from the queue whose XADD has not been answered yet
+        self._closing = False
 
     # --- RouteSync -----------------------------------------------------------------------------
 
@@ -181,9 +182,8 @@ class RedisBus:
 
     async def stop(self) -> None:
         """Stop syncing; facts still queued get one short chance to reach Redis."""
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._closing = True
+        await _cancel(self._tasks, self._command_timeout_s)
         self._tasks = []
         if self._queue and self._connected:
             client = self._client()
@@ -232,7 +232,7 @@ class RedisBus:
             retry=Retry(NoBackoff(), 0), health_check_interval=0)
 
     async def _supervise(self) -> None:
-        while True:
+        while not self._closing:
             client = self._client()
             try:
                 await client.ping()
@@ -240,9 +240,13 @@ class RedisBus:
                     await self._check_reset(client)
                 else:
                     await self._catch_up(client)
+                if self._closing:
+                    return
                 self._on_connected()
                 self._ready.set()
-                await self._run_all(self._read(client), self._send(client), self._heartbeat(client))
+                over = asyncio.Event()
+                await self._run_all(over, self._read(client, over), self._send(client, over),
+                                    self._heartbeat(client, over))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # any failure, Redis or ours, must not end syncing for good
@@ -253,16 +257,14 @@ class RedisBus:
             self._ready.set()
             await asyncio.sleep(self._backoff.next_delay())
 
-    @staticmethod
-    async def _run_all(*coros: Coroutine[Any, Any, None]) -> None:
+    async def _run_all(self, over: asyncio.Event, *coros: Coroutine[Any, Any, None]) -> None:
         """Run the loops together; the first to fail stops the others and its error is raised."""
         tasks = [asyncio.create_task(c) for c in coros]
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            over.set()
+            await _cancel(tasks, self._command_timeout_s)
         for t in done:
             exc = t.exception()
             if exc is not None:
@@ -330,8 +332,8 @@ class RedisBus:
             if not newest or _stream_id(newest[0][0]) < _stream_id(getattr(self, attr)):
                 setattr(self, attr, b"0-0")
 
-    async def _read(self, client: aioredis.Redis) -> None:
-        while True:
+    async def _read(self, client: aioredis.Redis, over: asyncio.Event) -> None:
+        while not over.is_set():
             resp = await client.xread({self.facts_key: self._facts_id, self.load_key: self._load_id},
                                       count=_PAGE, block=self._block_ms)
             for key, entries in _entries(resp):
@@ -376,8 +378,8 @@ class RedisBus:
 
     # --- writing -------------------------------------------------------------------------------
 
-    async def _send(self, client: aioredis.Redis) -> None:
-        while True:
+    async def _send(self, client: aioredis.Redis, over: asyncio.Event) -> None:
+        while not over.is_set():
             if not self._queue:
                 self._wake.clear()
                 await self._wake.wait()
@@ -423,8 +425,8 @@ class RedisBus:
             self.metrics.dropped.labels("queue_full").inc(len(batch) - len(keep))
         self._queue.extendleft(reversed(keep))
 
-    async def _heartbeat(self, client: aioredis.Redis) -> None:
-        while True:
+    async def _heartbeat(self, client: aioredis.Redis, over: asyncio.Event) -> None:
+        while not over.is_set():
             workers: dict[str, WorkerLoad] = {}
             for state in self._registry.states():
                 epoch = self._view.agreed_epoch(state.id)
@@ -439,12 +441,22 @@ class RedisBus:
     async def _tick(self) -> None:
         """Local housekeeping that must go on while Redis is away: peers whose heartbeat ran out
         stop counting, workers registered meanwhile get settled."""
-        while True:
+        while not self._closing:
             await asyncio.sleep(self._heartbeat_s)
             self._peers.expire(self._monotonic())
             self._peers.apply_to(self._registry.states())
             self.metrics.peers.set(len(self._peers))
             self._view.refresh()
+
+
+async def _cancel(tasks: Sequence[asyncio.Task[None]], timeout_s: float) -> None:
+    """Cancel ``tasks`` and wait for them, for at most ``timeout_s``.  The loops also stop on
+    their own flag: a cancellation can be swallowed inside the Redis client (seen with TLS
+    connections), and shutting down must not hang on it."""
+    for t in tasks:
+        t.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=timeout_s)
 
 
 def _is_redis_failure(exc: BaseException) -> bool:
