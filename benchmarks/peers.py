@@ -38,13 +38,6 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-
-from kvroute.bench.http_ab import discover_model
-from kvroute.bench.results import BenchResult, PolicyRun, RequestRecord
-from kvroute.bench.runner import HttpTarget, StepPlan, run_policy
-from kvroute.bench.stats import stayed_share
-from kvroute.bench.workloads import AgentWorkload, AgentWorkloadConfig
-from kvroute.sync.local_redis import LocalRedis, free_port
 from peers.cost import CostPlan, CostResult, run_cost
 from peers.placements import Placement, attribute, placement_map
 from peers.procs import Proc, fetch_json, start_sim, wait_serving
@@ -64,6 +57,12 @@ from peers.routers import (
 from peers.venvs import DEFAULT_CACHE, ensure_peer
 from peers.workload import KeyedWorkload
 
+from kvroute.bench.http_ab import discover_model
+from kvroute.bench.results import BenchResult, PolicyRun, RequestRecord
+from kvroute.bench.runner import HttpTarget, StepPlan, run_policy
+from kvroute.bench.stats import stayed_share
+from kvroute.bench.workloads import AgentWorkload, AgentWorkloadConfig
+from kvroute.sync.local_redis import LocalRedis, free_port
 
 # Router cost is about the router's own work per request, so kvroute probes at its default rate
 # there rather than once per (very short) model second.
@@ -85,6 +84,7 @@ class Options:
     cost_routers: tuple[RouterSpec, ...]
     cost_plan: CostPlan
     cost_speed: float
+    cost_rounds: int
     sim_opts: tuple[str, ...]
     cache_dir: Path
     out: Path
@@ -203,13 +203,27 @@ async def cost_run(spec: RouterSpec | None, opts: Options, venvs: dict[str, Path
         await sim.stop()
 
 
+def best_of(rounds: Sequence[Sequence[CostResult]]) -> list[CostResult]:
+    """For each target and mode, the round with the most requests/s: the machine is shared, and the
+    least disturbed round is the closest to what the router itself allows."""
+    best: dict[tuple[str, bool], CostResult] = {}
+    for one in rounds:
+        for c in one:
+            key = (c.label, c.stream)
+            if key not in best or c.requests_per_s > best[key].requests_per_s:
+                best[key] = c
+    order = [c for c in rounds[0]] if rounds else []
+    return [best[(c.label, c.stream)] for c in order]
+
+
 def _step_line(label: str, run: PolicyRun, att: dict[str, Any]) -> None:
     for s in run.steps:
         a = att.get(str(s.sessions), {})
         _log(f"{label:<34} {s.sessions:>3} sessions: {s.requests:>4} requests, TTFB p50 "
              f"{s.ttfb_p50_s or 0:6.2f} s p95 {s.ttfb_p95_s or 0:6.2f} s, {s.output_tokens_per_min:7.0f} tok/min, "
              f"hits {s.prefix_hit_pct or 0:5.1f}%, stayed {s.stayed_pct or 0:5.1f}%, errors {s.errors}, "
-             f"log missing {a.get('missing', 0)} disagreed {a.get('disagreed', 0)}")
+             f"log missing {a.get('missing', 0)} disagreed {a.get('disagreed', 0)}, "
+             f"per replica {sorted(a.get('per_replica', {}).values(), reverse=True)}")
 
 
 async def run_all(opts: Options) -> dict[str, Any]:
@@ -233,14 +247,16 @@ async def run_all(opts: Options) -> dict[str, Any]:
         attribution[spec.label] = att
         _step_line(spec.label, run, att)
         _log(f"{spec.label}: {time.monotonic() - t0:.0f} s")
-    costs: list[CostResult] = []
-    if opts.cost_routers:
-        costs += await cost_run(None, opts, venvs)
-        for spec in opts.cost_routers:
-            costs += await cost_run(spec, opts, venvs)
+    rounds: list[list[CostResult]] = []
+    targets: list[RouterSpec | None] = [None, *opts.cost_routers] if opts.cost_routers else []
+    for r in range(opts.cost_rounds):
+        # Alternate the order so that no target always runs first after a quiet (or busy) spell.
+        ordered = targets if r % 2 == 0 else targets[::-1]
+        rounds.append([c for spec in ordered for c in await cost_run(spec, opts, venvs)])
     meta["wall_s"] = round(time.monotonic() - started, 1)
     return {"meta": meta, "quality": quality.as_dict(), "attribution": attribution,
-            "cost": [dataclasses.asdict(c) for c in costs]}
+            "cost": [dataclasses.asdict(c) for c in best_of(rounds)],
+            "cost_rounds": [[dataclasses.asdict(c) for c in one] for one in rounds]}
 
 
 def write_outputs(doc: dict[str, Any], out: Path, plots_dir: Path | None) -> str:
@@ -291,6 +307,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Options, Path | None]
     p.add_argument("--cost-clients", type=int, default=64)
     p.add_argument("--cost-seconds", type=float, default=6.0, help="measured wall seconds per target and mode")
     p.add_argument("--cost-warmup", type=float, default=1.5)
+    p.add_argument("--cost-rounds", type=int, default=2, help="rounds over all targets; the best counts")
     p.add_argument("--cost-speed", type=float, default=100.0,
                    help="replica speed in the cost part (fast, so the routers are what differs)")
     p.add_argument("--sim-opt", action="append", default=[], metavar="NAME=VALUE",
@@ -311,7 +328,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Options, Path | None]
             drain_s=a.drain, seed=a.seed, routers=() if a.skip_quality else _routers(a.routers),
             cost_routers=() if a.skip_cost else cost_routers,
             cost_plan=CostPlan(clients=a.cost_clients, duration_s=a.cost_seconds, warmup_s=a.cost_warmup),
-            cost_speed=a.cost_speed, sim_opts=tuple(a.sim_opt), cache_dir=a.cache_dir, out=a.out)
+            cost_speed=a.cost_speed, cost_rounds=max(1, a.cost_rounds), sim_opts=tuple(a.sim_opt), cache_dir=a.cache_dir, out=a.out)
     except ValueError as exc:
         p.error(str(exc))
     if not steps or any(n < 1 for n in steps):

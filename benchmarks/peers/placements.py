@@ -49,6 +49,7 @@ class Attribution:
     attributed: int      # records given a replica from the log
     missing: int         # records the log does not know (failed before reaching a replica)
     disagreed: int       # records whose router-reported worker differs from the log
+    per_replica: dict[str, int]   # attributed records per replica: how evenly the router spread
 
 
 def attribute(records: Sequence[RequestRecord], where: Mapping[tuple[str, int], str]) -> Attribution:
@@ -59,6 +60,7 @@ def attribute(records: Sequence[RequestRecord], where: Mapping[tuple[str, int], 
     router's stayed share is computed from the same source.
     """
     attributed = missing = disagreed = 0
+    per_replica: dict[str, int] = {}
     for rec in records:
         if rec.session_id is None:
             continue
@@ -70,4 +72,5 @@ def attribute(records: Sequence[RequestRecord], where: Mapping[tuple[str, int], 
             disagreed += 1
         rec.worker = replica
         attributed += 1
-    return Attribution(attributed, missing, disagreed)
+        per_replica[replica] = per_replica.get(replica, 0) + 1
+    return Attribution(attributed, missing, disagreed, dict(sorted(per_replica.items())))

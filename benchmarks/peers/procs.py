@@ -20,7 +20,6 @@ import orjson
 
 from peers.routers import Launch
 
-
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 

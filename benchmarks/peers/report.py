@@ -22,6 +22,13 @@ def _num(value: float | None, digits: int) -> str:
     return "—" if value is None else f"{value:,.{digits}f}"
 
 
+def _vs(step: StepResult, ref: StepResult | None, get: Callable[[StepResult], float | None],
+        digits: int) -> str:
+    """``get(step)``, and its ratio to ``get(ref)`` when there is a reference step."""
+    value = get(step)
+    return _num(value, digits) + ("" if ref is None else _ratio(value, get(ref)))
+
+
 def quality_markdown(result: BenchResult, base: str) -> str:
     """One row per step and router: TTFB p50/p95 and output tokens/min with their ratio to
     ``base`` (times: above 1 is slower than kvroute; throughput: below 1 is less), then the
@@ -35,17 +42,11 @@ def quality_markdown(result: BenchResult, base: str) -> str:
             s = result.step(policy, n)
             if s is None:
                 continue
-            own = policy == base or ref is None
-
-            def cell(get: Callable[[StepResult], float | None], digits: int, *, s: StepResult = s,
-                     own: bool = own) -> str:
-                value = get(s)
-                return _num(value, digits) + ("" if own or ref is None else _ratio(value, get(ref)))
-
+            vs = None if policy == base else ref
             lines.append("| " + " | ".join([
                 str(n), policy, f"{s.requests:,}",
-                cell(lambda x: x.ttfb_p50_s, 2), cell(lambda x: x.ttfb_p95_s, 2),
-                cell(lambda x: x.output_tokens_per_min, 0),
+                _vs(s, vs, lambda x: x.ttfb_p50_s, 2), _vs(s, vs, lambda x: x.ttfb_p95_s, 2),
+                _vs(s, vs, lambda x: x.output_tokens_per_min, 0),
                 _num(s.prefix_hit_pct, 1), _num(s.stayed_pct, 1), str(s.errors),
             ]) + " |")
     return "\n".join(lines) + "\n"
@@ -145,7 +146,8 @@ def write_plots(result: BenchResult, costs: Sequence[CostResult], out_dir: Path,
         fig, ax = plt.subplots(figsize=(10, 4.6))
         width = 0.4
         for k, stream in enumerate((False, True)):
-            values = [by_key[(lab, stream)].requests_per_s if (lab, stream) in by_key else 0.0 for lab in labels]
+            values = [by_key[(lab, stream)].requests_per_s if (lab, stream) in by_key else 0.0
+                      for lab in labels]
             ax.bar([i + (k - 0.5) * width for i in range(len(labels))], values, width,
                    label="streaming" if stream else "non-streaming", color=f"C{k}")
         ax.set_xticks(range(len(labels)), labels, rotation=35, ha="right", fontsize=8)

@@ -51,7 +51,7 @@ class RouterSpec:
     @property
     def cache_aware(self) -> bool:
         """Whether the policy looks at the prompt to find cached prefixes."""
-        return self.family == KVROUTE and self.policy in ("auto", "prefix") or self.policy == "cache_aware"
+        return (self.family == KVROUTE and self.policy in ("auto", "prefix")) or self.policy == "cache_aware"
 
 
 # kvroute's default policy first: every ratio is taken against it.
@@ -127,8 +127,9 @@ def kvroute_launch(python: str, spec: RouterSpec, workers: Sequence[str], port: 
         raise ValueError(f"{spec.family} is not kvroute")
     if not workers:
         raise ValueError("no workers")
-    argv: list[str] = [python, "-c", "from kvroute.cli import main; main()", "serve", "--host", LOOPBACK, "--port", str(port),
-                       "--policy", spec.policy, "--config", str(config), "--log-level", "warning"]
+    argv: list[str] = [python, "-c", "from kvroute.cli import main; main()", "serve",
+                       "--host", LOOPBACK, "--port", str(port), "--policy", spec.policy,
+                       "--config", str(config), "--log-level", "warning"]
     for url in workers:
         argv += ["--worker", url]
     if redis_url is not None:

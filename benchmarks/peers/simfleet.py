@@ -91,7 +91,8 @@ async def serve(preset: str, replicas: int, port: int, speed: float, overrides: 
 
 def main(argv: list[str] | None = None) -> None:
     """Command line entry point."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="a4000-qwen3-4b")
     parser.add_argument("--replicas", type=int, default=4)
     parser.add_argument("--port", type=int, default=0, help="first port (0: free ports)")
