@@ -141,7 +141,8 @@ def _slug(label: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in label).strip("-")
 
 
-async def quality_run(spec: RouterSpec, opts: Options, venvs: dict[str, Path]) -> tuple[PolicyRun, dict[str, Any]]:
+async def quality_run(spec: RouterSpec, opts: Options,
+                      venvs: dict[str, Path]) -> tuple[PolicyRun, dict[str, Any]]:
     """Every session step through ``spec`` on fresh replicas; stayed shares from the placement log."""
     log_dir = opts.out / "logs" / "quality" / _slug(spec.label)
     sim, urls = await start_sim(log_dir, opts.preset, opts.replicas, opts.speed, opts.sim_opts)
@@ -212,7 +213,7 @@ def best_of(rounds: Sequence[Sequence[CostResult]]) -> list[CostResult]:
             key = (c.label, c.stream)
             if key not in best or c.requests_per_s > best[key].requests_per_s:
                 best[key] = c
-    order = [c for c in rounds[0]] if rounds else []
+    order = list(rounds[0]) if rounds else []
     return [best[(c.label, c.stream)] for c in order]
 
 
@@ -220,7 +221,8 @@ def _step_line(label: str, run: PolicyRun, att: dict[str, Any]) -> None:
     for s in run.steps:
         a = att.get(str(s.sessions), {})
         _log(f"{label:<34} {s.sessions:>3} sessions: {s.requests:>4} requests, TTFB p50 "
-             f"{s.ttfb_p50_s or 0:6.2f} s p95 {s.ttfb_p95_s or 0:6.2f} s, {s.output_tokens_per_min:7.0f} tok/min, "
+             f"{s.ttfb_p50_s or 0:6.2f} s p95 {s.ttfb_p95_s or 0:6.2f} s, "
+             f"{s.output_tokens_per_min:7.0f} tok/min, "
              f"hits {s.prefix_hit_pct or 0:5.1f}%, stayed {s.stayed_pct or 0:5.1f}%, errors {s.errors}, "
              f"log missing {a.get('missing', 0)} disagreed {a.get('disagreed', 0)}, "
              f"per replica {sorted(a.get('per_replica', {}).values(), reverse=True)}")
@@ -305,7 +307,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Options, Path | None]
     p.add_argument("--cost-routers", default="all,kvroute:auto:2",
                    help="cost part: as --routers, plus kvroute:auto:N for N processes sharing Redis")
     p.add_argument("--cost-clients", type=int, default=64)
-    p.add_argument("--cost-seconds", type=float, default=6.0, help="measured wall seconds per target and mode")
+    p.add_argument("--cost-seconds", type=float, default=6.0,
+                   help="measured wall seconds per target and mode")
     p.add_argument("--cost-warmup", type=float, default=1.5)
     p.add_argument("--cost-rounds", type=int, default=2, help="rounds over all targets; the best counts")
     p.add_argument("--cost-speed", type=float, default=100.0,
@@ -328,7 +331,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Options, Path | None]
             drain_s=a.drain, seed=a.seed, routers=() if a.skip_quality else _routers(a.routers),
             cost_routers=() if a.skip_cost else cost_routers,
             cost_plan=CostPlan(clients=a.cost_clients, duration_s=a.cost_seconds, warmup_s=a.cost_warmup),
-            cost_speed=a.cost_speed, cost_rounds=max(1, a.cost_rounds), sim_opts=tuple(a.sim_opt), cache_dir=a.cache_dir, out=a.out)
+            cost_speed=a.cost_speed, cost_rounds=max(1, a.cost_rounds), sim_opts=tuple(a.sim_opt),
+            cache_dir=a.cache_dir, out=a.out)
     except ValueError as exc:
         p.error(str(exc))
     if not steps or any(n < 1 for n in steps):
@@ -346,7 +350,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         runner = asyncio.run
     doc = runner(run_all(opts))
     print(write_outputs(doc, opts.out, plots_dir))
-    _log(f"done in {doc['meta']['wall_s']:.0f} s; wrote {opts.out / 'peers.json'} and {opts.out / 'peers.md'}")
+    _log(f"done in {doc['meta']['wall_s']:.0f} s; wrote {opts.out / 'peers.json'}, {opts.out / 'peers.md'}")
 
 
 if __name__ == "__main__":

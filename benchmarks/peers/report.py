@@ -53,15 +53,15 @@ def quality_markdown(result: BenchResult, base: str) -> str:
 
 
 def cost_markdown(costs: Sequence[CostResult], base: str) -> str:
-    """One row per target: requests/s (ratio to ``base``) and p50/p99 latency, non-streaming then
-    streaming."""
+    """One row per target, non-streaming then streaming: requests/s (ratio to ``base``), p50/p99
+    latency, and the CPU the router process(es) used per request (ratio to ``base``)."""
     by_key = {(c.label, c.stream): c for c in costs}
     labels: list[str] = []
     for c in costs:
         if c.label not in labels:
             labels.append(c.label)
-    header = ["Target", "Non-streaming req/s", "p50 (ms)", "p99 (ms)", "Streaming req/s", "p50 (ms)",
-              "p99 (ms)", "Errors"]
+    mode = ["req/s", "p50 (ms)", "p99 (ms)", "router CPU (ms/req)"]
+    header = ["Target", *(f"Non-streaming {m}" for m in mode), *(f"Streaming {m}" for m in mode), "Errors"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for label in labels:
         cells = [label]
@@ -69,11 +69,16 @@ def cost_markdown(costs: Sequence[CostResult], base: str) -> str:
         for stream in (False, True):
             c, ref = by_key.get((label, stream)), by_key.get((base, stream))
             if c is None:
-                cells += ["—", "—", "—"]
+                cells += ["—"] * len(mode)
                 continue
             errors += c.errors
-            ratio = "" if label == base or ref is None else _ratio(c.requests_per_s, ref.requests_per_s)
-            cells += [_num(c.requests_per_s, 0) + ratio, _num(c.p50_ms, 1), _num(c.p99_ms, 1)]
+            if label == base:
+                ref = None
+            cpu = c.cpu_ms_per_request("router")
+            ref_cpu = None if ref is None else ref.cpu_ms_per_request("router")
+            cells += [_num(c.requests_per_s, 0) + ("" if ref is None else _ratio(c.requests_per_s,
+                                                                                 ref.requests_per_s)),
+                      _num(c.p50_ms, 1), _num(c.p99_ms, 1), _num(cpu, 2) + _ratio(cpu, ref_cpu)]
         cells.append(str(errors))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

@@ -58,8 +58,10 @@ def placement_middleware(log: list[Placement], replica: SimReplica) -> Any:
     return record
 
 
-async def serve(preset: str, replicas: int, port: int, speed: float, overrides: dict[str, Any]) -> None:
-    """Start the replicas on 127.0.0.1 and serve until SIGTERM/SIGINT."""
+async def start_fleet(preset: str, replicas: int, port: int, speed: float,
+                      overrides: dict[str, Any]) -> tuple[list[SimReplica], list[Placement]]:
+    """Start the replicas on 127.0.0.1 (``port`` 0: free ports) with one shared placement log."""
+    overrides = dict(overrides)
     reply_fields = {f.name for f in dataclasses.fields(ReplyOptions)}
     reply = ReplyOptions(**{k: overrides.pop(k) for k in list(overrides) if k in reply_fields})
     config = build_config(preset, None, **overrides)
@@ -78,6 +80,16 @@ async def serve(preset: str, replicas: int, port: int, speed: float, overrides: 
             replica.app.middlewares.append(placement_middleware(log, replica))
             fleet.append(replica)
             await replica.start("127.0.0.1", port + i if port else 0)
+    except BaseException:
+        await asyncio.gather(*(r.close() for r in fleet))
+        raise
+    return fleet, log
+
+
+async def serve(preset: str, replicas: int, port: int, speed: float, overrides: dict[str, Any]) -> None:
+    """Start the replicas, print their URLs as one JSON line, serve until SIGTERM/SIGINT."""
+    fleet, _ = await start_fleet(preset, replicas, port, speed, overrides)
+    try:
         sys.stdout.write(orjson.dumps({"urls": [r.url for r in fleet]}).decode() + "\n")
         sys.stdout.flush()
         stop = asyncio.Event()

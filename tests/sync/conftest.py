@@ -53,8 +53,11 @@ async def instances(sim: SimFleet) -> AsyncIterator[Callable[..., Awaitable[Runn
     started: list[RunningRouter] = []
 
     async def make(redis_url: str | None, **settings: Any) -> RunningRouter:
+        # The router's prior prefill rate is a real card's; the simulated cards run SIM_SPEED
+        # times faster, so scale it, or the router believes workers busy long after they are done.
+        routing = {"prefill_s_per_token": 1.5e-4 / SIM_SPEED, **settings.pop("routing", {})}
         s = Settings(workers=tuple(WorkerSpec(u) for u in sim.urls), redis_url=redis_url,
-                     probe_interval_s=0.2, **settings)
+                     probe_interval_s=0.2, routing=routing, **settings)
         running = await start_router(s)
         started.append(running)
         return running

@@ -12,7 +12,7 @@ from kvroute.routing.sync_record import PrefixRecord, SessionRecord, SyncRecord,
 from kvroute.sync.messages import LoadMessage, WorkerLoad
 from kvroute.sync.metrics import SyncMetrics
 from kvroute.sync.peer_load import PeerLoads
-from kvroute.sync.shared_view import FRESH_BACKLOG_S, SharedView
+from kvroute.sync.shared_view import SharedView
 
 URLS = [f"http://127.0.0.1:{9000 + i}" for i in range(3)]
 PROMPT = ("<system prompt of a long conversation> " * 200).encode()
@@ -176,7 +176,9 @@ def test_replayed_facts_do_not_invent_a_backlog() -> None:
     applied: list[SyncRecord] = []
     b.view.apply = applied.append
     wid = b.registry.states()[0].id
-    b.view.receive(PrefixRecord(wid, 2000.0, 2000.0 - FRESH_BACKLOG_S - 1, (1, 2), prefill_tokens=500))
-    b.view.receive(PrefixRecord(wid, 2000.0, 2000.0, (3,), prefill_tokens=70))
-    assert [r.prefill_tokens for r in applied if isinstance(r, PrefixRecord)] == [0, 70]
-    assert b.prometheus.get_sample_value("kvroute_sync_applied_total", {"kind": "prefix"}) == 2
+    spt = b.scheduler.config.default.prefill_s_per_token
+    b.view.receive(PrefixRecord(wid, 2000.0, 2000.0 - 600 * spt, (1, 2), prefill_tokens=500))
+    b.view.receive(PrefixRecord(wid, 2000.0, 2000.0 - 100 * spt, (3,), prefill_tokens=500))
+    b.view.receive(PrefixRecord(wid, 2000.0, 2000.0, (4,), prefill_tokens=70))
+    assert [r.prefill_tokens for r in applied if isinstance(r, PrefixRecord)] == [0, 400, 70]
+    assert b.prometheus.get_sample_value("kvroute_sync_applied_total", {"kind": "prefix"}) == 3

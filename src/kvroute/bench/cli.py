@@ -289,7 +289,7 @@ def _run_chat(console: Console, names: list[str], cfg: GrowingChatConfig, seed: 
 
 
 def demo(
-    duration: Annotated[float, typer.Option(min=1.0, help="Simulated seconds per step.")] = 90.0,
+    duration: Annotated[float, typer.Option(min=1.0, help="Simulated seconds per step.")] = 120.0,
     steps: Annotated[str, typer.Option(help="Concurrent sessions per step.")] = "4,8,16",
     speed: Annotated[float, typer.Option(min=0.1, help="Simulated seconds per wall second.")] = 10.0,
     replicas: Annotated[int, typer.Option(min=1, help="Simulated replicas.")] = 4,

@@ -110,7 +110,6 @@ def _recipe() -> dict[str, object]:
         "model_package": MODEL_PACKAGE,
         "gguf_file": GGUF_FILE,
         "converter_sha256": hashlib.sha256(_CONVERTER.read_bytes()).hexdigest(),
-        "python": f"{sys.version_info.major}.{sys.version_info.minor}",
     }
 
 
@@ -128,6 +127,9 @@ def problems(env: VllmEnv) -> list[str]:
     if not env.python.is_file():
         found.append(f"{env.python} is missing")
     found += [f"{env.model_dir / n} is missing" for n in _MODEL_FILES if not (env.model_dir / n).is_file()]
+    # Something installed later can bring these back, and then vLLM no longer imports.
+    for name in CONFLICTING_PACKAGES:
+        found += [f"{path} is installed again" for path in env.venv.glob(f"lib/*/site-packages/{name}")]
     return found
 
 

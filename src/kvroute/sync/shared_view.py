@@ -35,9 +35,6 @@ from kvroute.routing.worker import WorkerState
 from kvroute.sync.metrics import SyncMetrics
 from kvroute.sync.peer_load import PeerLoads
 
-# A remote record's prefill estimate feeds the worker's backlog only while that work can still be
-# queued there; replaying old facts on catch-up must not invent a backlog.
-FRESH_BACKLOG_S = 5.0
 
 
 def record_epoch(record: SyncRecord) -> float | None:
@@ -204,8 +201,13 @@ class SharedView:
         self._pending.append(record)
 
     def _apply(self, record: SyncRecord) -> None:
-        if isinstance(record, PrefixRecord) and record.prefill_tokens and \
-                self._clock() - record.time > FRESH_BACKLOG_S:
-            record = dataclasses.replace(record, prefill_tokens=0)
+        if isinstance(record, PrefixRecord) and record.prefill_tokens:
+            # The sender's prefill estimate joins the worker's backlog less what the worker has
+            # prefilled since it was sent (the scheduler's own drain rate): facts replayed on
+            # catch-up or after an outage must not invent a backlog.
+            age = max(0.0, self._clock() - record.time)
+            left = record.prefill_tokens - age / self._scheduler.config.default.prefill_s_per_token
+            if left < record.prefill_tokens:
+                record = dataclasses.replace(record, prefill_tokens=max(0, round(left)))
         self.apply(record)
         self._metrics.applied.labels(record.TYPE).inc()
