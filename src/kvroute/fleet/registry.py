@@ -293,6 +293,7 @@ class Registry:
             return
         record.metrics = m
         state.running, state.waiting, state.kv_usage = m.running, m.waiting, m.kv_usage
+        state.scraped_inflight = state.total_inflight
         if m.process_start_time is not None:
             if record.engine_start_time is not None and m.process_start_time != record.engine_start_time:
                 self._restarted(record, m.process_start_time)

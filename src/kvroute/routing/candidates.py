@@ -14,9 +14,11 @@ class Candidate:
     """One worker as seen by one decision.
 
     ``load`` is what the seeds compare: requests in flight there from every router instance.
-    ``busy`` also trusts the engine's own count (``running + waiting``) when it is higher, and
-    ``engine_load`` is vLLM's data-parallel balancer score ``4 * waiting + running``, never below
-    the in-flight count (scraped figures lag; what the router itself sent is never stale).
+    ``busy`` adds what the engine reported beyond the routers' own requests at scrape time (direct
+    clients, unknown routers), and ``engine_load`` is vLLM's data-parallel balancer score
+    ``4 * waiting + running`` corrected the same way.  Scraped figures lag by up to a probe
+    interval; what the routers sent is never stale, so a request that finished since the scrape
+    no longer counts (otherwise a conversation's next turn sees its own previous turn as load).
     """
 
     worker: WorkerState
@@ -38,8 +40,11 @@ class Candidate:
         if running is None and waiting is None:
             return cls(worker, load, load, load)
         r, w = running or 0, waiting or 0
-        busy, score = r + w, 4 * w + r
-        return cls(worker, load, busy if busy > load else load, score if score > load else load)
+        seen = worker.scraped_inflight
+        external = r + w - seen
+        busy = load + external if external > 0 else load
+        score = load + 4 * w + r - seen
+        return cls(worker, load, busy, score if score > load else load)
 
 
 @dataclass(slots=True)

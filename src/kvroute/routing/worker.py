@@ -15,7 +15,8 @@ class WorkerState:
     is what this router instance has sent and not yet seen finish (always known, never stale);
     ``running``/``waiting``/``kv_usage`` are scraped from the engine's ``/metrics`` and are ``None``
     for engines that do not expose vLLM metrics.  ``peer_inflight`` is what other router instances
-    report having in flight there (shared through Redis).
+    report having in flight there (shared through Redis).  Scraped figures lag by up to a probe
+    interval, so they only add the load the router cannot see itself (``scraped_inflight``).
     """
 
     id: str
@@ -31,6 +32,9 @@ class WorkerState:
     running: int | None = None
     waiting: int | None = None
     kv_usage: float | None = None
+    # Router in-flight (own + peers) when running/waiting were scraped: the engine's figures minus
+    # this are load from elsewhere; our own share is always taken fresh from the in-flight counts.
+    scraped_inflight: int = 0
     # Learned from completed requests (seconds of prefill per uncached prompt token); None until known.
     prefill_s_per_token: float | None = None
     labels: dict[str, str] = field(default_factory=dict)

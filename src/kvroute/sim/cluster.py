@@ -182,6 +182,7 @@ class VirtualCluster:
         for w, engine in zip(self.workers, self.engines, strict=True):
             snap = engine.snapshot()
             w.running, w.waiting, w.kv_usage = snap.num_running, snap.num_waiting, snap.kv_cache_usage
+            w.scraped_inflight = w.total_inflight
         self._next_scrape = self.now + self.config.scrape_interval_s
         self._at(self._next_scrape, self._scrape)
 
