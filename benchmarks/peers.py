@@ -214,6 +214,8 @@ def best_of(rounds: Sequence[Sequence[CostResult]]) -> list[CostResult]:
             if key not in best or c.requests_per_s > best[key].requests_per_s:
                 best[key] = c
     order = list(rounds[0]) if rounds else []
+    for one in rounds[1:]:   # targets a cut-short first round did not reach
+        order += [c for c in one if all((c.label, c.stream) != (o.label, o.stream) for o in order)]
     return [best[(c.label, c.stream)] for c in order]
 
 
@@ -237,11 +239,25 @@ async def run_all(opts: Options) -> dict[str, Any]:
         "preset": opts.preset, "replicas": opts.replicas, "speed": opts.speed, "steps": list(opts.steps),
         "duration_s": opts.duration_s, "drain_s": opts.drain_s, "seed": opts.seed,
         "cost_speed": opts.cost_speed, "cost_plan": dataclasses.asdict(opts.cost_plan),
-        "peer_versions": dict(PEER_VERSIONS), "cpus": os.cpu_count(), "command": " ".join(sys.argv),
+        "workload": dataclasses.asdict(AgentWorkloadConfig()), "peer_versions": dict(PEER_VERSIONS),
+        "cpus": os.cpu_count(), "command": " ".join(sys.argv),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     quality = BenchResult(dict(meta))
     attribution: dict[str, Any] = {}
+    rounds: list[list[CostResult]] = []
+
+    def document() -> dict[str, Any]:
+        meta["wall_s"] = round(time.monotonic() - started, 1)
+        return {"meta": meta, "quality": quality.as_dict(), "attribution": attribution,
+                "cost": [dataclasses.asdict(c) for c in best_of(rounds)],
+                "cost_rounds": [[dataclasses.asdict(c) for c in one] for one in rounds]}
+
+    def checkpoint() -> None:
+        # A long run on a shared machine can die half-way: keep what is measured so far.
+        opts.out.mkdir(parents=True, exist_ok=True)
+        (opts.out / "peers.partial.json").write_bytes(orjson.dumps(document(), option=orjson.OPT_INDENT_2))
+
     for spec in opts.routers:
         t0 = time.monotonic()
         run, att = await quality_run(spec, opts, venvs)
@@ -249,16 +265,15 @@ async def run_all(opts: Options) -> dict[str, Any]:
         attribution[spec.label] = att
         _step_line(spec.label, run, att)
         _log(f"{spec.label}: {time.monotonic() - t0:.0f} s")
-    rounds: list[list[CostResult]] = []
+        checkpoint()
     targets: list[RouterSpec | None] = [None, *opts.cost_routers] if opts.cost_routers else []
     for r in range(opts.cost_rounds):
         # Alternate the order so that no target always runs first after a quiet (or busy) spell.
-        ordered = targets if r % 2 == 0 else targets[::-1]
-        rounds.append([c for spec in ordered for c in await cost_run(spec, opts, venvs)])
-    meta["wall_s"] = round(time.monotonic() - started, 1)
-    return {"meta": meta, "quality": quality.as_dict(), "attribution": attribution,
-            "cost": [dataclasses.asdict(c) for c in best_of(rounds)],
-            "cost_rounds": [[dataclasses.asdict(c) for c in one] for one in rounds]}
+        rounds.append([])
+        for spec in targets if r % 2 == 0 else targets[::-1]:
+            rounds[-1] += await cost_run(spec, opts, venvs)
+            checkpoint()
+    return document()
 
 
 def write_outputs(doc: dict[str, Any], out: Path, plots_dir: Path | None) -> str:
@@ -291,8 +306,9 @@ def _routers(text: str) -> tuple[RouterSpec, ...]:
     return tuple(parse_router(t) for t in text.split(",") if t.strip())
 
 
-def parse_args(argv: Sequence[str] | None = None) -> tuple[Options, Path | None]:
-    """Options from the command line, and where to write the plots (None: the output directory)."""
+def parse_args(argv: Sequence[str] | None = None) -> tuple[Options, Path | None, Path | None]:
+    """Options from the command line, where to write the plots (None: the output directory), and
+    the results file to report on instead of running (``--report``)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="a4000-qwen3-4b")
     p.add_argument("--replicas", type=int, default=4)
@@ -320,6 +336,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Options, Path | None]
     p.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="where the peers' venvs live")
     p.add_argument("--out", type=Path, default=Path("peers-bench"))
     p.add_argument("--plots-dir", type=Path, default=None)
+    p.add_argument("--report", type=Path, default=None, metavar="PEERS_JSON",
+                   help="only rebuild the tables and plots of an earlier run (into --out)")
     a = p.parse_args(argv)
     try:
         steps = tuple(int(v) for v in a.steps.split(",") if v.strip())
@@ -337,12 +355,15 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Options, Path | None]
         p.error(str(exc))
     if not steps or any(n < 1 for n in steps):
         p.error("--steps: positive integers")
-    return opts, a.plots_dir
+    return opts, a.plots_dir, a.report
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the comparison and print both tables."""
-    opts, plots_dir = parse_args(argv)
+    opts, plots_dir, report = parse_args(argv)
+    if report is not None:
+        print(write_outputs(orjson.loads(report.read_bytes()), opts.out, plots_dir))
+        return
     try:
         import uvloop
         runner: Any = uvloop.run

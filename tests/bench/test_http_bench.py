@@ -14,7 +14,7 @@ from kvroute.bench.workloads import AgentWorkload, AgentWorkloadConfig, GrowingC
 from kvroute.cli import app
 
 TINY = AgentWorkloadConfig(system_tokens=300, first_tokens=600, rounds=2, round_tokens=60,
-                           max_output_tokens=12, min_output_tokens=4)
+                           max_output_tokens=12, min_output_tokens=4, think_time_s=0.5)
 
 
 async def test_ab_over_http_measures_every_column() -> None:
@@ -49,6 +49,7 @@ def test_cli_virtual_and_http(tmp_path: Path) -> None:
     runner = CliRunner()
     common = ["--steps", "2", "--duration", "15", "--system-tokens", "200", "--first-tokens", "400",
               "--rounds", "1", "--round-tokens", "50", "--max-output-tokens", "8", "--replicas", "2",
+              "--think-time", "0.5",
               "--quiet", "--no-plots"]
     virt = runner.invoke(app, ["bench", "--virtual", "--policies", "least-loaded,auto",
                                "--out", str(tmp_path / "v"), *common])

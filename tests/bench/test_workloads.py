@@ -48,6 +48,18 @@ def test_every_round_extends_the_previous_prompt() -> None:
         assert c[: len(p)] == p
 
 
+def test_think_time_pauses_between_rounds_without_changing_prompts() -> None:
+    paused = AgentWorkload(AgentWorkloadConfig(think_time_s=2.0), seed=6).session(1)
+    strict = AgentWorkload(AgentWorkloadConfig(think_time_s=0.0), seed=6).session(1)
+    assert paused.requests[0].think_s == 0.0
+    assert all(0.0 <= r.think_s <= 4.0 for r in paused.requests)
+    assert len({r.think_s for r in paused.requests[1:]}) == len(paused.requests) - 1
+    assert all(r.think_s == 0.0 for r in strict.requests)
+    assert [r.messages for r in paused.requests] == [r.messages for r in strict.requests]
+    with pytest.raises(ValueError):
+        AgentWorkloadConfig(think_time_s=-1.0)
+
+
 def test_system_prompt_is_shared_and_first_message_unique() -> None:
     wl = AgentWorkload(seed=3)
     s0, s1 = wl.session(0).requests[0], wl.session(1).requests[0]
@@ -102,12 +114,14 @@ def test_trace_groups_by_session_and_numbers_rounds_in_file_order(tmp_path: Path
         '{"session_id": "s", "messages": [{"role": "user", "content": "a"}]}\n'
         '{"messages": [{"role": "user", "content": "lone"}]}\n'
         '\n'
-        '{"session_id": "s", "messages": [{"role": "user", "content": "a b"}], "max_tokens": 3}\n'
+        '{"session_id": "s", "messages": [{"role": "user", "content": "a b"}], "max_tokens": 3,'
+        ' "think_s": 1.5}\n'
     )
     sessions = read_trace(path)
     assert [s.session_id for s in sessions] == ["s", None]
     assert [r.round for r in sessions[0].requests] == [0, 1]
     assert sessions[0].requests[1].max_tokens == 3
+    assert sessions[0].requests[1].think_s == 1.5
 
 
 @pytest.mark.parametrize(("line", "message"), [
@@ -116,6 +130,7 @@ def test_trace_groups_by_session_and_numbers_rounds_in_file_order(tmp_path: Path
     ('{"messages": [{"role": "user"}]}', "messages[0] needs string"),
     ('{"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}', "'max_tokens'"),
     ('{"session_id": 5, "messages": [{"role": "user", "content": "x"}]}', "'session_id'"),
+    ('{"messages": [{"role": "user", "content": "x"}], "think_s": -2}', "'think_s'"),
 ])
 def test_trace_errors_name_the_line(tmp_path: Path, line: str, message: str) -> None:
     path = tmp_path / "bad.jsonl"

@@ -5,14 +5,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 
+import aiohttp
 import pytest
 
 from kvroute.config import Settings, WorkerSpec
 from kvroute.diagnostics.diagnose import diagnose
 from kvroute.diagnostics.doctor_report import TargetReport
 from kvroute.diagnostics.doctor_session import DoctorOptions, run_doctor
-from kvroute.diagnostics.endpoint import facts_for_endpoint
+from kvroute.diagnostics.endpoint import EndpointBundle, facts_for_endpoint
+from kvroute.diagnostics.facts import EngineFacts, MergedFacts
 from kvroute.diagnostics.finding import Severity
+from kvroute.diagnostics.fleet import compare_fleet
 from kvroute.server.app import start_router
 from kvroute.sim.server import SimFleet, start_sim_fleet
 
@@ -143,3 +146,40 @@ async def test_through_the_router(sim: SimFactory) -> None:
     # Without the token the doctor says how to get the worker list.
     locked = [f for f in without.fleet if f.code == "router-admin-locked"]
     assert locked and "--admin-token" in (locked[0].fix or "")
+
+
+async def _as_real_vllm(url: str) -> EngineFacts:
+    """What the doctor knows of a simulated replica from what real vLLM also serves: /metrics and
+    /v1/models (vLLM answers /server_info with 404)."""
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{url}/metrics") as resp:
+            metrics = await resp.text()
+        async with http.get(f"{url}/v1/models") as resp:
+            models = await resp.json()
+    merged, _ = facts_for_endpoint(EndpointBundle(url, metrics_text=metrics, models=models))
+    return merged.facts
+
+
+@pytest.mark.parametrize(("preset", "overrides", "hybrid", "expected"), [
+    ("hybrid-27b", {}, True, "prefix-caching-off-hybrid"),
+    ("hybrid-27b", {"enable_prefix_caching": True}, True, "mamba-mode-none"),
+    ("hybrid-27b", ALIGN, True, "match-unit-coarse"),
+    ("hybrid-27b", {**ALIGN, "prefix_match_unit": 32}, True, "match-unit-fine"),
+    ("dense-3b", {}, False, "prefix-caching-on"),
+])
+async def test_findings_need_only_what_real_vllm_exposes(sim: SimFactory, preset: str,
+                                                         overrides: dict[str, object], hybrid: bool,
+                                                         expected: str) -> None:
+    async with sim(preset, **overrides) as fleet:
+        facts = await _as_real_vllm(fleet.urls[0])
+    assert facts.hybrid is not None and facts.hybrid.value is hybrid
+    assert facts.hybrid.source.startswith("/metrics vllm:cache_config_info mamba_block_size=")
+    found = {f.code for f in diagnose(MergedFacts(facts))}
+    assert expected in found
+
+
+async def test_a_replica_without_the_match_unit_stands_out_on_metrics_alone(sim: SimFactory) -> None:
+    async with sim("hybrid-27b", prefix_match_unit=32, **ALIGN) as good, sim("hybrid-27b", **ALIGN) as odd:
+        engines = [(url, await _as_real_vllm(url)) for url in (good.urls[0], odd.urls[0])]
+    [differ] = [f for f in compare_fleet(engines) if f.code == "fleet-differs"]
+    assert differ.title.startswith(f"prefix_match_unit differs on {odd.urls[0]}")

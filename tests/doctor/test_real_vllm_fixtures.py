@@ -41,6 +41,20 @@ def test_real_engine_is_read_from_every_source() -> None:
     assert worst(findings).rank < Severity.WARNING.rank
 
 
+def test_real_metrics_alone_say_attention_only_and_give_capacity() -> None:
+    # Without the log (vLLM has no /server_info) the cache config labels still settle the kind.
+    bundle = EndpointBundle("real", metrics_text=(REAL / "metrics_idle.prom").read_text())
+    merged, _ = facts_for_endpoint(bundle)
+    facts = merged.facts
+    assert facts.hybrid is not None and facts.hybrid.value is False
+    assert facts.hybrid.source == "/metrics vllm:cache_config_info mamba_block_size=None"
+    assert facts.kv_cache_tokens is not None and facts.num_gpu_blocks and facts.block_size
+    assert facts.kv_cache_tokens.value == facts.num_gpu_blocks.value * facts.block_size.value
+    codes = {f.code for f in diagnose(merged)}
+    assert {"prefix-caching-on", "kv-capacity"} <= codes
+    assert "prefix-caching-off" not in codes and "mamba-mode-none" not in codes
+
+
 @pytest.mark.parametrize("name", ["metrics_idle.prom", "metrics_busy.prom", "metrics_after_chat.prom"])
 def test_real_counters(name: str) -> None:
     counters = counters_from_samples(parse_exposition((REAL / name).read_text()))

@@ -57,15 +57,29 @@ def test_older_counter_names_and_counter_mean() -> None:
     assert facts.mean_prompt_tokens is not None and facts.mean_prompt_tokens.value == 300
 
 
-def test_simulator_style_labels_mark_hybrid_by_its_mamba_slots() -> None:
-    text = ('vllm:cache_config_info{model_name="s",engine="0",block_size="16",enable_prefix_caching="True",'
-            'mamba_cache_mode="none",num_mamba_cache_blocks="0"} 1.0\n')
+def test_mamba_block_size_tells_hybrid_from_attention_only() -> None:
+    # vLLM resolves mamba_block_size for every model with Mamba layers; unset means attention-only.
+    text = ('vllm:cache_config_info{block_size="16",enable_prefix_caching="True",engine="0",'
+            'is_attention_free="False",mamba_block_size="None",mamba_cache_mode="none",'
+            'mamba_page_size_padded="None"} 1.0\n')
     facts = facts_from_metrics(parse_exposition(text))
-    assert facts.hybrid is not None and facts.hybrid.value is False
-    text = text.replace('num_mamba_cache_blocks="0"', 'num_mamba_cache_blocks="160"')
-    facts = facts_from_metrics(parse_exposition(text))
+    assert facts.hybrid == Observed(False, "/metrics vllm:cache_config_info mamba_block_size=None")
+    facts = facts_from_metrics(parse_exposition(text.replace('mamba_block_size="None"',
+                                                             'mamba_block_size="65536"')))
+    assert facts.hybrid is not None and facts.hybrid.value is True
+    facts = facts_from_metrics(parse_exposition(text.replace('is_attention_free="False"',
+                                                             'is_attention_free="True"')))
+    assert facts.hybrid is not None and facts.hybrid.value is True
+    assert "is_attention_free" in facts.hybrid.source
+
+
+def test_mamba_slots_from_a_flat_server_info() -> None:
+    # The simulator's /server_info (real vLLM has none) adds what /metrics cannot say.
+    facts = facts_from_server_info({"hybrid": True, "mamba_cache_blocks": 160, "max_num_seqs": 128})
     assert facts.hybrid is not None and facts.hybrid.value is True
     assert facts.mamba_cache_blocks is not None and facts.mamba_cache_blocks.value == 160
+    facts = facts_from_server_info({"mamba_cache_blocks": 0})
+    assert facts.hybrid is not None and facts.hybrid.value is False
 
 
 def test_garbage_metrics_raise_a_clear_error() -> None:

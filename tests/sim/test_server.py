@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import random
+import socket
+import struct
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -10,6 +14,7 @@ from typing import Any
 import aiohttp
 import anthropic
 import openai
+import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sim_helpers import chat, prose
@@ -17,6 +22,8 @@ from sim_helpers import chat, prose
 from kvroute.sim.server import SimFleet, start_sim_fleet
 
 MODEL = "qwen3-3b"
+# The label that tells a family's series apart, where it has several.
+DETAIL_LABELS = ("finished_reason", "source", "le")
 
 
 @pytest.fixture
@@ -45,9 +52,11 @@ async def metrics(http: aiohttp.ClientSession, url: str) -> dict[tuple[str, str]
     out: dict[tuple[str, str], float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name.startswith("vllm:"):
+            if sample.name == "vllm:cache_config_info":
+                assert "model_name" not in sample.labels and sample.labels["engine"] == "0"
+            elif sample.name.startswith("vllm:"):
                 assert sample.labels["model_name"] == MODEL and sample.labels["engine"] == "0"
-            detail = sample.labels.get("finished_reason", sample.labels.get("le", ""))
+            detail = next((sample.labels[k] for k in DETAIL_LABELS if k in sample.labels), "")
             out[(sample.name, detail)] = sample.value
     return out
 
@@ -117,16 +126,28 @@ async def test_metrics_parse_and_agree_with_usage(fleet: SimFleet, http: aiohttp
     assert m[("vllm:prompt_tokens_total", "")] == prompt_tokens == m[("vllm:prefix_cache_queries_total", "")]
     assert m[("vllm:prefix_cache_hits_total", "")] == cached > 0
     assert m[("vllm:generation_tokens_total", "")] == completion
+    assert m[("vllm:prompt_tokens_cached_total", "")] == m[("vllm:prompt_tokens_by_source_total",
+                                                             "local_cache_hit")] == cached
+    assert m[("vllm:prompt_tokens_by_source_total", "local_compute")] == prompt_tokens - cached
+    assert m[("vllm:request_prompt_tokens_sum", "")] == prompt_tokens
+    assert m[("vllm:request_prompt_tokens_count", "")] == 4
+    assert m[("vllm:request_prompt_tokens_bucket", "+Inf")] == 4
+    assert m[("vllm:request_prefill_kv_computed_tokens_sum", "")] == prompt_tokens - cached
+    assert m[("vllm:request_generation_tokens_sum", "")] == completion
     assert m[("vllm:time_to_first_token_seconds_count", "")] == 4
+    assert m[("vllm:request_queue_time_seconds_count", "")] == 4
     assert m[("vllm:request_success_total", "stop")] + m[("vllm:request_success_total", "length")] == 4
     assert m[("vllm:num_requests_running", "")] == 0 and m[("vllm:kv_cache_usage_perc", "")] == 0
     assert m[("process_start_time_seconds", "")] > 1e9
+    assert m[("vllm:prompt_tokens_created", "")] == m[("process_start_time_seconds", "")]
     async with http.get(url + "/metrics") as resp:
         text = await resp.text()
     info = next(f for f in text_string_to_metric_families(text) if f.name == "vllm:cache_config_info")
     labels = info.samples[0].labels
     assert labels["block_size"] == "16" and labels["enable_prefix_caching"] == "True"
-    assert {"num_gpu_blocks", "mamba_cache_mode", "prefix_match_unit"} <= set(labels)
+    assert labels["prefix_match_unit"] == "None" and labels["mamba_block_size"] == "None"
+    config = fleet.replicas[1].config
+    assert labels["kv_cache_size_tokens"] == str(config.num_gpu_blocks * 16)
 
 
 @pytest.mark.parametrize(("path", "body", "status", "needle"), [
@@ -231,7 +252,39 @@ async def test_hang_fault_and_client_disconnect_abort(fleet: SimFleet, http: aio
             break
         await asyncio.sleep(0.01)
     snap = engine.snapshot()
-    assert snap.num_running == 0 and snap.stats.finished == {} and snap.kv_cache_usage == 0
+    assert snap.num_running == 0 and snap.stats.finished == {"abort": 1} and snap.kv_cache_usage == 0
+
+
+async def _reset_after(port: int, body: bytes, chunks: int) -> None:
+    """Read ``chunks`` SSE events of a streamed reply, then reset the connection (RST, no FIN)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: sim\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    for _ in range(chunks):
+        await reader.readuntil(b"\n\n")
+    writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
+
+
+async def test_clients_resetting_streams_are_aborted_without_tracebacks(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Many streams reset at random points: some resets are seen by a write rather than a read.
+    rng = random.Random(3)
+    async with await start_sim_fleet("dense-3b", 1, speed=50.0) as fleet:
+        port = int(fleet.urls[0].rsplit(":", 1)[1])
+        engine = fleet.replicas[0].engine
+        with caplog.at_level(logging.DEBUG):
+            for round_ in range(3):
+                await asyncio.gather(*(_reset_after(port, orjson.dumps({
+                    "model": MODEL, "messages": chat(f"hi {round_} {i}"), "max_tokens": 200,
+                    "ignore_eos": True, "stream": True}), rng.randrange(1, 30)) for i in range(25)))
+            for _ in range(300):
+                if not engine.has_work():
+                    break
+                await asyncio.sleep(0.01)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    snap = engine.snapshot()
+    assert snap.num_running == snap.num_waiting == 0 and snap.stats.finished == {"abort": 75}
 
 
 async def test_drop_fault_cuts_the_stream(fleet: SimFleet, http: aiohttp.ClientSession) -> None:

@@ -42,7 +42,7 @@ def redis_server(redis_servers: Callable[..., LocalRedis]) -> LocalRedis:
 
 @pytest.fixture
 async def sim() -> AsyncIterator[SimFleet]:
-    fleet = await start_sim_fleet(SIM_PRESET, 4, speed=SIM_SPEED)
+    fleet = await start_sim_fleet(SIM_PRESET, 4, speed=SIM_SPEED, max_num_batched_tokens=8192)
     yield fleet
     await fleet.close()
 
@@ -57,7 +57,7 @@ async def instances(sim: SimFleet) -> AsyncIterator[Callable[..., Awaitable[Runn
         # times faster, so scale it, or the router believes workers busy long after they are done.
         routing = {"prefill_s_per_token": 1.5e-4 / SIM_SPEED, **settings.pop("routing", {})}
         s = Settings(workers=tuple(WorkerSpec(u) for u in sim.urls), redis_url=redis_url,
-                     probe_interval_s=0.2, routing=routing, **settings)
+                     probe_interval_s=0.1, routing=routing, **settings)
         running = await start_router(s)
         started.append(running)
         return running

@@ -165,6 +165,8 @@ def bench(
         min=1, help="Shortest answer per round (default: the longest).")] = None,
     system_prompts: Annotated[int, typer.Option(min=1, help="Distinct system prompts sessions share.")] = 1,
     jitter: Annotated[float, typer.Option(min=0.0, max=0.99, help="Relative size variation.")] = 0.1,
+    think_time: Annotated[float, typer.Option(
+        min=0.0, help="Mean pause between a response and the session's next request (s).")] = 3.0,
     chat_tokens: Annotated[int, typer.Option(min=1, help="Growing chat: first prompt (tokens).")] = 5600,
     chat_turn_tokens: Annotated[int, typer.Option(min=2, help="Growing chat: tokens per turn.")] = 190,
     chat_turns: Annotated[int, typer.Option(min=1, help="Growing chat: turns.")] = 5,
@@ -192,7 +194,8 @@ def bench(
         raise typer.BadParameter("give --target or --replica, not both", param_hint="--target")
     try:
         agent_cfg = AgentWorkloadConfig(system_tokens, first_tokens, rounds, round_tokens, max_output_tokens,
-                                        min_output_tokens or max_output_tokens, system_prompts, jitter)
+                                        min_output_tokens or max_output_tokens, system_prompts, jitter,
+                                        think_time)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     if write_trace_to is not None:

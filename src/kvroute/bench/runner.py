@@ -202,6 +202,8 @@ async def _session_loop(http: aiohttp.ClientSession, target: HttpTarget, step: _
             return
         script = step.workload.session(index)
         for i, req in enumerate(script.requests):
+            if req.think_s and i:
+                await asyncio.sleep(req.think_s / step.time_scale)
             if step.now() >= window_s:
                 return
             rec = RequestRecord(req.session_id, req.round, step.now(), last_round=i == script.rounds - 1)

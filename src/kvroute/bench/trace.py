@@ -2,8 +2,9 @@
 
 A line is ``{"session_id": "...", "round": 0, "system": "...", "messages": [{"role": ..., "content":
 ...}, ...], "max_tokens": 256}``.  ``messages`` is the whole conversation as sent (a captured trace
-looks like that), ``system``, ``round`` and ``session_id`` are optional: lines without a session id
-are one-request sessions, and rounds default to the order of the lines.  Message contents must be
+looks like that), ``system``, ``round``, ``session_id`` and ``think_s`` (the client's pause
+before sending, after the previous response) are optional: lines without a session id are
+one-request sessions, and rounds default to the order of the lines.  Message contents must be
 strings.
 """
 
@@ -32,6 +33,7 @@ def write_trace(path: Path, sessions: Iterable[SessionScript]) -> int:
                 line: dict[str, Any] = {
                     "session_id": req.session_id, "round": req.round, "system": req.system,
                     "messages": [m.as_dict() for m in req.messages], "max_tokens": req.max_tokens,
+                    "think_s": req.think_s,
                 }
                 out.write(orjson.dumps(line) + b"\n")
                 count += 1
@@ -70,7 +72,10 @@ def _parse_request(obj: dict[str, Any], lineno: int, default_round: int) -> Plan
         raise TraceError(f"line {lineno}: 'max_tokens' must be a positive integer")
     if not isinstance(rnd, int) or isinstance(rnd, bool) or rnd < 0:
         raise TraceError(f"line {lineno}: 'round' must be a non-negative integer")
-    return PlannedRequest(obj.get("session_id"), rnd, system, tuple(parsed), max_tokens)
+    think = obj.get("think_s", 0.0)
+    if isinstance(think, bool) or not isinstance(think, int | float) or not 0 <= think < float("inf"):
+        raise TraceError(f"line {lineno}: 'think_s' must be a non-negative number of seconds")
+    return PlannedRequest(obj.get("session_id"), rnd, system, tuple(parsed), max_tokens, float(think))
 
 
 def read_trace(path: Path) -> list[SessionScript]:

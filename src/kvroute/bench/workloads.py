@@ -35,13 +35,16 @@ class Message:
 
 @dataclass(frozen=True, slots=True)
 class PlannedRequest:
-    """One request of a session: the whole conversation so far and the output budget."""
+    """One request of a session: the whole conversation so far, the output budget, and how long the
+    client pauses after the previous response before sending it (``think_s``: an agent running its
+    tools)."""
 
     session_id: str | None
     round: int
     system: str
     messages: tuple[Message, ...]
     max_tokens: int
+    think_s: float = 0.0
 
     @property
     def est_prompt_tokens(self) -> int:
@@ -108,6 +111,8 @@ class AgentWorkloadConfig:
     follow-ups that each append the previous answer and ``round_tokens`` new tokens.  Every input
     size varies by up to ``jitter`` (a fraction) around its nominal value; each answer is between
     ``min_output_tokens`` and ``max_output_tokens`` long (by default always seed 2's maximum, 256).
+    Between rounds the agent pauses for its tools: uniformly between 0 and twice ``think_time_s``
+    (drawn from a separate stream, so the pause never changes the prompts).
     """
 
     system_tokens: int = 3500
@@ -118,8 +123,14 @@ class AgentWorkloadConfig:
     min_output_tokens: int = 256
     system_prompts: int = 1
     jitter: float = 0.1
+    # Seed 2 measured 2.71-2.83 of 4 replicas busy at 4 sessions: each session's replica idled ~30 %
+    # of a ~10 s round, i.e. ~3 s between a response's end and the next request (see
+    # docs/benchmarks.md).  0 gives a strict closed loop.
+    think_time_s: float = 3.0
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.think_time_s < float("inf"):
+            raise ValueError("think_time_s must be a finite number >= 0")
         for name in ("system_tokens", "first_tokens", "round_tokens"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
@@ -177,6 +188,7 @@ class AgentWorkload:
             raise IndexError(index)
         cfg = self.config
         rng = random.Random(f"kvroute-agent-session:{self.seed}:{index}")
+        pauses = random.Random(f"kvroute-agent-think:{self.seed}:{index}")
         session_id = str(uuid.UUID(int=rng.getrandbits(128), version=4))
         system = self.system_prompt(rng.randrange(cfg.system_prompts))
         history: list[Message] = []
@@ -193,7 +205,8 @@ class AgentWorkload:
                 text = f"Tool result {rnd}:\n" + words(rng, _jittered(rng, cfg.round_tokens, cfg.jitter))
             history.append(Message("user", text))
             out = rng.randint(cfg.min_output_tokens, cfg.max_output_tokens)
-            requests.append(PlannedRequest(session_id, rnd, system, tuple(history), out))
+            think = pauses.uniform(0.0, 2.0 * cfg.think_time_s) if rnd and cfg.think_time_s else 0.0
+            requests.append(PlannedRequest(session_id, rnd, system, tuple(history), out, think))
         return SessionScript(session_id, tuple(requests))
 
     def sessions(self, start: int = 0) -> Iterator[SessionScript]:

@@ -36,8 +36,13 @@ _INTS = frozenset({"block_size", "prefix_match_unit", "num_gpu_blocks", "kv_cach
 _SPEC_METHOD = re.compile(r"method=['\"]?([\w-]+)")
 # Explicit statements that the model is (or is not) a hybrid.
 _HYBRID_FLAGS = ("is_hybrid", "hybrid")
-# Settings vLLM only fills in for hybrid models.
+# Settings vLLM only fills in for models with Mamba layers.
 _HYBRID_ONLY = ("mamba_page_size_padded", "mamba_block_size")
+# vLLM resolves this for every model with Mamba layers (to the attention block, or to the whole
+# context when no prefix states are kept), so a config that lists it unset is attention-only.
+_MAMBA_BLOCK = "mamba_block_size"
+# An attention-free model is all recurrent state: the same caching rules as a hybrid.
+_ATTENTION_FREE = "is_attention_free"
 
 
 def facts_from_settings(flat: Mapping[str, object], source: str) -> EngineFacts:
@@ -89,6 +94,8 @@ def _hybrid(flat: Mapping[str, object], found: Mapping[str, object], source: str
     for key in _HYBRID_ONLY:
         if key in flat and parse_text(flat[key]) is not None:
             return Observed(True, f"{source} {key}={flat[key]}")
+    if _ATTENTION_FREE in flat and parse_bool(flat[_ATTENTION_FREE]):
+        return Observed(True, f"{source} {_ATTENTION_FREE}={flat[_ATTENTION_FREE]}")
     slots = found.get("mamba_cache_blocks")
     if isinstance(slots, Observed):
         # Only models with Mamba / linear-attention layers keep recurrent-state slots.
@@ -96,4 +103,6 @@ def _hybrid(flat: Mapping[str, object], found: Mapping[str, object], source: str
     arch = found.get("architecture")
     if isinstance(arch, Observed):
         return Observed(is_hybrid_architecture(str(arch.value)), f"{source} architecture={arch.value}")
+    if _MAMBA_BLOCK in flat:
+        return Observed(False, f"{source} {_MAMBA_BLOCK}={flat[_MAMBA_BLOCK]}")
     return None

@@ -18,9 +18,9 @@ What the router sees of the fleet is modelled on the server's registry:
 * ``on_finished`` is called with the engine's usage and the time from sending to the first token,
   as the proxy does.
 
-Client and network are instantaneous: a session sends its next round the moment the previous
-response ends, and a request reaches its engine ``request_overhead_s`` (the preset's fixed
-per-request cost) after the decision.
+The network is instantaneous: a session sends its next round ``think_s`` (the workload's pause for
+the agent's tools, 0 by default) after the previous response ends, and a request reaches its
+engine ``request_overhead_s`` (the preset's fixed per-request cost) after the decision.
 """
 
 from __future__ import annotations
@@ -272,9 +272,16 @@ class VirtualCluster:
     def _after(self, loop: int, failed: bool) -> None:
         step = self._step
         assert step is not None
+        lp = step.loops[loop]
         if failed:
-            step.loops[loop].script = None  # an agent whose request failed gives up on that task
-        self._issue(loop)
+            lp.script = None  # an agent whose request failed gives up on that task
+        pause = 0.0
+        if lp.script is not None and lp.next_round < lp.script.rounds:
+            pause = lp.script.requests[lp.next_round].think_s
+        if pause:
+            self._at(self.now + pause, lambda: self._issue(loop))
+        else:
+            self._issue(loop)
 
     def _poll(self) -> None:
         step = self._step

@@ -51,7 +51,9 @@ class EngineConfig:
     ``prefix_match_unit`` (default: ``block_size``) is the finest token boundary a prefix-cache hit
     may land on; it must divide ``block_size``.  ``hybrid`` models keep a recurrent state per
     sequence in one of ``mamba_cache_blocks`` slots and reuse cached prefixes only with
-    ``enable_prefix_caching`` and ``mamba_cache_mode == "align"``.
+    ``enable_prefix_caching`` and ``mamba_cache_mode == "align"``.  ``num_gpu_blocks_override`` and
+    ``user_specified_block_size`` only record how the pool and the block were chosen (vLLM reports
+    both): the override, when given, is ``num_gpu_blocks``.
     """
 
     model: str = "sim-model"
@@ -67,6 +69,8 @@ class EngineConfig:
     mamba_cache_blocks: int = 0
     prefix_match_unit: int | None = None
     kv_cache_dtype: str = "auto"
+    num_gpu_blocks_override: int | None = None
+    user_specified_block_size: bool = False
     cost: CostModel = field(default_factory=CostModel)
 
     def __post_init__(self) -> None:
@@ -78,6 +82,9 @@ class EngineConfig:
             raise ValueError(f"mamba_cache_mode must be one of {', '.join(MAMBA_CACHE_MODES)}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}")
+        if self.num_gpu_blocks_override not in (None, self.num_gpu_blocks):
+            raise ValueError(f"num_gpu_blocks_override ({self.num_gpu_blocks_override}) sets num_gpu_blocks "
+                             f"({self.num_gpu_blocks}); they must agree")
         unit = self.match_unit
         if unit <= 0 or self.block_size % unit:
             raise ValueError(f"prefix_match_unit ({unit}) must divide block_size ({self.block_size})")
@@ -242,7 +249,7 @@ class EngineModel:
         self._seqs: dict[str, _Seq] = {}
         self._waiting: deque[_Seq] = deque()
         self._running: list[_Seq] = []
-        self.stats = EngineStats()
+        self.stats = EngineStats.for_model_len(cfg.max_model_len)
 
     # ------------------------------------------------------------------------------ requests
 
@@ -262,10 +269,12 @@ class EngineModel:
         self._waiting.append(seq)
 
     def abort(self, request_id: str, now: float) -> bool:
-        """Drop a request wherever it is (client gone); its blocks are freed, its cache kept."""
+        """Drop a request wherever it is (client gone); its blocks are freed, its cache kept.
+        It counts as finished with vLLM's reason ``abort``."""
         seq = self._seqs.pop(request_id, None)
         if seq is None:
             return False
+        self.stats.finished["abort"] = self.stats.finished.get("abort", 0) + 1
         if seq in self._running:
             self._running.remove(seq)
             self._release(seq)
@@ -322,14 +331,15 @@ class EngineModel:
             break
 
         if not preempted:
-            budget = self._admit(budget, scheduled, events)
+            budget = self._admit(budget, scheduled, events, now)
 
         work = self._work(scheduled)
         duration = cfg.cost.step_seconds(work)
         self._apply(scheduled, now + duration, events)
         return StepResult(duration, events, work)
 
-    def _admit(self, budget: int, scheduled: list[tuple[_Seq, int]], events: list[EngineEvent]) -> int:
+    def _admit(self, budget: int, scheduled: list[tuple[_Seq, int]], events: list[EngineEvent],
+               now: float) -> int:
         cfg = self.config
         pool = self._pool
         while self._waiting and budget > 0 and len(self._running) < cfg.max_num_seqs:
@@ -351,6 +361,7 @@ class EngineModel:
             seq.num_computed = hit
             if seq.cached_tokens < 0:
                 seq.cached_tokens = hit
+                self.stats.queue_time.observe(now - seq.arrival)
                 if cfg.enable_prefix_caching:
                     self.stats.prefix_cache_queries += seq.prompt_tokens
                     self.stats.prefix_cache_hits += hit
@@ -451,6 +462,7 @@ class EngineModel:
             if seq.first_token_at is None:
                 seq.first_token_at = end
                 self.stats.prompt_tokens += seq.prompt_tokens
+                self.stats.prompt_tokens_cached += seq.cached_tokens
                 self.stats.ttft.observe(end - seq.arrival)
             if seq.num_output >= seq.n_out:
                 finished.append(seq)
@@ -461,6 +473,9 @@ class EngineModel:
             reason = seq.finish_reason
             self.stats.finished[reason] = self.stats.finished.get(reason, 0) + 1
             self.stats.e2e.observe(end - seq.arrival)
+            self.stats.prompt_len.observe(seq.prompt_tokens)
+            self.stats.generation_len.observe(seq.num_output)
+            self.stats.prefill_kv_computed.observe(seq.prompt_tokens - seq.cached_tokens)
             events.append(EngineEvent(
                 EventKind.FINISHED, seq.request_id, finish_reason=reason,
                 cached_tokens=max(seq.cached_tokens, 0), prompt_tokens=seq.prompt_tokens,

@@ -1,9 +1,21 @@
-"""Prometheus text exposition of one simulated replica, with vLLM's metric names and labels."""
+"""Prometheus text exposition of one simulated replica, with vLLM's metric names, labels and layout.
+
+It follows what vLLM 0.32.0 writes (tests/vllm/fixtures/metrics_after_chat.prom, diffed against
+this output by tests/vllm/test_sim_matches_vllm.py): counters declared under their ``_total``
+name, a ``_created`` gauge beside every counter and histogram, ``model_name`` and ``engine="0"``
+on every ``vllm:`` sample except ``vllm:cache_config_info``, which carries the cache config only.
+"""
 
 from __future__ import annotations
 
+from kvroute.sim.cache_config import cache_config_labels
 from kvroute.sim.engine import EngineConfig, EngineSnapshot
 from kvroute.sim.stats import Histogram
+
+# vLLM's label values, in its order; the simulator has no external KV transfer and no host, disk
+# or peer cache tiers, so those series stay at zero.
+_FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
+_PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
 
 
 def _escape(value: str) -> str:
@@ -11,7 +23,7 @@ def _escape(value: str) -> str:
 
 
 def _labels(pairs: dict[str, str]) -> str:
-    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in pairs.items()) + "}"
+    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(pairs.items())) + "}"
 
 
 def _num(value: float) -> str:
@@ -19,10 +31,11 @@ def _num(value: float) -> str:
 
 
 class _Writer:
-    __slots__ = ("base", "lines")
+    __slots__ = ("base", "created", "lines")
 
-    def __init__(self, base: dict[str, str]) -> None:
+    def __init__(self, base: dict[str, str], created: float) -> None:
         self.base = base
+        self.created = created
         self.lines: list[str] = []
 
     def family(self, name: str, kind: str, help_text: str) -> None:
@@ -37,9 +50,16 @@ class _Writer:
         self.family(name, "gauge", help_text)
         self.sample(name, value)
 
-    def counter(self, name: str, value: float, help_text: str) -> None:
-        self.family(name, "counter", help_text)
-        self.sample(name + "_total", value)
+    def counter(self, name: str, help_text: str, values: dict[str, float] | float,
+                label: str = "") -> None:
+        """A counter family ``name`` (without ``_total``): one series, or one per ``label`` value."""
+        series = values if isinstance(values, dict) else {"": values}
+        self.family(name + "_total", "counter", help_text)
+        for key, value in series.items():
+            self.sample(name + "_total", value, {label: key} if label else None)
+        self.family(name + "_created", "gauge", help_text)
+        for key in series:
+            self.sample(name + "_created", self.created, {label: key} if label else None)
 
     def histogram(self, name: str, hist: Histogram, help_text: str) -> None:
         self.family(name, "histogram", help_text)
@@ -47,39 +67,53 @@ class _Writer:
             self.sample(name + "_bucket", cum, {"le": "+Inf" if bound == float("inf") else repr(bound)})
         self.sample(name + "_count", hist.count)
         self.sample(name + "_sum", hist.total)
+        self.family(name + "_created", "gauge", help_text)
+        self.sample(name + "_created", self.created)
 
 
 def render_metrics(config: EngineConfig, snap: EngineSnapshot, served_model: str,
                    process_start_time: float) -> bytes:
-    """The ``/metrics`` body: gauges, counters (tokens), latency histograms, cache config info."""
-    w = _Writer({"model_name": served_model, "engine": "0"})
-    w.gauge("vllm:num_requests_running", snap.num_running, "Number of requests in model execution batches.")
-    w.gauge("vllm:num_requests_waiting", snap.num_waiting, "Number of requests waiting to be processed.")
-    w.gauge("vllm:kv_cache_usage_perc", snap.kv_cache_usage, "KV-cache usage. 1 means 100 percent usage.")
-    st = snap.stats
-    w.counter("vllm:prefix_cache_queries", st.prefix_cache_queries,
-              "Prefix cache queries, in terms of number of queried tokens.")
-    w.counter("vllm:prefix_cache_hits", st.prefix_cache_hits,
-              "Prefix cache hits, in terms of number of cached tokens.")
-    w.counter("vllm:prompt_tokens", st.prompt_tokens, "Number of prefill tokens processed.")
-    w.counter("vllm:generation_tokens", st.generation_tokens, "Number of generation tokens processed.")
-    w.counter("vllm:num_preemptions", st.num_preemptions, "Cumulative number of preemption from the engine.")
-    w.family("vllm:request_success", "counter", "Count of successfully processed requests.")
-    for reason in ("stop", "length", "abort"):
-        w.sample("vllm:request_success_total", st.finished.get(reason, 0), {"finished_reason": reason})
-    w.histogram("vllm:time_to_first_token_seconds", st.ttft, "Histogram of time to first token in seconds.")
-    w.histogram("vllm:e2e_request_latency_seconds", st.e2e,
-                "Histogram of e2e request latency in seconds.")
-    w.family("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig")
-    w.sample("vllm:cache_config_info", 1.0, {
-        "block_size": str(config.block_size),
-        "cache_dtype": config.kv_cache_dtype,
-        "enable_prefix_caching": str(config.enable_prefix_caching),
-        "num_gpu_blocks": str(config.num_gpu_blocks),
-        "mamba_cache_mode": config.mamba_cache_mode,
-        "prefix_match_unit": str(config.match_unit),
-        "num_mamba_cache_blocks": str(config.mamba_cache_blocks),
-    })
+    """The ``/metrics`` body: gauges, counters (tokens), histograms, cache config info.
+
+    ``process_start_time`` (wall clock) is also the ``_created`` time of every counter and
+    histogram: the engine's counters start with the process, and restart with it.
+    """
+    w = _Writer({"model_name": served_model, "engine": "0"}, process_start_time)
     w.family("process_start_time_seconds", "gauge", "Start time of the process since unix epoch in seconds.")
     w.lines.append(f"process_start_time_seconds {_num(process_start_time)}")
+    w.gauge("vllm:num_requests_running", snap.num_running, "Number of requests in model execution batches.")
+    w.gauge("vllm:num_requests_waiting", snap.num_waiting, "Number of requests waiting to be processed.")
+    w.family("vllm:num_requests_waiting_by_reason", "gauge",
+             "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for scheduling "
+             "capacity; 'deferred' = deferred by transient constraints (LoRA budget, KV transfer, blocked "
+             "status). Sum of all reasons equals vllm:num_requests_waiting.")
+    w.sample("vllm:num_requests_waiting_by_reason", snap.num_waiting, {"reason": "capacity"})
+    w.sample("vllm:num_requests_waiting_by_reason", 0, {"reason": "deferred"})
+    w.gauge("vllm:kv_cache_usage_perc", snap.kv_cache_usage, "KV-cache usage. 1 means 100 percent usage.")
+    st = snap.stats
+    w.counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
+              st.prefix_cache_queries)
+    w.counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
+              st.prefix_cache_hits)
+    w.counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", st.num_preemptions)
+    w.counter("vllm:prompt_tokens", "Number of prefill tokens processed.", st.prompt_tokens)
+    by_source = dict.fromkeys(_PROMPT_SOURCES, 0.0)
+    by_source["local_compute"] = st.prompt_tokens - st.prompt_tokens_cached
+    by_source["local_cache_hit"] = st.prompt_tokens_cached
+    w.counter("vllm:prompt_tokens_by_source", "Number of prompt tokens by source.", by_source, "source")
+    w.counter("vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).",
+              st.prompt_tokens_cached)
+    w.counter("vllm:generation_tokens", "Number of generation tokens processed.", st.generation_tokens)
+    w.counter("vllm:request_success", "Count of successfully processed requests.",
+              {reason: st.finished.get(reason, 0) for reason in _FINISHED_REASONS}, "finished_reason")
+    w.histogram("vllm:request_prompt_tokens", st.prompt_len, "Number of prefill tokens processed.")
+    w.histogram("vllm:request_generation_tokens", st.generation_len, "Number of generation tokens processed.")
+    w.histogram("vllm:time_to_first_token_seconds", st.ttft, "Histogram of time to first token in seconds.")
+    w.histogram("vllm:e2e_request_latency_seconds", st.e2e, "Histogram of e2e request latency in seconds.")
+    w.histogram("vllm:request_queue_time_seconds", st.queue_time,
+                "Histogram of time spent in WAITING phase for request.")
+    w.histogram("vllm:request_prefill_kv_computed_tokens", st.prefill_kv_computed,
+                "Histogram of new KV tokens computed during prefill (excluding cached tokens).")
+    w.family("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig")
+    w.lines.append(f"vllm:cache_config_info{_labels(cache_config_labels(config))} 1.0")
     return ("\n".join(w.lines) + "\n").encode()

@@ -53,10 +53,11 @@ class Preset:
         if values.get("hybrid"):
             values.setdefault("block_size", self.hybrid_block_size[kind])
             values.setdefault("mamba_cache_blocks", self.hybrid_mamba_blocks[kind])
+        values.setdefault("user_specified_block_size", "block_size" in overrides)
         block_size = values.setdefault("block_size", 16)
         per_token = self.kv_bytes_per_token // 2 if kind == "fp8" else self.kv_bytes_per_token
         if blocks_override is not None:
-            values["num_gpu_blocks"] = int(blocks_override)
+            values["num_gpu_blocks"] = values["num_gpu_blocks_override"] = int(blocks_override)
         elif "num_gpu_blocks" not in overrides:
             values["num_gpu_blocks"] = self.kv_budget_bytes // (per_token * block_size)
         values["cost"] = dataclasses.replace(self.cost, **cost_overrides)

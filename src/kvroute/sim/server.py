@@ -265,17 +265,27 @@ class SimReplica:
 
     async def _stream(self, request: web.Request, reply: Reply, queue: asyncio.Queue[EngineEvent | None],
                       output: bytes, drop: Fault | None) -> web.StreamResponse:
-        resp: web.StreamResponse | None = None
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        try:
+            return await self._stream_events(request, resp, reply, queue, output, drop)
+        except ConnectionResetError:
+            # The client went away between two chunks (an abort, a reset): the caller aborts the
+            # engine request; what is left to answer is nobody's business, so no traceback.
+            log.debug("client of %s gone mid-stream", request.path)
+            _abort_connection(request)
+            return resp
+
+    async def _stream_events(self, request: web.Request, resp: web.StreamResponse, reply: Reply,
+                             queue: asyncio.Queue[EngineEvent | None], output: bytes,
+                             drop: Fault | None) -> web.StreamResponse:
         cached = 0
         while True:
             event = await self._next(queue)
-            if event.kind is EventKind.SCHEDULED and resp is None:
+            if event.kind is EventKind.SCHEDULED and not resp.prepared:
                 cached = event.cached_tokens
             elif event.kind is EventKind.TOKEN:
                 i = event.token_index
-                if resp is None:
-                    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                                       "Cache-Control": "no-cache"})
+                if not resp.prepared:
                     await resp.prepare(request)
                     await resp.write(reply.stream_start(cached))
                 if drop is not None and i >= drop.after_tokens:
@@ -284,7 +294,6 @@ class SimReplica:
                 if piece:
                     await resp.write(piece)
             elif event.kind is EventKind.FINISHED:
-                assert resp is not None  # a finished request has produced at least one token
                 await resp.write(reply.stream_end(event.finish_reason or "stop", event.output_tokens,
                                                   event.cached_tokens))
                 await resp.write_eof()
@@ -329,7 +338,7 @@ class SimReplica:
         return _json({"object": "list", "data": [{
             "id": self.served_model, "object": "model", "created": created, "owned_by": "vllm",
             "root": self.served_model, "parent": None, "max_model_len": self.config.max_model_len,
-            "permission": [],
+            "permission": [_model_permission(created)],
         }]})
 
     async def _metrics(self, request: web.Request) -> web.Response:
@@ -437,6 +446,16 @@ class SimReplica:
                           "process_start_time": self.process_start_time})
         self.faults.set(fault)
         return _json({"faults": self.faults.describe()})
+
+
+def _model_permission(created: int) -> dict[str, Any]:
+    """The one permission object vLLM lists for a served model (fixed, permissive values)."""
+    return {
+        "id": f"modelperm-{uuid.uuid4().hex[:16]}", "object": "model_permission", "created": created,
+        "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+        "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
+        "organization": "*", "group": None, "is_blocking": False,
+    }
 
 
 def _abort_connection(request: web.Request) -> None:
