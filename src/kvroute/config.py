@@ -154,6 +154,8 @@ class Settings:
             raise SettingsError("port must be between 0 and 65535")
         if self.dashboard_requires_token and not self.admin_token:
             raise SettingsError("dashboard_requires_token needs admin_token")
+        if self.redis_url is not None and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
+            raise SettingsError("redis_url must be a redis://, rediss:// (TLS) or unix:// URL")
         self.routing_config()
         self.request_options()
 

@@ -233,8 +233,9 @@ class RedisBus:
 
     async def _supervise(self) -> None:
         while not self._closing:
-            client = self._client()
+            client: aioredis.Redis | None = None
             try:
+                client = self._client()
                 await client.ping()
                 if self._view.caught_up:
                     await self._check_reset(client)
@@ -252,8 +253,9 @@ class RedisBus:
             except Exception as exc:  # any failure, Redis or ours, must not end syncing for good
                 self._on_outage(exc)
             finally:
-                with contextlib.suppress(Exception):
-                    await client.aclose()
+                if client is not None:
+                    with contextlib.suppress(Exception):
+                        await client.aclose()
             self._ready.set()
             await asyncio.sleep(self._backoff.next_delay())
 

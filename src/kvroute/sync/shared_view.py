@@ -36,7 +36,6 @@ from kvroute.sync.metrics import SyncMetrics
 from kvroute.sync.peer_load import PeerLoads
 
 
-
 def record_epoch(record: SyncRecord) -> float | None:
     """The worker epoch a record speaks of (None for session bindings)."""
     if isinstance(record, PrefixRecord | WorkerEpochRecord):
