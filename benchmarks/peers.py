@@ -32,13 +32,13 @@ import dataclasses
 import os
 import sys
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
-from peers.cost import CostPlan, CostResult, run_cost
+from peers.cost import CostPlan, CostResult, median_of, run_cost
 from peers.placements import Placement, attribute, placement_map
 from peers.procs import Proc, fetch_json, start_sim, wait_serving
 from peers.report import DIRECT, cost_markdown, quality_markdown, write_plots
@@ -175,48 +175,51 @@ async def quality_run(spec: RouterSpec, opts: Options,
         await sim.stop()
 
 
-async def cost_run(spec: RouterSpec | None, opts: Options, venvs: dict[str, Path]) -> list[CostResult]:
-    """Non-streaming then streaming small requests through ``spec`` (None: straight to the replicas)."""
-    label = DIRECT if spec is None else spec.label
-    log_dir = opts.out / "logs" / "cost" / _slug(label)
+@dataclass(frozen=True, slots=True)
+class CostTarget:
+    """Where one router-cost target sends requests, and whose CPU time counts as the router's."""
+
+    label: str
+    urls: list[str]
+    router_pids: list[int]
+
+
+async def cost_part(opts: Options, venvs: dict[str, Path],
+                    on_round: Callable[[list[CostResult]], None]) -> None:
+    """Every router of ``opts.cost_routers`` runs at once in front of one set of replicas (idle
+    while another is measured), and the targets take turns in short windows, round after round in
+    alternating order: whatever else the machine is doing then weighs on every target alike."""
+    log_dir = opts.out / "logs" / "cost"
     sim, urls = await start_sim(log_dir, opts.preset, opts.replicas, opts.cost_speed, opts.sim_opts)
     try:
         model = await discover_model(urls[0])
         async with contextlib.AsyncExitStack() as stack:
-            targets = urls
-            meters = {"replicas": [sim.process.pid], "client": [os.getpid()]}
-            if spec is not None:
-                router = await stack.enter_async_context(
-                    running_router(spec, urls, model, COST_PROBE_INTERVAL_S, venvs, log_dir))
-                targets, meters["router"] = router.urls, router.pids
-            results = []
-            for stream in (False, True):
-                result = await run_cost(label, targets, model, opts.cost_plan, stream=stream, seed=opts.seed,
-                                        meters=meters)
-                _log(f"cost {label:<34} {'stream' if stream else 'whole ':<6} "
-                     f"{result.requests_per_s:8.0f} req/s  p50 {result.p50_ms or 0:7.1f} ms  "
-                     f"p99 {result.p99_ms or 0:7.1f} ms  errors {result.errors}  cpu/req: "
-                     + "  ".join(f"{g} {result.cpu_ms_per_request(g) or 0:.2f} ms" for g in result.cpu_s)
-                     + (f"  first: {result.first_error}" if result.first_error else ""))
-                results.append(result)
-        return results
+            targets = [CostTarget(DIRECT, urls, [])]
+            for spec in opts.cost_routers:
+                router = await stack.enter_async_context(running_router(
+                    spec, urls, model, COST_PROBE_INTERVAL_S, venvs, log_dir / _slug(spec.label)))
+                targets.append(CostTarget(spec.label, router.urls, router.pids))
+            for r in range(opts.cost_rounds):
+                results: list[CostResult] = []
+                for target in targets if r % 2 == 0 else targets[::-1]:
+                    meters = {"replicas": [sim.process.pid], "client": [os.getpid()]}
+                    if target.router_pids:
+                        meters["router"] = target.router_pids
+                    for stream in (False, True):
+                        results.append(await run_cost(target.label, target.urls, model, opts.cost_plan,
+                                                      stream=stream, seed=opts.seed, meters=meters))
+                        _cost_line(r, results[-1])
+                on_round(results)
     finally:
         await sim.stop()
 
 
-def best_of(rounds: Sequence[Sequence[CostResult]]) -> list[CostResult]:
-    """For each target and mode, the round with the most requests/s: the machine is shared, and the
-    least disturbed round is the closest to what the router itself allows."""
-    best: dict[tuple[str, bool], CostResult] = {}
-    for one in rounds:
-        for c in one:
-            key = (c.label, c.stream)
-            if key not in best or c.requests_per_s > best[key].requests_per_s:
-                best[key] = c
-    order = list(rounds[0]) if rounds else []
-    for one in rounds[1:]:   # targets a cut-short first round did not reach
-        order += [c for c in one if all((c.label, c.stream) != (o.label, o.stream) for o in order)]
-    return [best[(c.label, c.stream)] for c in order]
+def _cost_line(round_index: int, c: CostResult) -> None:
+    _log(f"cost round {round_index + 1} {c.label:<34} {'stream' if c.stream else 'whole ':<6} "
+         f"{c.requests_per_s:8.0f} req/s  p50 {c.p50_ms or 0:7.1f} ms  p99 {c.p99_ms or 0:7.1f} ms  "
+         f"errors {c.errors}  cpu/req: "
+         + "  ".join(f"{g} {c.cpu_ms_per_request(g) or 0:.2f} ms" for g in c.cpu_s)
+         + (f"  first: {c.first_error}" if c.first_error else ""))
 
 
 def _step_line(label: str, run: PolicyRun, att: dict[str, Any]) -> None:
@@ -250,7 +253,7 @@ async def run_all(opts: Options) -> dict[str, Any]:
     def document() -> dict[str, Any]:
         meta["wall_s"] = round(time.monotonic() - started, 1)
         return {"meta": meta, "quality": quality.as_dict(), "attribution": attribution,
-                "cost": [dataclasses.asdict(c) for c in best_of(rounds)],
+                "cost": [dataclasses.asdict(c) for c in median_of(rounds)],
                 "cost_rounds": [[dataclasses.asdict(c) for c in one] for one in rounds]}
 
     def checkpoint() -> None:
@@ -266,13 +269,12 @@ async def run_all(opts: Options) -> dict[str, Any]:
         _step_line(spec.label, run, att)
         _log(f"{spec.label}: {time.monotonic() - t0:.0f} s")
         checkpoint()
-    targets: list[RouterSpec | None] = [None, *opts.cost_routers] if opts.cost_routers else []
-    for r in range(opts.cost_rounds):
-        # Alternate the order so that no target always runs first after a quiet (or busy) spell.
-        rounds.append([])
-        for spec in targets if r % 2 == 0 else targets[::-1]:
-            rounds[-1] += await cost_run(spec, opts, venvs)
+    if opts.cost_routers:
+        def add_round(results: list[CostResult]) -> None:
+            rounds.append(results)
             checkpoint()
+
+        await cost_part(opts, venvs, add_round)
     return document()
 
 
@@ -312,10 +314,10 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Options, Path | None,
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="a4000-qwen3-4b")
     p.add_argument("--replicas", type=int, default=4)
-    p.add_argument("--speed", type=float, default=8.0, help="model seconds per wall second (quality part)")
+    p.add_argument("--speed", type=float, default=10.0, help="model seconds per wall second (quality part)")
     p.add_argument("--steps", default="4,8,16,32", help="concurrent sessions per step")
-    p.add_argument("--duration", type=float, default=160.0, help="model seconds per step")
-    p.add_argument("--drain", type=float, default=80.0,
+    p.add_argument("--duration", type=float, default=150.0, help="model seconds per step")
+    p.add_argument("--drain", type=float, default=60.0,
                    help="model seconds to let a step's requests in flight finish")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--routers", default="all",
@@ -323,10 +325,11 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Options, Path | None,
     p.add_argument("--cost-routers", default="all,kvroute:auto:2",
                    help="cost part: as --routers, plus kvroute:auto:N for N processes sharing Redis")
     p.add_argument("--cost-clients", type=int, default=64)
-    p.add_argument("--cost-seconds", type=float, default=6.0,
+    p.add_argument("--cost-seconds", type=float, default=2.0,
                    help="measured wall seconds per target and mode")
-    p.add_argument("--cost-warmup", type=float, default=1.5)
-    p.add_argument("--cost-rounds", type=int, default=2, help="rounds over all targets; the best counts")
+    p.add_argument("--cost-warmup", type=float, default=0.5)
+    p.add_argument("--cost-rounds", type=int, default=4,
+                   help="rounds over all targets; each figure is the median over rounds")
     p.add_argument("--cost-speed", type=float, default=100.0,
                    help="replica speed in the cost part (fast, so the routers are what differs)")
     p.add_argument("--sim-opt", action="append", default=[], metavar="NAME=VALUE",

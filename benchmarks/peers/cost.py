@@ -141,3 +141,30 @@ async def run_cost(label: str, urls: Sequence[str], model: str, plan: CostPlan, 
                       len(latencies) / plan.duration_s,
                       None if p50 is None else p50 * 1000, None if p99 is None else p99 * 1000,
                       errors[0] if errors else None, cpu)
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    present = sorted(v for v in values if v is not None)
+    return percentile(present, 50) if present else None
+
+
+def median_of(rounds: Sequence[Sequence[CostResult]]) -> list[CostResult]:
+    """One result per target and mode over several rounds: the median round's requests/s, p50 and
+    p99; requests, errors and CPU time summed, so CPU per request is pooled over every round.
+    Targets keep the order in which they first appear."""
+    groups: dict[tuple[str, bool], list[CostResult]] = {}
+    for one in rounds:
+        for c in one:
+            groups.setdefault((c.label, c.stream), []).append(c)
+    out = []
+    for (label, stream), results in groups.items():
+        cpu: dict[str, float] = {}
+        for c in results:
+            for name, used in c.cpu_s.items():
+                cpu[name] = cpu.get(name, 0.0) + used
+        out.append(CostResult(
+            label, stream, sum(c.requests for c in results), sum(c.errors for c in results),
+            sum(c.duration_s for c in results), _median([c.requests_per_s for c in results]) or 0.0,
+            _median([c.p50_ms for c in results]), _median([c.p99_ms for c in results]),
+            next((c.first_error for c in results if c.first_error), None), cpu))
+    return out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from peers.cost import CostPlan, CostResult, request_bodies, run_cost
+from peers.cost import CostPlan, CostResult, median_of, request_bodies, run_cost
 from peers.report import cost_markdown, quality_markdown
 
 from kvroute.bench.results import BenchResult, PolicyRun, StepResult
@@ -52,3 +52,17 @@ def test_tables_give_ratios_to_kvroute() -> None:
              CostResult("peer rr", False, 300, 1, 1.0, 300.0, 2.0, 4.0, cpu_s={"router": 0.03})]
     table = cost_markdown(costs, "kvroute auto")
     assert "| peer rr | 300 (×3.00) | 2.0 | 4.0 | 0.10 | — | — | — | — | 1 |" in table
+
+
+def test_median_over_rounds_pools_requests_and_cpu() -> None:
+    def result(rps: float, p99: float, cpu: float, stream: bool = False) -> CostResult:
+        return CostResult("r", stream, int(rps), 0, 1.0, rps, rps / 10, p99, cpu_s={"router": cpu})
+
+    rounds = [[result(100, 9, 0.05), result(50, 20, 0.05, True)],
+              [result(300, 5, 0.15)],
+              [result(200, 7, 0.10)]]
+    whole, stream = median_of(rounds)
+    assert (whole.requests_per_s, whole.p50_ms, whole.p99_ms) == (200, 20, 7)
+    assert (whole.requests, whole.duration_s) == (600, 3.0)
+    assert abs(whole.cpu_ms_per_request("router") - 0.5) < 1e-9   # 0.30 s over 600 requests
+    assert (stream.stream, stream.requests_per_s) == (True, 50)

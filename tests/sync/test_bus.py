@@ -8,6 +8,7 @@ import shutil
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -31,8 +32,9 @@ class Node:
         self.registry = Registry()
         self.scheduler = Scheduler()
         self.prometheus = CollectorRegistry()
+        settings: dict[str, Any] = {"heartbeat_s": 0.05, **bus_kwargs}
         self.bus = RedisBus(url, registry=self.registry, scheduler=self.scheduler,
-                            metrics_registry=self.prometheus, heartbeat_s=0.05, **bus_kwargs)  # type: ignore[arg-type]
+                            metrics_registry=self.prometheus, **settings)
         self.registry.subscribe(self)
 
     def on_worker_epoch(self, worker_id: str, epoch: float) -> None:
@@ -90,6 +92,18 @@ async def test_instances_count_each_others_inflight_until_the_heartbeat_expires(
     await a.bus.stop()
     await wait_until(lambda: b.peer_inflight()[busy.id] == 0, what="a's load to expire")
     assert b.sample("kvroute_sync_peers") == 0
+
+
+async def test_a_load_change_is_sent_without_waiting_for_the_next_heartbeat(
+        redis_server: LocalRedis, nodes: Callable[..., Awaitable[Node]]) -> None:
+    # Heartbeats every 10 s, changes within 50 ms: seeing the change within 5 s (100 times the
+    # change delay, half the heartbeat interval) can only come from the change-driven send.
+    a = await nodes(redis_server.url, heartbeat_s=10.0, heartbeat_min_s=0.05)
+    b = await nodes(redis_server.url, heartbeat_s=10.0, heartbeat_min_s=0.05)
+    await wait_until(lambda: b.bus.peers == 1, what="b to hear a")
+    a.registry.states()[0].inflight = 2
+    await wait_until(lambda: b.peer_inflight()[a.registry.states()[0].id] == 2, timeout_s=5.0,
+                     what="the change to reach b")
 
 
 async def test_publishing_while_redis_is_away_never_blocks_and_is_bounded(

@@ -5,18 +5,22 @@ granularity, the *match unit* (``prefix_match_unit`` tokens; equal to the block 
 models, which makes this exactly vLLM's full-block index).  A block with reference count 0 stays
 in the index on the free list until it is reused; the free list is an LRU queue evicted from its
 head, and blocks freed together are appended tail-first so a sequence's last blocks go first.
+
+``evictions`` counts blocks whose indexed content was dropped.  Between two equal readings no
+indexed unit has left or changed block (``register`` only adds), so a run of cached units found
+earlier is still cached, in the same blocks: callers can extend it instead of walking it again.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Sequence
 
 
 class BlockPool:
     """``num_blocks`` blocks; allocation, sharing, freeing and the hash index."""
 
-    __slots__ = ("_cached", "_free", "_hashes", "_refs", "block_size", "num_blocks")
+    __slots__ = ("_cached", "_free", "_hashes", "_refs", "block_size", "evictions", "num_blocks")
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         if num_blocks <= 0 or block_size <= 0:
@@ -27,6 +31,7 @@ class BlockPool:
         self._hashes: list[list[int]] = [[] for _ in range(num_blocks)]
         self._cached: dict[int, int] = {}
         self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
+        self.evictions = 0
 
     @property
     def num_free(self) -> int:
@@ -42,11 +47,20 @@ class BlockPool:
         """The block holding the unit with this chained hash, if cached."""
         return self._cached.get(unit_hash)
 
-    def num_free_among(self, blocks: Iterable[int]) -> int:
-        """How many of ``blocks`` are on the free list (touching them takes them off it)."""
-        return sum(1 for b in blocks if self._refs[b] == 0)
+    def match(self, unit_hashes: Sequence[int]) -> list[int]:
+        """Blocks holding the longest leading run of ``unit_hashes`` that is cached, one per unit."""
+        # map/index keep the walk in C: prompts run to thousands of units and a request at the
+        # head of the waiting queue is looked up again on every step until it fits.
+        blocks = list(map(self._cached.get, unit_hashes))
+        if None in blocks:
+            del blocks[blocks.index(None):]
+        return blocks  # type: ignore[return-value]
 
-    def touch(self, blocks: Iterable[int]) -> None:
+    def num_free_among(self, blocks: Sequence[int]) -> int:
+        """How many of ``blocks`` are on the free list (touching them takes them off it)."""
+        return list(map(self._refs.__getitem__, blocks)).count(0)
+
+    def touch(self, blocks: Sequence[int]) -> None:
         """Share cached blocks with one more sequence."""
         for b in blocks:
             if self._refs[b] == 0:
@@ -60,10 +74,13 @@ class BlockPool:
         out: list[int] = []
         for _ in range(n):
             b, _none = self._free.popitem(last=False)
-            for h in self._hashes[b]:
-                if self._cached.get(h) == b:
-                    del self._cached[h]
-            self._hashes[b] = []
+            hashes = self._hashes[b]
+            if hashes:
+                for h in hashes:
+                    if self._cached.get(h) == b:
+                        del self._cached[h]
+                self._hashes[b] = []
+                self.evictions += 1
             self._refs[b] = 1
             out.append(b)
         return out

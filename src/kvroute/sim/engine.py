@@ -193,8 +193,8 @@ class _Seq:
     """Engine-side state of one request."""
 
     __slots__ = ("arrival", "blocks", "cached_tokens", "data", "finish_reason", "first_token_at",
-                 "hashes", "holds_slot", "n_out", "num_computed", "num_output", "prompt_tokens",
-                 "request_id", "seed")
+                 "hashes", "holds_slot", "match", "match_evictions", "n_out", "num_computed",
+                 "num_output", "prompt_tokens", "request_id", "seed")
 
     def __init__(self, req: SimRequest, model: str, now: float) -> None:
         self.request_id = req.request_id
@@ -213,6 +213,10 @@ class _Seq:
         self.holds_slot = False
         self.arrival = now
         self.first_token_at: float | None = None
+        # The last prefix lookup: blocks of the cached run of units, valid while the pool's
+        # eviction count is still ``match_evictions`` (see ``EngineModel._lookup``).
+        self.match: list[int] = []
+        self.match_evictions = -1
 
     @property
     def num_tokens(self) -> int:
@@ -373,28 +377,35 @@ class EngineModel:
         return budget
 
     def _lookup(self, seq: _Seq) -> tuple[list[int], int]:
-        """Blocks to share and tokens already computed for a request leaving the waiting queue."""
+        """Blocks to share and tokens already computed for a request leaving the waiting queue.
+
+        A request that does not fit stays at the head of the queue and is looked up again on every
+        step, so the run of cached units is kept on the request and only extended while the pool
+        has evicted nothing since (a unit, once indexed, stays in its block until evicted).
+        """
         cfg = self.config
         if not cfg.reuses_prefixes:
             return [], 0
-        unit, ub, bs, pool = self._unit, self._unit_bytes, cfg.block_size, self._pool
+        unit, bs, pool = self._unit, cfg.block_size, self._pool
         max_units = (seq.num_tokens - 1) // unit
-        found: list[int] = []   # block holding each matched unit
-        while len(found) < max_units:
-            block = pool.lookup(seq.unit_hash(len(found) + 1, ub))
-            if block is None:
-                break
-            found.append(block)
+        if max_units:
+            seq.unit_hash(max_units, self._unit_bytes)
+        hashes = seq.hashes
+        found = seq.match
+        if seq.match_evictions != pool.evictions:
+            found = pool.match(hashes[:max_units])
+        elif len(found) < max_units and pool.lookup(hashes[len(found)]) is not None:
+            found = found + pool.match(hashes[len(found):max_units])
+        seq.match, seq.match_evictions = found, pool.evictions
         k = len(found)
         if self._mamba is not None:
-            while k > 0 and not self._mamba.has(seq.unit_hash(k, ub)):
+            while k > 0 and not self._mamba.has(hashes[k - 1]):
                 k -= 1
         hit = k * unit
         per_block = bs // unit
         # A full block is shared through the block holding its last unit (complete content);
         # a partially matched block is copied into a fresh one by the allocation that follows.
-        shared = [found[(j + 1) * per_block - 1] for j in range(hit // bs)]
-        return shared, hit
+        return found[per_block - 1:hit // bs * per_block:per_block], hit
 
     def _chunk(self, seq: _Seq, computed: int, n: int) -> int:
         """Tokens to compute this step; hybrid ``align`` mode ends non-final prefill chunks on a block

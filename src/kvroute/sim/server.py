@@ -6,9 +6,11 @@ Endpoints (as vLLM serves them): ``POST /v1/chat/completions``, ``/v1/completion
 ``/v1/completions/render``; and the simulator's own ``/admin/fault`` (GET lists, POST sets,
 DELETE clears; see ``sim/faults.py``).
 
-Each replica runs one asyncio task that drives its :class:`EngineModel`: step at the current model
-time, sleep the step's duration divided by ``speed``, deliver the step's events to the waiting
-handlers; idle while there is no work.  Model time runs ``speed`` times faster than the wall clock.
+Each replica runs one asyncio task that drives its :class:`EngineModel` on a :class:`ModelClock`:
+while busy, each step starts in model time where the previous one ended, and its events are
+delivered to the waiting handlers at the wall-clock deadline of its end (model time runs ``speed``
+times faster than the wall clock); idle while there is no work, then resynchronised to the wall
+clock.  How far behind schedule a replica ran is in ``/server_info`` under ``clock``.
 
 Public helper::
 
@@ -35,6 +37,7 @@ from aiohttp import web
 
 from kvroute.api.errors import ApiError, ApiStyle, error_body
 from kvroute.sim.answers import Corruption, arithmetic_answer, corrupted, filler, reply_length
+from kvroute.sim.clock import ModelClock
 from kvroute.sim.engine import EngineConfig, EngineEvent, EngineModel, EventKind, SimRequest
 from kvroute.sim.faults import Fault, FaultSet
 from kvroute.sim.metrics import render_metrics
@@ -99,8 +102,6 @@ class SimReplica:
 
     def __init__(self, index: int, config: EngineConfig, *, served_model: str, speed: float,
                  options: ReplyOptions, preset: str) -> None:
-        if speed <= 0:
-            raise ValueError("speed must be positive")
         self.index = index
         self.config = config
         self.served_model = served_model
@@ -108,9 +109,8 @@ class SimReplica:
         self.options = options
         self.preset = preset
         self.faults = FaultSet(options.seed * 1_000_003 + index)
-        self._wall0 = time.time()
-        self._mono0 = time.monotonic()
-        self.process_start_time = self._wall0
+        self.clock = ModelClock(speed, origin_model=time.time(), origin_wall=time.monotonic())
+        self.process_start_time = self.clock.origin_model
         self.engine = EngineModel(config, self.now())
         self._pending: dict[str, asyncio.Queue[EngineEvent | None]] = {}
         self._wake = asyncio.Event()
@@ -123,8 +123,9 @@ class SimReplica:
     # ------------------------------------------------------------------------- lifecycle
 
     def now(self) -> float:
-        """Model time: the wall clock at start plus elapsed time times ``speed``."""
-        return self._wall0 + (time.monotonic() - self._mono0) * self.speed
+        """Model time: the wall clock at start plus elapsed time times ``speed`` (never past the end
+        of the engine step in progress; see ``sim/clock.py``)."""
+        return self.clock.now(time.monotonic())
 
     async def start(self, host: str, port: int) -> None:
         """Start the engine loop and listen on ``host:port`` (0: a free port)."""
@@ -169,19 +170,28 @@ class SimReplica:
     # ------------------------------------------------------------------------- engine loop
 
     async def _engine_loop(self) -> None:
-        engine = self.engine
+        engine, clock = self.engine, self.clock
         while True:
-            result = engine.step(self.now()) if engine.has_work() else None
-            if result is None or (not result.events and result.duration_s == 0):
-                self._wake.clear()
-                await self._wake.wait()
+            if not engine.has_work():
+                await self._idle()
                 continue
-            await asyncio.sleep(result.duration_s * self.faults.slow_factor / self.speed)
+            start = clock.start_step(time.monotonic())
+            result = engine.step(start)
+            if not result.events and result.duration_s == 0:
+                await self._idle()
+                continue
+            deadline = clock.end_step(start, result.duration_s * self.faults.slow_factor)
+            await asyncio.sleep(max(0.0, deadline - time.monotonic()))
             # Events of requests dropped meanwhile (abort, restart) find no queue and are ignored.
             for event in result.events:
                 queue = self._pending.get(event.request_id)
                 if queue is not None:
                     queue.put_nowait(event)
+
+    async def _idle(self) -> None:
+        self.clock.idle()
+        self._wake.clear()
+        await self._wake.wait()
 
     # ------------------------------------------------------------------------- generation
 
@@ -357,6 +367,7 @@ class SimReplica:
             "served_model_name": self.served_model,
             "preset": self.preset,
             "speed": self.speed,
+            "clock": self.clock.describe(),
             "cost": cost,
             "reply": dataclasses.asdict(self.options),
             "faults": self.faults.describe(),

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import weakref
 from types import TracebackType
 
 
@@ -52,6 +53,9 @@ class LocalRedis:
             if self.password:
                 args += ["--requirepass", self.password]
             self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            # A caller that never closes us (a crashed test, an interrupted script) must not leave
+            # the server running: kill it when this object is collected or the interpreter exits.
+            weakref.finalize(self, _kill, self.process)
             if self._wait_ready(port, timeout_s):
                 self.port = port
                 return
@@ -80,9 +84,8 @@ class LocalRedis:
 
     def kill(self) -> None:
         """SIGKILL the server (a crash: nothing is flushed, clients see their sockets die)."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=10)
+        if self.process is not None:
+            _kill(self.process)
         self.process = None
 
     def close(self) -> None:
@@ -97,3 +100,9 @@ class LocalRedis:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+
+
+def _kill(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.kill()
+        process.wait(timeout=10)

@@ -152,7 +152,7 @@ def _finite_non_negative(v: Any) -> bool:
 
 
 def _time(doc: Mapping[str, Any], name: str) -> float:
-    v = doc.get(name)
+    v: Any = doc.get(name)
     if not _finite_non_negative(v):
         raise MessageError("malformed", f"{name} must be a finite non-negative number")
     return float(v)

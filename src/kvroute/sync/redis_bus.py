@@ -24,7 +24,7 @@ import secrets
 import socket
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -78,13 +78,27 @@ def _stream_id(raw: bytes | str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
-def _entries(resp: Any) -> Iterable[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]]:
+Entry = tuple[bytes, Mapping[Any, Any]]
+
+
+def _range(resp: Any) -> list[Entry]:
+    """An ``XRANGE``/``XREVRANGE`` reply as (id, fields) pairs (the client's types are loose)."""
+    return [(_as_bytes(entry_id), fields or {}) for entry_id, fields in resp or ()]
+
+
+def _streams(resp: Any) -> list[tuple[bytes, list[Entry]]]:
     """``XREAD``'s reply as (stream, entries) pairs, whichever RESP version answered."""
     if not resp:
         return []
     if isinstance(resp, Mapping):
-        return [(k, v[0] if v and isinstance(v[0], list) else v) for k, v in resp.items()]
-    return [(k, v) for k, v in resp]
+        pairs = [(k, v[0] if v and isinstance(v[0], list) else v) for k, v in resp.items()]
+    else:
+        pairs = [(k, v) for k, v in resp]
+    return [(_as_bytes(k), _range(v)) for k, v in pairs]
+
+
+def _as_bytes(value: Any) -> bytes:
+    return value.encode() if isinstance(value, str) else bytes(value)
 
 
 class RedisBus:
@@ -105,6 +119,7 @@ class RedisBus:
         namespace: str = "kvroute",
         instance_id: str | None = None,
         heartbeat_s: float = 0.25,
+        heartbeat_min_s: float = 0.05,
         peer_ttl_s: float | None = None,
         queue_max: int = 10_000,
         batch_max: int = 256,
@@ -119,8 +134,9 @@ class RedisBus:
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        if heartbeat_s <= 0 or queue_max < 1 or batch_max < 1 or stream_maxlen < 1:
-            raise ValueError("heartbeat_s, queue_max, batch_max and stream_maxlen must be positive")
+        if not 0 < heartbeat_min_s <= heartbeat_s or queue_max < 1 or batch_max < 1 or stream_maxlen < 1:
+            raise ValueError("need 0 < heartbeat_min_s <= heartbeat_s, and positive queue_max, batch_max "
+                             "and stream_maxlen")
         self.url = url
         self.instance_id = instance_id or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.facts_key = f"{namespace}:sync:facts".encode()
@@ -128,6 +144,7 @@ class RedisBus:
         self.metrics = SyncMetrics(metrics_registry or CollectorRegistry(auto_describe=True))
         self._registry = registry
         self._heartbeat_s = heartbeat_s
+        self._heartbeat_min_s = heartbeat_min_s
         self._peer_ttl_s = peer_ttl_s or 4 * heartbeat_s
         self._queue: deque[SyncRecord] = deque()
         self._queue_max = queue_max
@@ -304,18 +321,18 @@ class RedisBus:
     async def _catch_up(self, client: aioredis.Redis) -> None:
         """Read the live heartbeats and the recent facts, then settle and apply them."""
         now = self._clock()
-        beats = await client.xrevrange(self.load_key, "+", "-", count=self._load_maxlen)
+        beats = _range(await client.xrevrange(self.load_key, "+", "-", count=self._load_maxlen))
         if beats:
             self._load_id = beats[0][0]
         mono = self._monotonic()
         for _, fields in reversed(beats):
             self._on_load(fields, mono, now)
         start = max(0, int((now - self._history_s) * 1000))
-        low: bytes | str = f"{start}-0"
-        self._facts_id = low.encode()
+        self._facts_id = f"{start}-0".encode()
+        low = self._facts_id
         applied = 0
         while True:
-            page = await client.xrange(self.facts_key, min=low, max="+", count=_PAGE)
+            page = _range(await client.xrange(self.facts_key, min=low, max="+", count=_PAGE))
             for entry_id, fields in page:
                 self._facts_id = entry_id
                 applied += self._on_facts(fields, live=False)
@@ -330,7 +347,7 @@ class RedisBus:
         """After an outage: keep reading where we stopped, unless a stream was reset (Redis restarted
         empty, or a different server): then read it from its beginning."""
         for key, attr in ((self.facts_key, "_facts_id"), (self.load_key, "_load_id")):
-            newest = await client.xrevrange(key, "+", "-", count=1)
+            newest = _range(await client.xrevrange(key, "+", "-", count=1))
             if not newest or _stream_id(newest[0][0]) < _stream_id(getattr(self, attr)):
                 setattr(self, attr, b"0-0")
 
@@ -338,8 +355,8 @@ class RedisBus:
         while not over.is_set():
             resp = await client.xread({self.facts_key: self._facts_id, self.load_key: self._load_id},
                                       count=_PAGE, block=self._block_ms)
-            for key, entries in _entries(resp):
-                is_facts = (key.encode() if isinstance(key, str) else key) == self.facts_key
+            for key, entries in _streams(resp):
+                is_facts = key == self.facts_key
                 for entry_id, fields in entries:
                     if is_facts:
                         self._facts_id = entry_id
@@ -428,17 +445,24 @@ class RedisBus:
         self._queue.extendleft(reversed(keep))
 
     async def _heartbeat(self, client: aioredis.Redis, over: asyncio.Event) -> None:
+        """Send this instance's load: within ``heartbeat_min_s`` of a change, and at least every
+        ``heartbeat_s`` (which keeps it alive in the peers' eyes)."""
+        last: dict[str, WorkerLoad] | None = None
+        sent_at = 0.0
         while not over.is_set():
             workers: dict[str, WorkerLoad] = {}
             for state in self._registry.states():
                 epoch = self._view.agreed_epoch(state.id)
                 if epoch is not None:  # an unsettled epoch must not reach the others
                     workers[state.id] = WorkerLoad(max(0, state.inflight), epoch)
-            msg = LoadMessage(self.instance_id, self._clock(), self._peer_ttl_s, workers)
-            await client.xadd(self.load_key, {FIELD: encode_load(msg)}, maxlen=self._load_maxlen,
-                              approximate=True)
-            self.metrics.heartbeats.inc()
-            await asyncio.sleep(self._heartbeat_s)
+            now = self._monotonic()
+            if workers != last or now - sent_at >= self._heartbeat_s:
+                msg = LoadMessage(self.instance_id, self._clock(), self._peer_ttl_s, workers)
+                await client.xadd(self.load_key, {FIELD: encode_load(msg)}, maxlen=self._load_maxlen,
+                                  approximate=True)
+                self.metrics.heartbeats.inc()
+                last, sent_at = workers, now
+            await asyncio.sleep(self._heartbeat_min_s)
 
     async def _tick(self) -> None:
         """Local housekeeping that must go on while Redis is away: peers whose heartbeat ran out
