@@ -263,11 +263,14 @@ async def run_all(opts: Options) -> dict[str, Any]:
 
     for spec in opts.routers:
         t0 = time.monotonic()
+        load_before = os.getloadavg()[0]
         run, att = await quality_run(spec, opts, venvs)
+        # The replicas run in real time: other work on the machine slows them, so keep the load.
+        att["load_average"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
         quality.runs.append(run)
         attribution[spec.label] = att
         _step_line(spec.label, run, att)
-        _log(f"{spec.label}: {time.monotonic() - t0:.0f} s")
+        _log(f"{spec.label}: {time.monotonic() - t0:.0f} s, load average {att['load_average']}")
         checkpoint()
     if opts.cost_routers:
         def add_round(results: list[CostResult]) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from sim_helpers import VirtualEngine, chat, prose, render
 
@@ -165,3 +167,41 @@ def test_mamba_checkpoints_live_in_few_slots_evicted_lru() -> None:
               for t, r in zip(turns, replies, strict=True)]
     assert v.run(render(follow[7])).cached > 1000     # recent conversation: its state is still there
     assert v.run(render(follow[0])).cached == 0       # oldest: its state slot was reused
+
+
+class _FreshLookupEngine(EngineModel):
+    """The engine with every prefix lookup walked from scratch (no run kept on the request)."""
+
+    def _lookup(self, seq):  # type: ignore[no-untyped-def]
+        seq.match_evictions = -1
+        return super()._lookup(seq)
+
+
+@pytest.mark.parametrize("kw", [
+    {},
+    {"prefix_match_unit": 4},
+    {"hybrid": True, "enable_prefix_caching": True, "mamba_cache_mode": "align", "prefix_match_unit": 4,
+     "mamba_cache_blocks": 12},
+], ids=["dense", "unit4", "hybrid-align"])
+def test_kept_lookups_match_fresh_walks_under_eviction(kw: dict[str, object]) -> None:
+    """Requests kept waiting while the pool evicts under them see the same hits as fresh walks."""
+    cfg = small(num_gpu_blocks=96, max_model_len=1024, max_num_batched_tokens=256, max_num_seqs=8, **kw)
+    engines = [EngineModel(cfg, 0.0), _FreshLookupEngine(cfg, 0.0)]
+    rng = random.Random(5)
+    bases = [prose(300, 40 + i) for i in range(3)]
+    now, sent, streams = 0.0, 0, [[], []]  # type: ignore[var-annotated]
+    while sent < 80 or engines[0].has_work():
+        if sent < 80 and rng.random() < 0.3:
+            prompt = render(chat(rng.choice(bases) + prose(rng.randint(20, 200), sent)))
+            req = SimRequest(f"r{sent}", prompt, prose(64, sent).encode(), rng.randint(8, 64))
+            for e in engines:
+                e.add_request(req, now)
+            sent += 1
+        results = [e.step(now) for e in engines]
+        for stream, r in zip(streams, results, strict=True):
+            stream.append((r.duration_s, r.events))
+        now += results[0].duration_s or 0.01
+    assert streams[0] == streams[1]
+    assert engines[0]._pool.evictions > 20     # the kept runs were invalidated, not just kept
+    hits = [ev.cached_tokens for _, events in streams[0] for ev in events if ev.kind is EventKind.FINISHED]
+    assert len(hits) == 80 and sum(hits) > 0

@@ -189,6 +189,7 @@ async def test_models_health_server_info_tokenize_render(fleet: SimFleet,
         info = await resp.json()
     assert info["max_num_seqs"] == 128 and info["enable_prefix_caching"] is True
     assert "enable_prefix_caching=True" in info["vllm_config"]
+    assert info["clock"]["speed"] == 100.0 and info["clock"]["dropped_lag_s"] >= 0.0
     messages = chat("hello there")
     async with http.post(url + "/tokenize", json={"model": MODEL, "messages": messages}) as resp:
         tok = await resp.json()

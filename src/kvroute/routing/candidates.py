@@ -31,6 +31,8 @@ class Candidate:
     realisation: float = 1.0
     backlog_tokens: float = 0.0
     predicted_s: float = 0.0
+    # Prompt tokens the cost expects the engine to still hold at admission (None: the index's match).
+    held_tokens: float | None = None
 
     @classmethod
     def of(cls, worker: WorkerState) -> Candidate:
@@ -73,3 +75,8 @@ class Context:
     def matched_tokens(self, c: Candidate) -> float:
         """Estimated prompt tokens ``c`` holds in its cache, by the index."""
         return min(float(self.key.est_prompt_tokens), c.matched_blocks * self.block_tokens)
+
+    def expected_held(self, c: Candidate) -> float:
+        """Prompt tokens ``c`` is expected to still hold when the request is admitted: what the
+        cost predicted, else the index's match."""
+        return self.matched_tokens(c) if c.held_tokens is None else c.held_tokens

@@ -106,7 +106,7 @@ class Scheduler:
             matched_blocks=chosen.matched_blocks, total_blocks=len(hashes), est_tokens=key.est_prompt_tokens,
             loads=tuple((c.worker.id, c.load) for c in cands), block_hashes=hashes,
             session_id=key.session_id, worker_epoch=chosen.worker.epoch, session=ctx.session,
-            prefill_tokens=max(0, round(key.est_prompt_tokens - ctx.matched_tokens(chosen))),
+            prefill_tokens=max(0, round(key.est_prompt_tokens - ctx.expected_held(chosen))),
         )
 
     def _match(self, hashes: tuple[int, ...], cands: list[Candidate], now: float) -> None:
@@ -158,7 +158,10 @@ class Scheduler:
             learned = self._learn(worker)
             est = key.est_prompt_tokens
             spt = self._rate(worker, learned, cfg.learn_rate, cfg.prefill_s_per_token)
-            hit = (est - decision.prefill_tokens) / est if est else None
+            # The index's own prediction (not the discounted one): realisation compares the engine's
+            # report with it, and must not feed back on itself.
+            indexed = decision.matched_blocks * self.config.block_bytes / EST_BYTES_PER_TOKEN
+            hit = min(est, indexed) / est if est else None
             learned.on_sent(now, spt, decision.prefill_tokens, hit)
         if decision.session is not None:
             self._sessions.bind(decision.session, worker, now)

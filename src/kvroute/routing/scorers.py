@@ -76,6 +76,7 @@ def predicted_ttft(ctx: Context, cands: list[Candidate]) -> list[float]:
     for c in cands:
         matched = c.matched_blocks * block_tokens
         held = (matched if matched < est else est) * (1.0 - trust * (1.0 - c.realisation))
+        c.held_tokens = held
         uncached = est - held
         queue = per_backlog * c.backlog_tokens + per_inflight * c.busy + per_waiting * (c.worker.waiting or 0)
         c.predicted_s = c.s_per_token * (queue + uncached)

@@ -354,7 +354,11 @@ class EngineModel:
                 break
             n = self._chunk(seq, hit, min(remaining, budget))
             need = -(-(hit + n) // cfg.block_size) - len(hit_blocks)
-            if need > pool.num_free - pool.num_free_among(hit_blocks):
+            free = pool.num_free
+            # Sharing a cached block that is free takes it off the free list: count those (a walk
+            # over the hit) only when the answer depends on it.
+            if need > free or (need > free - len(hit_blocks)
+                               and need > free - pool.num_free_among(hit_blocks)):
                 break
             if self._mamba is not None:
                 if not self._mamba.acquire():
@@ -460,8 +464,12 @@ class EngineModel:
             before = seq.num_computed
             seq.num_computed = after = before + n
             if cfg.enable_prefix_caching:
-                for u in range(before // unit, after // unit):
-                    pool.register(seq.blocks[u * unit // bs], seq.unit_hash(u + 1, ub))
+                done = after // unit
+                if done > before // unit:
+                    seq.unit_hash(done, ub)
+                    hashes, blocks = seq.hashes, seq.blocks
+                    for u in range(before // unit, done):
+                        pool.register(blocks[u * unit // bs], hashes[u])
                 if self._align and self._mamba is not None and after % unit == 0:
                     self._mamba.store(seq.unit_hash(after // unit, ub))
             if after < seq.num_tokens:
