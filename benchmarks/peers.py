@@ -41,7 +41,7 @@ import orjson
 from peers.cost import CostPlan, CostResult, median_of, run_cost
 from peers.placements import Placement, attribute, placement_map
 from peers.procs import Proc, fetch_json, start_sim, wait_serving
-from peers.report import DIRECT, cost_markdown, quality_markdown, write_plots
+from peers.report import DIRECT, cost_markdown, quality_markdown, quality_tables, write_plots
 from peers.routers import (
     DEFAULT_ROUTERS,
     KVROUTE,
@@ -85,6 +85,7 @@ class Options:
     cost_plan: CostPlan
     cost_speed: float
     cost_rounds: int
+    probe_model_s: float
     sim_opts: tuple[str, ...]
     cache_dir: Path
     out: Path
@@ -155,8 +156,9 @@ async def quality_run(spec: RouterSpec, opts: Options,
 
         workload = KeyedWorkload(AgentWorkload(AgentWorkloadConfig(), opts.seed))
         plan = StepPlan(opts.steps, opts.duration_s, opts.drain_s, poll_interval_s=1.0)
-        # One probe per model second, as a fleet running in real time would be probed.
-        async with running_router(spec, urls, model, 1.0 / opts.speed, venvs, log_dir) as router:
+        # By default one probe per model second, as a fleet running in real time would be probed.
+        async with running_router(spec, urls, model, opts.probe_model_s / opts.speed, venvs,
+                                  log_dir) as router:
             if len(router.urls) > 1:
                 raise ValueError("the quality part drives one router URL; run several kvroute "
                                  "processes in the cost part (--cost-routers)")
@@ -241,6 +243,7 @@ async def run_all(opts: Options) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "preset": opts.preset, "replicas": opts.replicas, "speed": opts.speed, "steps": list(opts.steps),
         "duration_s": opts.duration_s, "drain_s": opts.drain_s, "seed": opts.seed,
+        "kvroute_probe_interval_model_s": opts.probe_model_s,
         "cost_speed": opts.cost_speed, "cost_plan": dataclasses.asdict(opts.cost_plan),
         "workload": dataclasses.asdict(AgentWorkloadConfig()), "peer_versions": dict(PEER_VERSIONS),
         "cpus": os.cpu_count(), "command": " ".join(sys.argv),
@@ -287,14 +290,17 @@ def write_outputs(doc: dict[str, Any], out: Path, plots_dir: Path | None) -> str
     (out / "peers.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
     quality = BenchResult.from_dict(doc["quality"])
     costs = [CostResult(**c) for c in doc["cost"]]
-    base = quality.policies()[0] if quality.runs else ""
+    policies = quality.policies()
+    base = next((p for p in policies if p.startswith(KVROUTE)), policies[0] if policies else "")
     cost_base = next((c.label for c in costs if c.label.startswith(KVROUTE)), "")
     meta = doc["meta"]
     text = ""
     if quality.runs:
-        text += f"### Routing quality (ratios to {base})\n\n" + quality_markdown(quality, base) + "\n"
+        text += f"### Routing quality (ratios to {base})\n\n" + quality_tables(quality, base) + "\n"
     if costs:
-        text += f"### Router cost (ratios to {cost_base})\n\n" + cost_markdown(costs, cost_base)
+        text += f"### Router cost (ratios to {cost_base})\n\n" + cost_markdown(costs, cost_base) + "\n"
+    if quality.runs:
+        text += "### Every step\n\n" + quality_markdown(quality, base)
     (out / "peers.md").write_text(text)
     plan = meta["cost_plan"]
     title = (f"Router cost: {plan['prompt_tokens']}-token prompts, {plan['max_tokens']} output tokens, "
@@ -335,6 +341,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Options, Path | None,
                    help="rounds over all targets; each figure is the median over rounds")
     p.add_argument("--cost-speed", type=float, default=100.0,
                    help="replica speed in the cost part (fast, so the routers are what differs)")
+    p.add_argument("--probe-interval", type=float, default=1.0,
+                   help="kvroute's probe interval in the quality part, in model seconds")
     p.add_argument("--sim-opt", action="append", default=[], metavar="NAME=VALUE",
                    help="simulator setting for every replica, repeatable")
     p.add_argument("--skip-quality", action="store_true")
@@ -355,12 +363,15 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Options, Path | None,
             drain_s=a.drain, seed=a.seed, routers=() if a.skip_quality else _routers(a.routers),
             cost_routers=() if a.skip_cost else cost_routers,
             cost_plan=CostPlan(clients=a.cost_clients, duration_s=a.cost_seconds, warmup_s=a.cost_warmup),
-            cost_speed=a.cost_speed, cost_rounds=max(1, a.cost_rounds), sim_opts=tuple(a.sim_opt),
+            cost_speed=a.cost_speed, cost_rounds=max(1, a.cost_rounds),
+            probe_model_s=a.probe_interval, sim_opts=tuple(a.sim_opt),
             cache_dir=a.cache_dir, out=a.out)
     except ValueError as exc:
         p.error(str(exc))
     if not steps or any(n < 1 for n in steps):
         p.error("--steps: positive integers")
+    if a.speed <= 0 or a.cost_speed <= 0 or a.probe_interval <= 0 or a.duration <= 0 or a.drain < 0:
+        p.error("--speed, --cost-speed, --probe-interval and --duration must be > 0, --drain >= 0")
     return opts, a.plots_dir, a.report
 
 

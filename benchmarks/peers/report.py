@@ -52,6 +52,36 @@ def quality_markdown(result: BenchResult, base: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def step_table(result: BenchResult, base: str, get: Callable[[StepResult], float | None], digits: int,
+               *, ratio: bool = True) -> str:
+    """One figure for every router (rows) at every step (columns), with its ratio to ``base``."""
+    sizes = result.step_sizes()
+    lines = ["| Router | " + " | ".join(f"{n} sessions" for n in sizes) + " |",
+             "|---|" + "---:|" * len(sizes)]
+    for policy in result.policies():
+        cells = []
+        for n in sizes:
+            s = result.step(policy, n)
+            ref = result.step(base, n) if ratio and policy != base else None
+            cells.append("—" if s is None else _vs(s, ref, get, digits))
+        name = f"**{policy}**" if policy == base else policy
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def quality_tables(result: BenchResult, base: str) -> str:
+    """The routing-quality figures as one compact table each (routers × steps)."""
+    parts = [
+        ("TTFB p50 (s)", lambda s: s.ttfb_p50_s, 2, True),
+        ("TTFB p95 (s)", lambda s: s.ttfb_p95_s, 2, True),
+        ("Output tokens/min", lambda s: s.output_tokens_per_min, 0, True),
+        ("Prefix-cache hits (% of prompt tokens, replicas' counters)", lambda s: s.prefix_hit_pct, 1, False),
+        ("Follow-ups served by their session's previous replica (%)", lambda s: s.stayed_pct, 1, False),
+    ]
+    return "\n".join(f"**{title}**\n\n" + step_table(result, base, get, digits, ratio=ratio)
+                     for title, get, digits, ratio in parts)
+
+
 def cost_markdown(costs: Sequence[CostResult], base: str) -> str:
     """One row per target, non-streaming then streaming: requests/s (ratio to ``base``), p50/p99
     latency, and the CPU the router process(es) used per request (ratio to ``base``)."""

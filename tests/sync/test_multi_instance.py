@@ -22,17 +22,23 @@ Instances = Callable[..., Awaitable[RunningRouter]]
 
 # Users read an answer before they send the next turn.  Without a pause the default policy may
 # rightly prefer an idle worker for a follow-up: it still counts the prefill just sent to the cached
-# one as queued there, and the engine's waiting count it scraped during the previous round (a
-# waiting request weighs 8k tokens).  A pause longer than a probe interval lets both settle.
+# one as queued there, and the engine's waiting count it scraped meanwhile (a waiting request
+# weighs 8k tokens).  A pause longer than a probe interval lets both settle.
 THINK_S = 0.25
 
 
 async def _round(convs: list[Conversation], routers: list[RunningRouter], http: aiohttp.ClientSession,
-                 turn: int) -> None:
-    """One turn of every conversation, concurrently; conversation i's turn k goes to router
-    (i + k) mod n, so consecutive turns of a conversation always change instance."""
+                 turn: int, *, concurrent: bool = False) -> None:
+    """One turn of every conversation; conversation i's turn k goes to router (i + k) mod n, so
+    consecutive turns of a conversation always change instance.  One conversation at a time unless
+    ``concurrent``: then two conversations cached on one worker may queue there, and where their
+    follow-ups go also depends on the load each instance saw at that instant."""
     n = len(routers)
-    await asyncio.gather(*(c.turn(http, routers[(c.index + turn) % n].url) for c in convs))
+    if concurrent:
+        await asyncio.gather(*(c.turn(http, routers[(c.index + turn) % n].url) for c in convs))
+    else:
+        for c in convs:
+            await c.turn(http, routers[(c.index + turn) % n].url)
     await asyncio.sleep(THINK_S)
 
 
@@ -90,7 +96,7 @@ async def test_redis_killed_and_restarted_costs_no_request_and_sync_resumes(
         convs = [Conversation(first + i) for i in range(3)]
         while not stop.is_set():
             try:
-                await _round(convs, routers, http, turn)
+                await _round(convs, routers, http, turn, concurrent=True)
             except BaseException as exc:  # any failed request fails the test
                 failures.append(exc)
                 return
@@ -188,6 +194,6 @@ async def test_without_redis_follow_ups_only_stay_home_by_chance(
     await Conversation(99).turn(http, a.url)
     convs = [Conversation(i) for i in range(6)]
     for turn in range(3):
-        await _round(convs, [a, b], http, turn)
+        await _round(convs, [a, b], http, turn, concurrent=True)
     home = sum(c.follow_ups_home()[0] for c in convs)
     assert home < sum(c.follow_ups_home()[1] for c in convs)

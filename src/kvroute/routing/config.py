@@ -58,6 +58,9 @@ class ModelPolicy:
     realisation_weight: float = 0.0
     # New sessions go to workers with at most this many more active sessions than the least (None: off).
     session_spread: int | None = 0
+    # Token-equivalents of future load per session active on a worker, for requests with a session:
+    # each of them will keep sending turns there (0 disables).
+    session_tokens: float = 0.0
     # A session counts as active on its worker while its last request is younger than this.
     session_active_s: float = 60.0
     # Use the prefill rate learned from reported TTFTs instead of prefill_s_per_token.  Off by
@@ -80,7 +83,8 @@ class ModelPolicy:
         if list(self.slack_steps) != sorted(self.slack_steps) or any(s < 0 for s in self.slack_steps):
             raise ValueError("slack_steps must be non-negative and ascending")
         for name in ("prefill_s_per_token", "inflight_tokens", "waiting_tokens", "backlog_weight",
-                     "stay_tokens", "prefill_penalty", "realisation_weight", "session_active_s"):
+                     "stay_tokens", "prefill_penalty", "realisation_weight", "session_active_s",
+                     "session_tokens"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a finite non-negative number")
@@ -129,6 +133,9 @@ class RoutingConfig:
     tail_blocks: int = 16
     session_ttl_s: float = 3600.0
     session_max: int = 100_000
+    # A silent session stops counting as active once its silence exceeds this quantile of the
+    # recent gaps between two requests of one session (None: only ``session_active_s``).
+    session_live_quantile: float | None = None
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -141,6 +148,8 @@ class RoutingConfig:
             value = getattr(self, name)
             if not isinstance(value, int | float) or not value > 0:
                 raise ValueError(f"{name} must be a positive number of seconds")
+        if self.session_live_quantile is not None and not 0 < self.session_live_quantile <= 1:
+            raise ValueError("session_live_quantile must be in (0, 1] or None")
         if self.anchors_per_octave < 1 or self.tail_blocks < 1:
             raise ValueError("anchors_per_octave and tail_blocks must be at least 1")
         if not isinstance(self.default, ModelPolicy):

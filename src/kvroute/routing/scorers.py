@@ -72,6 +72,7 @@ def predicted_ttft(ctx: Context, cands: list[Candidate]) -> list[float]:
     per_inflight, per_waiting, per_backlog = pol.inflight_tokens, pol.waiting_tokens, pol.backlog_weight
     penalty, trust = pol.prefill_penalty, pol.realisation_weight
     cap = pol.overflow if pol.overflow != "auto" else None
+    per_session = pol.session_tokens if ctx.session is not None else 0.0
     out: list[float] = []
     for c in cands:
         matched = c.matched_blocks * block_tokens
@@ -79,6 +80,10 @@ def predicted_ttft(ctx: Context, cands: list[Candidate]) -> list[float]:
         c.held_tokens = held
         uncached = est - held
         queue = per_backlog * c.backlog_tokens + per_inflight * c.busy + per_waiting * (c.worker.waiting or 0)
+        if per_session:
+            # Sessions that keep sending turns there, not counting this request's own.
+            others = c.active_sessions - (1 if c.worker.id == ctx.bound else 0)
+            queue += per_session * (others if others > 0 else 0)
         c.predicted_s = c.s_per_token * (queue + uncached)
         cost = c.s_per_token * (queue + (1.0 + penalty) * uncached)
         if c.worker.id == ctx.bound:
