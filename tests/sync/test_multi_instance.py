@@ -19,6 +19,13 @@ from kvroute.sync.messages import FIELD
 
 Instances = Callable[..., Awaitable[RunningRouter]]
 
+# Where a follow-up goes is asserted under seed 1's prefix policy: given the shared index and the
+# in-flight counts, its choice is exact.  The default policy also weighs the engines' figures as
+# scraped at that instant and its own wall-clock backlog model, so on a loaded test machine it may
+# rightly move a single follow-up; benchmarks/bench_multi_instance.py measures it (and the share of
+# follow-ups it keeps home with several instances) under load instead.
+PREFIX = "prefix"
+
 
 # Users read an answer before they send the next turn.  Without a pause the default policy may
 # rightly prefer an idle worker for a follow-up: it still counts the prefill just sent to the cached
@@ -42,10 +49,10 @@ async def _round(convs: list[Conversation], routers: list[RunningRouter], http: 
     await asyncio.sleep(THINK_S)
 
 
-async def test_follow_ups_and_sessions_hold_across_two_instances_and_a_third_catches_up(
+async def test_follow_ups_hold_across_two_instances_and_a_third_catches_up(
         redis_server: LocalRedis, instances: Instances, http: aiohttp.ClientSession) -> None:
-    a = await instances(redis_server.url)
-    b = await instances(redis_server.url)
+    a = await instances(redis_server.url, policy=PREFIX)
+    b = await instances(redis_server.url, policy=PREFIX)
     routers = [a, b]
     convs = [Conversation(i) for i in range(6)]
     for turn in range(3):
@@ -55,15 +62,8 @@ async def test_follow_ups_and_sessions_hold_across_two_instances_and_a_third_cat
     for c in convs:
         assert c.follow_ups_home() == (2, 2), c.workers
 
-    # A session placed by A is honoured by B, even for a prompt that shares nothing with it.
-    first = Conversation(100, session="user-42")
-    home = await first.turn(http, a.url)
-    await synced(routers, redis_server.url)
-    unrelated = Conversation(200, session="user-42")
-    assert await unrelated.turn(http, b.url) == home
-
     # A third instance started now routes follow-ups of existing conversations to their workers.
-    c3 = await instances(redis_server.url)
+    c3 = await instances(redis_server.url, policy=PREFIX)
     assert bus(c3).caught_up
     for c in convs:
         await c.turn(http, c3.url)
@@ -80,12 +80,25 @@ async def test_follow_ups_and_sessions_hold_across_two_instances_and_a_third_cat
     assert len(epochs) == 1
 
 
+async def test_a_session_placed_by_one_instance_is_honoured_by_another(
+        redis_server: LocalRedis, instances: Instances, http: aiohttp.ClientSession) -> None:
+    a = await instances(redis_server.url, policy="session")
+    b = await instances(redis_server.url, policy="session")
+    homes = [await Conversation(100 + i, session=f"user-{i}").turn(http, a.url) for i in range(4)]
+    assert len(set(homes)) > 1
+    await synced([a, b], redis_server.url)
+    # Prompts that share nothing with the first ones: only the session binding can place them.
+    for i, home in enumerate(homes):
+        assert await Conversation(200 + i, session=f"user-{i}").turn(http, b.url) == home
+    assert metric(b, "kvroute_sync_applied_total", {"kind": "session"}) >= 4
+
+
 async def test_redis_killed_and_restarted_costs_no_request_and_sync_resumes(
         redis_server: LocalRedis, instances: Instances, http: aiohttp.ClientSession,
         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="kvroute.sync")
-    a = await instances(redis_server.url)
-    b = await instances(redis_server.url)
+    a = await instances(redis_server.url, policy=PREFIX)
+    b = await instances(redis_server.url, policy=PREFIX)
     routers = [a, b]
     failures: list[BaseException] = []
     stop = asyncio.Event()
@@ -140,8 +153,8 @@ async def test_redis_killed_and_restarted_costs_no_request_and_sync_resumes(
 
 async def test_garbage_and_foreign_messages_are_dropped_and_counted(
         redis_server: LocalRedis, instances: Instances, http: aiohttp.ClientSession) -> None:
-    a = await instances(redis_server.url)
-    b = await instances(redis_server.url)
+    a = await instances(redis_server.url, policy=PREFIX)
+    b = await instances(redis_server.url, policy=PREFIX)
     client = aioredis.from_url(redis_server.url)
     facts, load = bus(a).facts_key, bus(a).load_key
     try:
@@ -170,8 +183,8 @@ async def test_auth_urls_work_and_a_wrong_password_only_costs_sharing(
         redis_servers: Callable[..., LocalRedis], instances: Instances, http: aiohttp.ClientSession) -> None:
     server = redis_servers(password="s3cret")
     url = f"redis://default:s3cret@127.0.0.1:{server.port}/0"
-    a = await instances(url)
-    b = await instances(server.url)  # the password-only form
+    a = await instances(url, policy=PREFIX)
+    b = await instances(server.url, policy=PREFIX)  # the password-only form
     assert metric(a, "kvroute_sync_connected") == metric(b, "kvroute_sync_connected") == 1
     convs = [Conversation(i) for i in range(2)]
     for turn in range(2):
@@ -189,8 +202,8 @@ async def test_without_redis_follow_ups_only_stay_home_by_chance(
         instances: Instances, http: aiohttp.ClientSession) -> None:
     # The baseline the shared view fixes: two independent memories disagree.  (One request to A
     # first, so that the two instances' tie-breaking counters are not in lockstep by construction.)
-    a = await instances(None)
-    b = await instances(None)
+    a = await instances(None, policy=PREFIX)
+    b = await instances(None, policy=PREFIX)
     await Conversation(99).turn(http, a.url)
     convs = [Conversation(i) for i in range(6)]
     for turn in range(3):
