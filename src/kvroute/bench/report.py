@@ -155,6 +155,10 @@ def write_plots(result: BenchResult, out_dir: Path) -> list[Path]:
         ax.plot(xs, series(policy, lambda s: s.ttfb_p50_s), "o-", color=color, label=f"{policy} p50")
         ax.plot(xs, series(policy, lambda s: s.ttfb_p95_s), "s--", color=color, label=f"{policy} p95")
     ax.set_yscale("log")
+    # Plain seconds on the log axis: "0.3", "2", "10" read faster than 3×10⁻¹.
+    seconds = matplotlib.ticker.FuncFormatter(lambda v, _pos: f"{v:g}")
+    ax.yaxis.set_major_formatter(seconds)
+    ax.yaxis.set_minor_formatter(seconds)
     ax.set_title("Time to first byte per step")
     finish(fig, ax, "seconds (log scale)", "ttfb.png")
 

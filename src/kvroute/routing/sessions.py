@@ -8,14 +8,8 @@ eviction both pop from the front.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from dataclasses import dataclass
-
-
-# How many recent gaps between a session's consecutive requests are kept, fleet-wide, and how
-# many new ones arrive before their quantile is recomputed.
-_GAPS_KEPT = 512
-_GAPS_PER_UPDATE = 32
 
 
 @dataclass(slots=True)
@@ -29,16 +23,11 @@ class Binding:
 class SessionTable:
     """Bounded, expiring session bindings with a per-worker count of bound sessions."""
 
-    def __init__(self, ttl_s: float = 3600.0, max_entries: int = 100_000,
-                 live_quantile: float | None = None) -> None:
+    def __init__(self, ttl_s: float = 3600.0, max_entries: int = 100_000) -> None:
         self.ttl_s = ttl_s
         self.max_entries = max_entries
-        self.live_quantile = live_quantile
         self._bindings: OrderedDict[int, Binding] = OrderedDict()
         self._per_worker: dict[str, int] = {}
-        self._gaps: deque[float] = deque(maxlen=_GAPS_KEPT)
-        self._new_gaps = 0
-        self._live_s: float | None = None
 
     def __len__(self) -> int:
         return len(self._bindings)
@@ -64,7 +53,6 @@ class SessionTable:
             return True
         if now < b.last_seen:
             return False
-        self._note_gap(now - b.last_seen)
         moved = b.worker_id != worker_id
         if moved:
             self._count(b.worker_id, -1)
@@ -98,40 +86,19 @@ class SessionTable:
         """Sessions currently bound to ``worker_id`` (including idle ones not yet expired)."""
         return self._per_worker.get(worker_id, 0)
 
-    @property
-    def live_s(self) -> float | None:
-        """How long a silent session still counts as active: the ``live_quantile`` of the recent
-        gaps between a session's consecutive requests, fleet-wide (None until enough are seen)."""
-        return self._live_s
-
     def active(self, now: float, within_s: float) -> dict[str, int]:
-        """Sessions per worker whose last request is at most ``within_s`` old, and (with
-        ``live_quantile``) no older than :attr:`live_s`: a session silent for longer than almost
-        every gap seen between two requests of one session has most likely ended (the agent's task
-        is done), and counting it for all of ``within_s`` would steer new sessions away from the
-        workers whose sessions happen to have just finished.
+        """Sessions per worker whose last request is at most ``within_s`` old.
 
         Walks from the most recently seen binding and stops at the first older one, so it costs
         the number of active sessions, not the table size.
         """
         counts: dict[str, int] = {}
-        live = self._live_s
-        cutoff = now - (within_s if live is None or live > within_s else live)
+        cutoff = now - within_s
         for b in reversed(self._bindings.values()):
             if b.last_seen < cutoff:
                 break
             counts[b.worker_id] = counts.get(b.worker_id, 0) + 1
         return counts
-
-    def _note_gap(self, gap: float) -> None:
-        if self.live_quantile is None:
-            return
-        self._gaps.append(gap)
-        self._new_gaps += 1
-        if self._new_gaps >= _GAPS_PER_UPDATE:
-            self._new_gaps = 0
-            ordered = sorted(self._gaps)
-            self._live_s = ordered[min(len(ordered) - 1, int(self.live_quantile * len(ordered)))]
 
     def _count(self, worker_id: str, delta: int) -> None:
         n = self._per_worker.get(worker_id, 0) + delta
