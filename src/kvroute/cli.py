@@ -26,13 +26,7 @@ _COMMANDS: tuple[tuple[str, str, str], ...] = (
 )
 
 for _name, _module, _func in _COMMANDS:
-    try:  # DEV-ONLY tolerance while subcommands are being written in parallel; removed before release.
-        _mod = importlib.import_module(_module)
-    except ModuleNotFoundError as exc:
-        if exc.name != _module:
-            raise
-        continue
-    app.command(_name)(getattr(_mod, _func))
+    app.command(_name)(getattr(importlib.import_module(_module), _func))
 
 
 def main() -> None:

@@ -27,9 +27,11 @@ class ModelPolicy:
     than the freest candidate per step the prompt's estimated token count reaches.
 
     The ``auto`` policy predicts each candidate's time to first token, in seconds, as
-    ``s_per_token * (backlog + uncached + inflight_tokens * busy + waiting_tokens * waiting)``, adds
-    ``prefill_penalty`` times the uncached tokens' prefill for the delay they cause to others, and
-    takes the lowest; see docs/routing.md.
+    ``s_per_token * (backlog_weight * backlog + uncached + inflight_tokens * busy + waiting_tokens *
+    waiting)``, where ``uncached`` discounts the index's match by the engine-reported hit share,
+    adds ``prefill_penalty`` times the uncached tokens' prefill for the delay they cause to others
+    and ``active_session_tokens`` per other session living there, and takes the lowest; see
+    docs/routing.md.
     """
 
     policy: str = "auto"
@@ -47,20 +49,23 @@ class ModelPolicy:
     # Token-equivalents per request the engine reports as waiting (it is out of slots or KV blocks).
     waiting_tokens: float = 8192.0
     # Weight of the router's own estimate of prefill work still queued on a worker (0 disables).
-    backlog_weight: float = 1.0
+    # Counted twice by default: prefill queued ahead delays the request, and on a full KV cache it
+    # also takes the blocks that held other prefixes (measured in docs/routing.md).
+    backlog_weight: float = 2.0
     # A session stays on its worker unless another is predicted faster by more than this many tokens.
     stay_tokens: float = 512.0
     # Extra weight on uncached tokens beyond this request's own wait: prefill sent anywhere delays
     # every request queued behind it, so a cache miss costs the fleet more than its own TTFT.
     prefill_penalty: float = 1.0
     # How far the engine-reported hit share discounts the index's matches (0: trust the index,
-    # 1: scale matches by the reported/predicted hit ratio).
-    realisation_weight: float = 0.0
-    # New sessions go to workers with at most this many more active sessions than the least (None: off).
-    session_spread: int | None = 0
-    # Token-equivalents of future load per session active on a worker, for requests with a session:
-    # each of them will keep sending turns there (0 disables).
-    session_tokens: float = 0.0
+    # 1: scale matches by the reported/predicted hit ratio; see cache_survival.py).
+    realisation_weight: float = 1.0
+    # New sessions go to workers with at most this many more active sessions than the least
+    # (None: off, the default; active sessions weigh in the cost instead, see session_load.py).
+    session_spread: int | None = None
+    # Token-equivalents of future load per other session active on a worker, for requests with a
+    # session: each of them keeps sending turns there (0 disables).
+    active_session_tokens: float = 8192.0
     # A session counts as active on its worker while its last request is younger than this.
     session_active_s: float = 60.0
     # Use the prefill rate learned from reported TTFTs instead of prefill_s_per_token.  Off by
@@ -84,7 +89,7 @@ class ModelPolicy:
             raise ValueError("slack_steps must be non-negative and ascending")
         for name in ("prefill_s_per_token", "inflight_tokens", "waiting_tokens", "backlog_weight",
                      "stay_tokens", "prefill_penalty", "realisation_weight", "session_active_s",
-                     "session_tokens"):
+                     "active_session_tokens"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a finite non-negative number")
@@ -133,9 +138,6 @@ class RoutingConfig:
     tail_blocks: int = 16
     session_ttl_s: float = 3600.0
     session_max: int = 100_000
-    # A silent session stops counting as active once its silence exceeds this quantile of the
-    # recent gaps between two requests of one session (None: only ``session_active_s``).
-    session_live_quantile: float | None = None
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -148,8 +150,6 @@ class RoutingConfig:
             value = getattr(self, name)
             if not isinstance(value, int | float) or not value > 0:
                 raise ValueError(f"{name} must be a positive number of seconds")
-        if self.session_live_quantile is not None and not 0 < self.session_live_quantile <= 1:
-            raise ValueError("session_live_quantile must be in (0, 1] or None")
         if self.anchors_per_octave < 1 or self.tail_blocks < 1:
             raise ValueError("anchors_per_octave and tail_blocks must be at least 1")
         if not isinstance(self.default, ModelPolicy):

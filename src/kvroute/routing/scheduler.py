@@ -48,8 +48,7 @@ class Scheduler:
         self.config = config or RoutingConfig()
         self._clock = clock
         self._index = PrefixIndex(self.config.index_max_blocks, self.config.index_max_age_s)
-        self._sessions = SessionTable(self.config.session_ttl_s, self.config.session_max,
-                                     self.config.session_live_quantile)
+        self._sessions = SessionTable(self.config.session_ttl_s, self.config.session_max)
         self._picker = PickerState(rng=random.Random(self.config.seed))
         self._learning: dict[str, WorkerLearning] = {}
         self._counts: dict[str, dict[str, int]] = {}

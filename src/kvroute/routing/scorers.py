@@ -9,7 +9,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from kvroute.routing.cache_survival import expected_held_tokens
 from kvroute.routing.candidates import Candidate, Context
+from kvroute.routing.session_load import session_load_tokens
 
 Scorer = Callable[[Context, list[Candidate]], list[float]]
 
@@ -60,32 +62,27 @@ def session_affinity(ctx: Context, cands: list[Candidate]) -> list[float]:
 def predicted_ttft(ctx: Context, cands: list[Candidate]) -> list[float]:
     """The ``auto`` policy's cost of each candidate, in seconds; lowest wins.
 
-    Predicted time to first token, ``s_per_token * (backlog + uncached + inflight_tokens * busy +
-    waiting_tokens * waiting)``: the prefill still queued there, this prompt's tokens the worker
-    does not hold, and the requests in flight and the engine's waiting queue priced in
+    Predicted time to first token, ``s_per_token * (queue + uncached)``: the prompt tokens the
+    worker is not expected to hold at admission (``cache_survival``), behind a queue of the
+    router's backlog estimate, the requests in flight and the engine's waiting queue, priced in
     prefill-token equivalents.  To that the cost adds ``prefill_penalty`` times the uncached
-    prefill, the delay it causes to every request queued behind it.  The session's own worker is
-    credited ``stay_tokens`` so that noise does not move it; with a numeric ``overflow`` it is never
-    kept past that many requests in flight.  ``Candidate.predicted_s`` keeps the plain prediction.
+    prefill, the delay it causes to every request queued behind it, and the turns the other
+    sessions active there will send (``session_load``).  The session's own worker is credited
+    ``stay_tokens`` so that noise does not move it; with a numeric ``overflow`` it is never kept
+    past that many requests in flight.  ``Candidate.predicted_s`` keeps the plain prediction and
+    ``Candidate.held_tokens`` what it counted on, so the backlog adds what the prefill will be.
     """
-    pol, est, block_tokens = ctx.policy, float(ctx.est_tokens), ctx.block_tokens
+    pol, est = ctx.policy, float(ctx.est_tokens)
     per_inflight, per_waiting, per_backlog = pol.inflight_tokens, pol.waiting_tokens, pol.backlog_weight
-    penalty, trust = pol.prefill_penalty, pol.realisation_weight
+    penalty = pol.prefill_penalty
     cap = pol.overflow if pol.overflow != "auto" else None
-    per_session = pol.session_tokens if ctx.session is not None else 0.0
     out: list[float] = []
     for c in cands:
-        matched = c.matched_blocks * block_tokens
-        held = (matched if matched < est else est) * (1.0 - trust * (1.0 - c.realisation))
-        c.held_tokens = held
+        held = c.held_tokens = expected_held_tokens(ctx, c)
         uncached = est - held
         queue = per_backlog * c.backlog_tokens + per_inflight * c.busy + per_waiting * (c.worker.waiting or 0)
-        if per_session:
-            # Sessions that keep sending turns there, not counting this request's own.
-            others = c.active_sessions - (1 if c.worker.id == ctx.bound else 0)
-            queue += per_session * (others if others > 0 else 0)
         c.predicted_s = c.s_per_token * (queue + uncached)
-        cost = c.s_per_token * (queue + (1.0 + penalty) * uncached)
+        cost = c.s_per_token * (queue + session_load_tokens(ctx, c) + (1.0 + penalty) * uncached)
         if c.worker.id == ctx.bound:
             if cap is not None and c.load > cap:
                 cost = math.inf
