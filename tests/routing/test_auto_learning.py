@@ -65,7 +65,7 @@ def test_realisation_drops_when_the_engine_reports_fewer_hits() -> None:
 def test_auto_moves_sessions_off_a_worker_whose_cache_does_not_hold(make_scheduler: MakeScheduler,
                                                                      clock: Clock) -> None:
     """The index believes the worker holds the conversation; the engine says it evicted it.
-    (Opt-in: ``realisation_weight`` defaults to 0, see docs/routing.md.)"""
+    (``realisation_weight`` = 1, the default, made explicit here.)"""
     s, ws = make_scheduler("auto", realisation_weight=1.0), fleet(2)
     conv = text(1, 40_000)
     home = send(s, key(conv, session="a"), ws)

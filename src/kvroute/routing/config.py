@@ -62,7 +62,7 @@ class ModelPolicy:
     realisation_weight: float = 1.0
     # New sessions go to workers with at most this many more active sessions than the least
     # (None: off, the default; active sessions weigh in the cost instead, see session_load.py).
-    session_spread: int | None = None
+    session_spread: int | None = 2
     # Token-equivalents of future load per other session active on a worker, for requests with a
     # session: each of them keeps sending turns there (0 disables).
     active_session_tokens: float = 8192.0

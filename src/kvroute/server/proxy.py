@@ -17,7 +17,6 @@ from dataclasses import dataclass
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
-from prometheus_client import Counter
 
 from kvroute.api.errors import error_body
 from kvroute.routing.decision import Decision
@@ -38,18 +37,8 @@ _HOP_BY_HOP = frozenset((
     "trailer", "trailers", "transfer-encoding", "upgrade", "host", "content-length", "expect",
 ))
 _MAX_HELD_ERROR = 64 * 1024
-# Plain bodies up to this size are read whole and sent in one write; longer ones are relayed as they come.
-_MAX_WHOLE = 1 << 20
 # Longest incomplete SSE event held back so that an error event can follow a clean boundary.
 _MAX_PENDING = 64 * 1024
-
-
-class _RelayResponse(web.StreamResponse):
-    """A streamed answer whose headers wait for the first body write, so that when the worker's
-    first bytes are already here both leave in one write (the relay sends the headers alone
-    otherwise, at once)."""
-
-    _send_headers_immediately = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,8 +90,6 @@ class Proxy:
 
     def __init__(self, router: Router) -> None:
         self._r = router
-        # The requests counter's child per (worker, model, kind): labels() costs a lock and checks.
-        self._requests: dict[tuple[str, str, str], Counter] = {}
 
     async def forward(self, request: web.Request, route: Route, body: bytes, key: RoutingKey,
                       started: float) -> web.StreamResponse:
@@ -202,86 +189,19 @@ class Proxy:
     async def _relay(self, request: web.Request, route: Route, upstream: aiohttp.ClientResponse,
                      state: WorkerState, decision: Decision, key: RoutingKey, started: float,
                      attempts: int) -> web.StreamResponse:
-        """Pass the worker's answer through; account for it when it ends."""
+        """Pass the worker's answer through as it arrives; account for it when it ends."""
         r = self._r
-        kind = decision.kind.value
-        counter = self._requests.get((state.id, key.model, kind))
-        if counter is None:
-            counter = self._requests[state.id, key.model, kind] = r.metrics.requests.labels(
-                state.id, key.model, kind)
-        counter.inc()
+        sent_at = time.perf_counter()
+        r.metrics.requests.labels(state.id, key.model, decision.kind.value).inc()
         r.metrics.prefix_blocks.observe(decision.matched_blocks)
-        r.registry.count_request(state.id, kind)
-        headers = CIMultiDict([(k, v) for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP])
+        r.registry.count_request(state.id, decision.kind.value)
+        resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+        for k, v in upstream.headers.items():
+            if k.lower() not in _HOP_BY_HOP:
+                resp.headers.add(k, v)
         if r.settings.worker_header:
-            headers[WORKER_HEADER] = state.id
+            resp.headers[WORKER_HEADER] = state.id
         sse = upstream.content_type == "text/event-stream"
-        length = upstream.content_length
-        relay = self._whole if not sse and length is not None and length <= _MAX_WHOLE else self._stream
-        return await relay(request, route, upstream, headers, state, decision, key, started, attempts, sse)
-
-    async def _whole(self, request: web.Request, route: Route, upstream: aiohttp.ClientResponse,
-                     headers: CIMultiDict[str], state: WorkerState, decision: Decision, key: RoutingKey,
-                     started: float, attempts: int, sse: bool) -> web.StreamResponse:
-        """A plain body of known, bounded length: read it all, then send status, headers and body
-        in one write (the client gets the same bytes, in one piece rather than several)."""
-        r = self._r
-        sent_at = time.perf_counter()
-        usage = UsageSniffer(sse)
-        ttfb: float | None = None
-        first_chunk_s: float | None = None
-        parts: list[bytes] = []
-        completed = False
-        outcome = upstream.status
-        try:
-            while True:
-                try:
-                    chunk = await upstream.content.readany()
-                except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-                    # What the client would have seen had it been relayed as it came: the status,
-                    # the headers, the bytes so far, then a cut connection.
-                    outcome = 502
-                    resp = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
-                    resp.content_length = upstream.content_length
-                    try:
-                        await resp.prepare(request)
-                        if parts:
-                            await resp.write(b"".join(parts))
-                    except ConnectionResetError:
-                        pass
-                    await self._broken(request, route, resp, state, exc, sse)
-                    return resp
-                if not chunk:
-                    break
-                if ttfb is None:
-                    now = time.perf_counter()
-                    ttfb, first_chunk_s = now - started, now - sent_at
-                    r.metrics.ttfb.observe(ttfb)
-                parts.append(chunk)
-            body = parts[0] if len(parts) == 1 else b"".join(parts)
-            usage.feed(body)
-            completed = True
-        except asyncio.CancelledError:
-            outcome = 499
-            r.metrics.failures.labels("client_disconnect").inc()
-            raise
-        finally:
-            if completed:
-                upstream.release()
-            else:
-                upstream.close()  # closing the connection is what makes the engine abort the request
-            self._finished(route, key, state, decision, usage, outcome, ttfb, first_chunk_s,
-                           sse, completed, attempts, started)
-        return web.Response(status=upstream.status, reason=upstream.reason, body=body, headers=headers)
-
-    async def _stream(self, request: web.Request, route: Route, upstream: aiohttp.ClientResponse,
-                      headers: CIMultiDict[str], state: WorkerState, decision: Decision, key: RoutingKey,
-                      started: float, attempts: int, sse: bool) -> web.StreamResponse:
-        """Pass the worker's answer through as it arrives, without holding any byte back that the
-        worker has sent (beyond an incomplete SSE event)."""
-        r = self._r
-        sent_at = time.perf_counter()
-        resp = _RelayResponse(status=upstream.status, reason=upstream.reason, headers=headers)
         if not sse and upstream.content_length is not None:
             resp.content_length = upstream.content_length
         usage = UsageSniffer(sse)
@@ -290,53 +210,36 @@ class Proxy:
         pending = b""
         completed = False
         outcome = upstream.status  # what the activity log records: 499 client gone, 502 broken
-        content = upstream.content
         try:
             await resp.prepare(request)
-            ready = b""
-            try:
-                ready = content.read_nowait()
-            except (aiohttp.ClientError, OSError, TimeoutError):
-                pass  # the read below raises it again, where it is handled
-            if not ready:
-                # Nothing to send with the headers yet: they go now, as the worker sent them.
-                await resp.write(b"")
             while True:
                 try:
-                    chunk = ready or await content.readany()
+                    chunk = await upstream.content.readany()
                 except (aiohttp.ClientError, OSError, TimeoutError) as exc:
                     outcome = 502
                     await self._broken(request, route, resp, state, exc, sse)
                     return resp
-                ready = b""
                 if not chunk:
                     break
                 if ttfb is None:
                     now = time.perf_counter()
                     ttfb, first_chunk_s = now - started, now - sent_at
                     r.metrics.ttfb.observe(ttfb)
-                last = content.at_eof()
                 if sse:
                     # Only whole events go out, so that an error event can follow cleanly.
                     data = pending + chunk if pending else chunk
-                    if last:
-                        chunk, pending = data, b""
-                    else:
-                        end = len(data) if data.endswith(b"\n\n") else _event_end(data)
-                        if end == 0 and len(data) <= _MAX_PENDING:
-                            pending = data
-                            continue
-                        end = end or len(data)
-                        pending = data[end:]
-                        chunk = data[:end] if end < len(data) else data
-                usage.feed(chunk)
-                if last:  # the worker's last bytes and the end of the body leave in one write
-                    await resp.write_eof(chunk)
-                    break
+                    end = len(data) if data.endswith(b"\n\n") else _event_end(data)
+                    if end == 0 and len(data) <= _MAX_PENDING:
+                        pending = data
+                        continue
+                    end = end or len(data)
+                    pending = data[end:]
+                    chunk = data[:end] if end < len(data) else data
                 await resp.write(chunk)
+                usage.feed(chunk)
             if pending:
-                usage.feed(pending)
-            await resp.write_eof(pending)
+                await resp.write(pending)
+            await resp.write_eof()
             completed = True
         except ConnectionResetError:
             outcome = 499
