@@ -63,3 +63,29 @@ def test_realisation_is_learned_against_the_index_not_against_itself(make_schedu
     s = make_scheduler("auto")
     evicting_worker(s, clock, "w0", reported_hit=0.25)
     assert s.stats()["workers"]["w0"]["cache_realisation"] == pytest.approx(0.25, rel=0.02)
+
+
+def test_a_follow_up_queued_behind_its_own_prefill_stays_home(make_scheduler: MakeScheduler,
+                                                              clock: Clock) -> None:
+    """The backlog ahead of it is the prefill that creates its cached prefix: below the cache
+    (nothing evicted) it counts once, and the cached worker is still the cheaper one."""
+    s, ws = make_scheduler("auto"), fleet(3)
+    conv = text(1, 40_000)
+    home = send(s, key(conv, session="a"), ws, keep_inflight=True)
+    assert send(s, key(conv + text(2, 2_000), session="a"), ws, keep_inflight=True) == home
+    d = s.decide(key(conv + text(2, 2_000) + text(3, 2_000), session="a"), ws)
+    assert d.worker_id == home and d.kind is DecisionKind.STICKY, d.reason
+
+
+def test_queued_prefill_weighs_more_where_the_engine_evicts(make_scheduler: MakeScheduler,
+                                                           clock: Clock) -> None:
+    def leaves_home(eviction_weight: float) -> bool:
+        s, ws = make_scheduler("auto", eviction_weight=eviction_weight), fleet(2)
+        conv = text(1, 40_000)
+        home = send(s, key(conv, session="a"), ws)
+        evicting_worker(s, clock, home, reported_hit=0.5)
+        for i in range(3):  # other work queued on home right now
+            send(s, key(text(50 + i, 16_000)), [w for w in ws if w.id == home])
+        return s.decide(key(conv + text(2, 2_000), session="a"), ws).worker_id != home
+
+    assert leaves_home(1.0) and not leaves_home(0.0)

@@ -115,7 +115,9 @@ async def test_a_session_overflows_its_hot_worker_as_configured(sim_fleet, route
 
 async def test_requests_on_a_killed_worker_are_retried_elsewhere(sim_fleet, router, http):
     fleet = await sim_fleet(3)
-    r = await router(fleet.urls, probe_interval_s=30.0)  # the probe will not notice in time
+    # The probe will not notice in time.  ``session`` keeps all three turns on the victim (``auto``
+    # may send a concurrent turn of the same session to an idle worker instead).
+    r = await router(fleet.urls, probe_interval_s=30.0, policy="session")
     session = {"x-session-id": "doomed"}
     turns = conversation("k", 5)
     home, _ = await ask(http, r, turns[0], session)

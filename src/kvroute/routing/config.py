@@ -27,8 +27,9 @@ class ModelPolicy:
     than the freest candidate per step the prompt's estimated token count reaches.
 
     The ``auto`` policy predicts each candidate's time to first token, in seconds, as
-    ``s_per_token * (backlog_weight * backlog + uncached + inflight_tokens * busy + waiting_tokens *
-    waiting)``, where ``uncached`` discounts the index's match by the engine-reported hit share,
+    ``s_per_token * (backlog + uncached + inflight_tokens * busy + waiting_tokens * waiting)``,
+    where ``uncached`` discounts the index's match by the engine-reported hit share and the backlog
+    weighs more where the engine evicts (``eviction_weight``),
     adds ``prefill_penalty`` times the uncached tokens' prefill for the delay they cause to others
     and ``active_session_tokens`` per other session living there, and takes the lowest; see
     docs/routing.md.
@@ -49,9 +50,11 @@ class ModelPolicy:
     # Token-equivalents per request the engine reports as waiting (it is out of slots or KV blocks).
     waiting_tokens: float = 8192.0
     # Weight of the router's own estimate of prefill work still queued on a worker (0 disables).
-    # Counted twice by default: prefill queued ahead delays the request, and on a full KV cache it
-    # also takes the blocks that held other prefixes (measured in docs/routing.md).
-    backlog_weight: float = 2.0
+    backlog_weight: float = 1.0
+    # Extra weight on that backlog as the worker's cache fails to keep what the index predicts
+    # (times 1 - realisation): past the KV cache, prefill queued ahead also takes the blocks that
+    # held other prefixes (see cache_survival.py).
+    eviction_weight: float = 1.0
     # A session stays on its worker unless another is predicted faster by more than this many tokens.
     stay_tokens: float = 512.0
     # Extra weight on uncached tokens beyond this request's own wait: prefill sent anywhere delays
@@ -89,7 +92,7 @@ class ModelPolicy:
             raise ValueError("slack_steps must be non-negative and ascending")
         for name in ("prefill_s_per_token", "inflight_tokens", "waiting_tokens", "backlog_weight",
                      "stay_tokens", "prefill_penalty", "realisation_weight", "session_active_s",
-                     "active_session_tokens"):
+                     "active_session_tokens", "eviction_weight"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a finite non-negative number")

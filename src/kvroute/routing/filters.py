@@ -54,8 +54,9 @@ def load_within_slack(ctx: Context, cands: list[Candidate]) -> list[Candidate]:
 
 def balanced_sessions(ctx: Context, cands: list[Candidate]) -> list[Candidate]:
     """A session being placed goes where active sessions are within ``session_spread`` of the
-    fewest (soft; only for a session with no usable binding): a session's turns keep coming, so an
-    uneven spread costs on every later turn, more than a shared head's one-off prefill saves."""
+    fewest (soft; only for a session with no usable binding).  For ``auto`` a loose guard: the cost
+    weighs active sessions (``session_load``), and this only stops a long head cached on one worker
+    from collecting every new session, whose turns would then all queue there."""
     spread = ctx.policy.session_spread
     if ctx.session is None or spread is None or len(cands) < 2:
         return cands

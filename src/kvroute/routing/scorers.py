@@ -64,7 +64,8 @@ def predicted_ttft(ctx: Context, cands: list[Candidate]) -> list[float]:
 
     Predicted time to first token, ``s_per_token * (queue + uncached)``: the prompt tokens the
     worker is not expected to hold at admission (``cache_survival``), behind a queue of the
-    router's backlog estimate, the requests in flight and the engine's waiting queue, priced in
+    router's backlog estimate (weighted up by ``eviction_weight`` as the engine fails to keep what
+    the index predicts), the requests in flight and the engine's waiting queue, priced in
     prefill-token equivalents.  To that the cost adds ``prefill_penalty`` times the uncached
     prefill, the delay it causes to every request queued behind it, and the turns the other
     sessions active there will send (``session_load``).  The session's own worker is credited
@@ -74,13 +75,14 @@ def predicted_ttft(ctx: Context, cands: list[Candidate]) -> list[float]:
     """
     pol, est = ctx.policy, float(ctx.est_tokens)
     per_inflight, per_waiting, per_backlog = pol.inflight_tokens, pol.waiting_tokens, pol.backlog_weight
-    penalty = pol.prefill_penalty
+    penalty, evicting = pol.prefill_penalty, pol.eviction_weight
     cap = pol.overflow if pol.overflow != "auto" else None
     out: list[float] = []
     for c in cands:
         held = c.held_tokens = expected_held_tokens(ctx, c)
         uncached = est - held
-        queue = per_backlog * c.backlog_tokens + per_inflight * c.busy + per_waiting * (c.worker.waiting or 0)
+        backlog = per_backlog * c.backlog_tokens * (1.0 + evicting * (1.0 - c.realisation))
+        queue = backlog + per_inflight * c.busy + per_waiting * (c.worker.waiting or 0)
         c.predicted_s = c.s_per_token * (queue + uncached)
         cost = c.s_per_token * (queue + session_load_tokens(ctx, c) + (1.0 + penalty) * uncached)
         if c.worker.id == ctx.bound:

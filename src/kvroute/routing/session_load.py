@@ -6,7 +6,8 @@ sessions as a cost term rather than filtering on them (``filters.balanced_sessio
 is known exactly (the work queued right now) in charge: "active" only means "sent a request within
 ``session_active_s``", so it also counts sessions that have just ended, and a hard filter on it sent
 whole bursts of new sessions to the workers whose previous sessions happened to have finished
-(measured in docs/routing.md).
+(measured in docs/routing.md).  The filter stays, with ``session_spread`` = 2, as a guard against
+piles behind a shared head.
 """
 
 from __future__ import annotations
