@@ -34,6 +34,7 @@ async def doctor_json_async(*args: str) -> dict[str, Any]:
 
 def assert_caching_on(target: dict[str, Any], model: str) -> None:
     facts = target["facts"]
+    assert "enable_prefix_caching" in facts, f"doctor could not read /metrics: {target}"
     assert facts["enable_prefix_caching"]["value"] is True
     assert facts["model"]["value"] == model
     assert "prefix-caching-on" in {f["code"] for f in target["findings"]}

@@ -16,6 +16,7 @@ from kvroute.diagnostics.prometheus_text import MetricsParseError, parse_exposit
 
 # Cap on any body we read: a /metrics page is tens of kilobytes, a reply a few.
 _MAX_BODY = 16 * 1024 * 1024
+_RETRY_AFTER_S = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,9 +76,19 @@ async def request(session: aiohttp.ClientSession, method: str, url: str, *, time
 async def fetch_bundle(session: aiohttp.ClientSession, target: Target) -> EndpointBundle:
     """Read ``/metrics``, ``/v1/models`` and ``/server_info`` concurrently."""
     paths = ("/metrics", "/v1/models", "/server_info")
-    replies = await asyncio.gather(*(
-        request(session, "GET", target.url(p), timeout_s=target.timeout_s, headers=target.headers())
-        for p in paths))
+
+    async def get(path: str) -> Reply:
+        reply = await request(session, "GET", target.url(path), timeout_s=target.timeout_s,
+                              headers=target.headers())
+        if reply.status is None or reply.status >= 500:
+            # An engine that has just started (or is busy) can drop one request; a second look
+            # keeps one hiccup from turning into "prefix caching unknown".
+            await asyncio.sleep(_RETRY_AFTER_S)
+            reply = await request(session, "GET", target.url(path), timeout_s=target.timeout_s,
+                                  headers=target.headers())
+        return reply
+
+    replies = await asyncio.gather(*(get(p) for p in paths))
     bundle = EndpointBundle(target.base_url)
     bundle.reachable = any(r.status is not None for r in replies)
     for path, reply in zip(paths, replies, strict=True):
