@@ -6,28 +6,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
-import aiohttp
 import pytest
-from dashboard_setup import SIM_PRESET, SIM_SPEED, TOKEN
+from dashboard_setup import TOKEN
 
 from kvroute.config import Settings
 from kvroute.server.app import RunningRouter, start_router
 from kvroute.server.dashboard import setup_dashboard
-from kvroute.sim.server import SimFleet, start_sim_fleet
-
-
-@pytest.fixture
-async def sim_fleet() -> AsyncIterator[Callable[..., Awaitable[SimFleet]]]:
-    fleets: list[SimFleet] = []
-
-    async def make(replicas: int = 3) -> SimFleet:
-        fleet = await start_sim_fleet(SIM_PRESET, replicas, speed=SIM_SPEED)
-        fleets.append(fleet)
-        return fleet
-
-    yield make
-    for fleet in fleets:
-        await fleet.close()
 
 
 @pytest.fixture
@@ -45,9 +29,3 @@ async def dashboard_router() -> AsyncIterator[Callable[..., Awaitable[RunningRou
     yield make
     for running in routers:
         await running.close()
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session

@@ -6,13 +6,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
-import aiohttp
 import pytest
 from echo_engine import EchoEngine
 
 from kvroute.config import Settings, parse_worker_spec
 from kvroute.server.app import RunningRouter, start_router
-from kvroute.sim.server import SimFleet, start_sim_fleet
 
 # Fast enough that a cold ~2k-token prompt takes a few milliseconds, slow enough that streams of a
 # few hundred tokens are still in flight when a test acts on them.
@@ -35,20 +33,6 @@ async def echo_engines() -> AsyncIterator[Callable[..., Awaitable[list[EchoEngin
 
 
 @pytest.fixture
-async def sim_fleet() -> AsyncIterator[Callable[..., Awaitable[SimFleet]]]:
-    fleets: list[SimFleet] = []
-
-    async def make(replicas: int = 3, *, speed: float = SIM_SPEED, **overrides: Any) -> SimFleet:
-        fleet = await start_sim_fleet(SIM_PRESET, replicas, speed=speed, **overrides)
-        fleets.append(fleet)
-        return fleet
-
-    yield make
-    for fleet in fleets:
-        await fleet.close()
-
-
-@pytest.fixture
 async def router() -> AsyncIterator[Callable[..., Awaitable[RunningRouter]]]:
     routers: list[RunningRouter] = []
 
@@ -63,10 +47,4 @@ async def router() -> AsyncIterator[Callable[..., Awaitable[RunningRouter]]]:
     yield make
     for running in routers:
         await running.close()
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
-import aiohttp
 import pytest
 
 from kvroute.config import Settings, WorkerSpec
@@ -65,9 +64,3 @@ async def instances(sim: SimFleet) -> AsyncIterator[Callable[..., Awaitable[Runn
     yield make
     for running in started:
         await running.close()
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
