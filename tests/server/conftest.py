@@ -12,11 +12,6 @@ from echo_engine import EchoEngine
 from kvroute.config import Settings, parse_worker_spec
 from kvroute.server.app import RunningRouter, start_router
 
-# Fast enough that a cold ~2k-token prompt takes a few milliseconds, slow enough that streams of a
-# few hundred tokens are still in flight when a test acts on them.
-SIM_SPEED = 20.0
-SIM_PRESET = "a4000-qwen3-4b"
-
 
 @pytest.fixture
 async def echo_engines() -> AsyncIterator[Callable[..., Awaitable[list[EchoEngine]]]]:
