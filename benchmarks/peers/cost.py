@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 import aiohttp
 import orjson
 
-from kvroute.bench.stats import percentile
 from kvroute.bench.workloads import words
+from kvroute.quantiles import percentile
 from peers.procs import cpu_seconds
 
 

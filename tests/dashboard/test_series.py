@@ -7,11 +7,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvroute.fleet.registry import CounterSample
+from kvroute.quantiles import percentile_of_sorted
 from kvroute.server.dashboard.series import (
     Window,
     choose_window,
     latency_percentiles,
-    quantile,
     token_rates,
 )
 
@@ -103,7 +103,7 @@ def test_latency_percentiles_per_bin_and_window() -> None:
     assert s.p95[1] is None
 
 
-def test_quantile_interpolates() -> None:
-    assert quantile([], 0.5) is None
-    assert quantile([1.0, 2.0, 3.0, 4.0], 0.5) == pytest.approx(2.5)
-    assert quantile([1.0, 2.0, 3.0, 4.0, 5.0], 0.95) == pytest.approx(4.8)
+def test_percentile_of_sorted_interpolates() -> None:
+    assert percentile_of_sorted([], 50) is None
+    assert percentile_of_sorted([1.0, 2.0, 3.0, 4.0], 50) == pytest.approx(2.5)
+    assert percentile_of_sorted([1.0, 2.0, 3.0, 4.0, 5.0], 95) == pytest.approx(4.8)

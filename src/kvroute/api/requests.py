@@ -153,16 +153,22 @@ def _openai_part(c: _Canon, part: Any, param: str) -> None:
         c.json(part)
 
 
-def _openai_content(c: _Canon, content: Any, param: str) -> None:
+def _content(c: _Canon, content: Any, param: str, item: Callable[[_Canon, Any, str], None],
+             noun: str) -> None:
+    """A message's content in either API: absent, a string, or a list of parts/blocks."""
     if content is None:
         return
     if isinstance(content, str):
         c.text(content)
     elif isinstance(content, list):
         for j, part in enumerate(content):
-            _openai_part(c, part, f"{param}[{j}]")
+            item(c, part, f"{param}[{j}]")
     else:
-        raise _bad(f"{param} must be a string or a list of content parts", param)
+        raise _bad(f"{param} must be a string or a list of {noun}", param)
+
+
+def _openai_content(c: _Canon, content: Any, param: str) -> None:
+    _content(c, content, param, _openai_part, "content parts")
 
 
 def _anthropic_block(c: _Canon, block: Any, param: str) -> None:
@@ -198,15 +204,7 @@ def _anthropic_block(c: _Canon, block: Any, param: str) -> None:
 
 
 def _anthropic_content(c: _Canon, content: Any, param: str) -> None:
-    if content is None:
-        return
-    if isinstance(content, str):
-        c.text(content)
-    elif isinstance(content, list):
-        for j, block in enumerate(content):
-            _anthropic_block(c, block, f"{param}[{j}]")
-    else:
-        raise _bad(f"{param} must be a string or a list of content blocks", param)
+    _content(c, content, param, _anthropic_block, "content blocks")
 
 
 def _tools(c: _Canon, body: Mapping[str, Any], name: str, anthropic: bool) -> None:

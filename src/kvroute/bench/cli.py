@@ -17,7 +17,6 @@ from kvroute.bench.http_ab import BenchSetupError, HttpBenchSpec, SimSpec, run_h
 from kvroute.bench.report import chat_markdown, markdown_table, rich_table, title, write_report
 from kvroute.bench.results import BenchResult, RequestRecord, StepResult
 from kvroute.bench.runner import StepCallback, StepPlan
-from kvroute.bench.stats import percentile
 from kvroute.bench.trace import TraceError, TraceWorkload, write_trace
 from kvroute.bench.workloads import (
     AgentWorkload,
@@ -26,6 +25,7 @@ from kvroute.bench.workloads import (
     Workload,
     growing_chat,
 )
+from kvroute.quantiles import percentile
 
 
 def _int_list(text: str, name: str) -> tuple[int, ...]:

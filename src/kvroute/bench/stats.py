@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
@@ -10,6 +9,7 @@ from itertools import pairwise
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvroute.bench.results import RequestRecord, StepResult
+from kvroute.quantiles import percentile
 
 HITS = "vllm:prefix_cache_hits_total"
 QUERIES = "vllm:prefix_cache_queries_total"
@@ -19,20 +19,6 @@ WAITING = "vllm:num_requests_waiting"
 
 SeriesKey = tuple[str, tuple[tuple[str, str], ...]]
 Samples = dict[SeriesKey, float]
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The ``q``-th percentile (0..100) with linear interpolation between order statistics
-    (numpy's default); None for no values."""
-    if not 0.0 <= q <= 100.0:
-        raise ValueError("q must be in [0, 100]")
-    if not values:
-        return None
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
 def parse_samples(text: str) -> Samples:

@@ -6,10 +6,10 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvroute.bench.stats import percentile
 from kvroute.diagnostics.arithmetic import Verdict
 from kvroute.diagnostics.binomial_bound import rule_of_three, upper_bound
 from kvroute.diagnostics.counters import CounterChange
+from kvroute.quantiles import percentile
 
 CONFIDENCE = 0.95
 _PERCENTILES = (50, 90, 99)

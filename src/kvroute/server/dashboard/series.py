@@ -8,11 +8,12 @@ timing; a decrease means the engine restarted and its counters began again from 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import pairwise
 
 from kvroute.fleet.registry import CounterSample
+from kvroute.quantiles import percentile_of_sorted
 
 # Candidate bin widths (seconds); the smallest that keeps the chart within ``max_bins`` wins.
 _BIN_LADDER = (2, 5, 10, 15, 30, 60, 120, 300, 600)
@@ -158,22 +159,12 @@ def latency_percentiles(samples: Iterable[tuple[float, float]], window: Window) 
         values.sort()
     everything.sort()
     return LatencySeries(
-        p50=tuple(quantile(v, 0.5) for v in per_bin),
-        p95=tuple(quantile(v, 0.95) for v in per_bin),
+        p50=tuple(percentile_of_sorted(v, 50) for v in per_bin),
+        p95=tuple(percentile_of_sorted(v, 95) for v in per_bin),
         count=len(everything),
-        window_p50=quantile(everything, 0.5),
-        window_p95=quantile(everything, 0.95),
+        window_p50=percentile_of_sorted(everything, 50),
+        window_p95=percentile_of_sorted(everything, 95),
     )
-
-
-def quantile(sorted_values: Sequence[float], q: float) -> float | None:
-    """The ``q`` quantile of already sorted values, interpolated linearly; None when empty."""
-    if not sorted_values:
-        return None
-    pos = q * (len(sorted_values) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
 def _round_s(value: float | None) -> float | None:
