@@ -1,8 +1,12 @@
-"""The router's aiohttp application: inference routes, fleet endpoints, metrics, admin API.
+"""The router: its listening side with the inference routes, and the aiohttp application with
+the fleet endpoints, metrics and admin API.
 
 ``start_router`` is the public way to run one in-process (tests, demo, benchmarks); ``kvroute
 serve`` uses it too.  The hot path of an inference request: read the body once, parse it once
 (orjson), reduce it to a ``RoutingKey``, then hand it to the proxy, which forwards those same bytes.
+It runs on asyncio protocols (``front``, ``upstream``) because aiohttp's request handling, on both
+sides of the proxy, cost most of the router's CPU per request; the other endpoints are rare and
+keep aiohttp, reached over a private Unix socket.
 """
 
 from __future__ import annotations
@@ -11,14 +15,16 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
+import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import orjson
 from aiohttp import web
+from multidict import CIMultiDict
 
 from kvroute.api.errors import ApiError, ApiStyle, error_body
 from kvroute.api.requests import parse_request
@@ -29,9 +35,11 @@ from kvroute.routing.scheduler import Scheduler
 from kvroute.server.activity import Activity
 from kvroute.server.admin import setup_admin
 from kvroute.server.context import ROUTER, Router, RouteSync
+from kvroute.server.front import FrontRequest, FrontServer, Handler, ResponseWriter
 from kvroute.server.metrics import RouterMetrics
-from kvroute.server.proxy import Proxy
-from kvroute.server.routes import ROUTES, Route
+from kvroute.server.proxy import JSON_HEADERS, Proxy, header_lines
+from kvroute.server.routes import ROUTES
+from kvroute.server.upstream import Origin, UpstreamError, UpstreamPool
 from kvroute.sync.redis_bus import RedisBus
 
 log = logging.getLogger("kvroute.server")
@@ -43,10 +51,15 @@ AppSetup = Callable[[web.Application], None]
 _HISTORY_S = 3600.0
 
 
-def _error(style: ApiStyle, status: int, message: str, *, param: str | None = None,
-           code: str | None = None, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(status=status, body=error_body(style, status, message, param, code),
-                        content_type="application/json", headers=headers)
+def _error(writer: ResponseWriter, style: ApiStyle, status: int, message: str, *, param: str | None = None,
+           code: str | None = None, retry_after: bool = False) -> None:
+    headers = JSON_HEADERS + (b"retry-after: 1\r\n" if retry_after else b"")
+    writer.respond(status, headers, error_body(style, status, message, param, code))
+
+
+def _app_error(style: ApiStyle, status: int, message: str) -> web.Response:
+    return web.Response(status=status, body=error_body(style, status, message),
+                        content_type="application/json")
 
 
 def _json(doc: Any, status: int = 200) -> web.Response:
@@ -59,48 +72,111 @@ def _serves(router: Router, model: str) -> bool:
     return not states or any(s.serves(model) for s in states)
 
 
-def _inference_handler(route: Route, proxy: Proxy) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-    async def handle(request: web.Request) -> web.StreamResponse:
+def front_handler(router: Router, proxy: Proxy, app_origin: Origin) -> Handler:
+    """What the listening side does with each request: the inference routes are served here,
+    everything else goes to the aiohttp application at ``app_origin``."""
+    routes = {route.path.encode("ascii"): route for route in ROUTES}
+    failures = router.metrics.failures
+    limit = router.settings.max_body_bytes
+    too_large = f"request body larger than {limit} bytes"
+
+    async def handle(request: FrontRequest, writer: ResponseWriter) -> None:
+        route = routes.get(request.path.encode("latin-1")) if request.method == b"POST" else None
+        if route is None:
+            if request.too_large:
+                failures.labels("too_large").inc()
+                _error(writer, "openai", 413, too_large)
+                return
+            await _pass_to_app(request, writer, router, app_origin)
+            return
         started = time.perf_counter()
-        router = request.app[ROUTER]
         style = route.style
-        failures = router.metrics.failures
         if router.closing:
-            return _error(style, 503, "the router is shutting down", headers={"Retry-After": "1"})
-        limit = router.settings.max_body_bytes
-        too_large = f"request body larger than {limit} bytes"
-        if request.content_length is not None and request.content_length > limit:
+            _error(writer, style, 503, "the router is shutting down", retry_after=True)
+            return
+        if request.too_large:
             failures.labels("too_large").inc()
-            return _error(style, 413, too_large)
+            _error(writer, style, 413, too_large)
+            return
         try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            failures.labels("too_large").inc()
-            return _error(style, 413, too_large)
-        try:
-            doc = orjson.loads(body)
+            doc = orjson.loads(request.body)
         except orjson.JSONDecodeError as exc:
             failures.labels("bad_request").inc()
-            return _error(style, 400, f"request body is not valid JSON: {exc}", param="body")
+            _error(writer, style, 400, f"request body is not valid JSON: {exc}", param="body")
+            return
+        headers = CIMultiDict((k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers)
         try:
-            key = parse_request(route.name, doc, request.headers, router.request_options)
+            key = parse_request(route.name, doc, headers, router.request_options)
         except ApiError as exc:
             failures.labels("bad_request").inc()
-            return _error(style, exc.status, exc.message, param=exc.param, code=exc.code)
+            _error(writer, style, exc.status, exc.message, param=exc.param, code=exc.code)
+            return
         if not _serves(router, key.model):
             failures.labels("unknown_model").inc()
-            return _error(style, 404, f"The model `{key.model}` does not exist.", param="model",
-                          code="model_not_found")
+            _error(writer, style, 404, f"The model `{key.model}` does not exist.", param="model",
+                   code="model_not_found")
+            return
         try:
-            return await proxy.forward(request, route, body, key, started)
-        except (asyncio.CancelledError, ConnectionResetError):
+            await proxy.forward(request, writer, route, key, started)
+        except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("unexpected error serving %s", route.path)
             failures.labels("internal").inc()
-            return _error(style, 500, "internal router error")
+            if writer.started:
+                writer.abort()
+            else:
+                _error(writer, style, 500, "internal router error")
 
     return handle
+
+
+async def _pass_to_app(request: FrontRequest, writer: ResponseWriter, router: Router, origin: Origin) -> None:
+    """Relay a request to the aiohttp application behind the listening side, and its answer back."""
+    pool = router.upstream
+    assert pool is not None, "the router's upstream pool starts with the app"
+    head_only = request.method == b"HEAD"
+    body = request.body
+    data = ((b"GET" if head_only else request.method) + b" " + request.target + b" HTTP/1.1\r\nhost: "
+            + origin.host_header + b"\r\n" + header_lines(request.headers)
+            + b"content-length: %d\r\n\r\n" % len(body) + body)
+    call = None
+    try:
+        call = await pool.send(origin, data)
+        head = await call.head
+    except UpstreamError as exc:
+        log.error("the router's own application did not answer: %s", exc)
+        writer.respond(502, b"content-type: text/plain; charset=utf-8\r\n", b"router application unavailable")
+        return
+    except BaseException:
+        if call is not None:
+            call.abort()
+        raise
+    headers = header_lines(head.headers)
+    parts: list[bytes] = []
+    try:
+        if head_only:
+            call.attach(parts.append)
+            await call.done
+            writer.respond(head.status, headers, b"", head.reason, length=len(b"".join(parts)))
+            return
+        writer.start(head.status, headers, length=head.content_length, reason=head.reason)
+        writer.pause_hook = lambda paused: call.pause() if paused else call.resume()
+
+        def flush() -> None:
+            if parts:
+                writer.write(b"".join(parts))
+                parts.clear()
+
+        call.attach(parts.append, flush)
+        await call.done
+        flush()
+        writer.end()
+    except UpstreamError:
+        writer.abort()
+    finally:
+        writer.pause_hook = None
+        call.abort()
 
 
 async def _models(request: web.Request) -> web.Response:
@@ -149,24 +225,18 @@ async def _not_found(request: web.Request) -> web.Response:
     """Anything else under /v1: 404 (405 for a known path with the wrong method), API-styled."""
     for route in ROUTES:
         if request.path == route.path:
-            return _error(route.style, 405, f"{request.method} is not allowed on {route.path}; use POST")
+            return _app_error(route.style, 405, f"{request.method} is not allowed on {route.path}; use POST")
     style: ApiStyle = "anthropic" if request.path.startswith("/v1/messages") else "openai"
-    return _error(style, 404, f"no such endpoint: {request.method} {request.path}")
+    return _app_error(style, 404, f"no such endpoint: {request.method} {request.path}")
 
 
 async def _startup(app: web.Application) -> None:
     router = app[ROUTER]
     s = router.settings
-    connector = aiohttp.TCPConnector(limit=0, limit_per_host=s.connections_per_worker,
-                                     keepalive_timeout=s.upstream_keepalive_s, ttl_dns_cache=300)
-    router.client = aiohttp.ClientSession(
-        connector=connector,
-        timeout=aiohttp.ClientTimeout(total=None, sock_connect=s.upstream_connect_timeout_s,
-                                      sock_read=s.upstream_read_timeout_s),
-        auto_decompress=False,  # bytes pass through as the worker encoded them
-        skip_auto_headers=("Accept", "Accept-Encoding", "Content-Type", "User-Agent"),
-        cookie_jar=aiohttp.DummyCookieJar(),
-    )
+    router.upstream = UpstreamPool(connect_timeout_s=s.upstream_connect_timeout_s,
+                                   read_timeout_s=s.upstream_read_timeout_s,
+                                   keepalive_s=s.upstream_keepalive_s,
+                                   limit_per_origin=s.connections_per_worker)
     records = [router.registry.add(w.url, worker_id=w.id, models=w.models, max_num_seqs=w.max_num_seqs)
                for w in s.workers]
     if router.sync is not None:
@@ -188,8 +258,8 @@ async def _cleanup(app: web.Application) -> None:
     await router.prober.close()
     if router.sync is not None:
         await router.sync.stop()
-    if router.client is not None:
-        await router.client.close()
+    if router.upstream is not None:
+        router.upstream.close()
 
 
 def build_app(settings: Settings, *, scheduler: Scheduler | None = None, sync: RouteSync | None = None,
@@ -214,11 +284,8 @@ def build_app(settings: Settings, *, scheduler: Scheduler | None = None, sync: R
         router.sync = RedisBus(settings.redis_url, registry=registry, scheduler=scheduler,
                                metrics_registry=router.metrics.prometheus)
     registry.subscribe(router)
-    proxy = Proxy(router)
     app = web.Application(client_max_size=settings.max_body_bytes)
     app[ROUTER] = router
-    for route in ROUTES:
-        app.router.add_post(route.path, _inference_handler(route, proxy))
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/health", _health)
     app.router.add_get("/ready", _ready)
@@ -240,6 +307,8 @@ class RunningRouter:
     url: str
     app: web.Application
     runner: web.AppRunner
+    front: FrontServer
+    app_dir: tempfile.TemporaryDirectory[str]
 
     @property
     def router(self) -> Router:
@@ -259,26 +328,40 @@ class RunningRouter:
     async def close(self) -> None:
         """Stop accepting connections, let in-flight requests finish (up to the settings'
         ``shutdown_timeout_s``), then stop probing and close upstream connections."""
+        router = self.app[ROUTER]
+        router.closing = True
+        await self.front.close(router.settings.shutdown_timeout_s)
         with contextlib.suppress(RuntimeError):  # closing twice is harmless
             await self.runner.cleanup()
+        self.app_dir.cleanup()
 
 
 async def start_router(settings: Settings, *, host: str = "127.0.0.1", port: int = 0,
                        sync: RouteSync | None = None, setup: Sequence[AppSetup] = (),
-                       scheduler: Scheduler | None = None) -> RunningRouter:
+                       scheduler: Scheduler | None = None, reuse_port: bool = False) -> RunningRouter:
     """Start a router on ``host:port`` (port 0: a free one) and return once it accepts requests.
+    ``reuse_port``: several processes may listen on the same port (the kernel spreads connections).
 
-    The configured workers are registered and probed once before this returns."""
+    The configured workers are registered and probed once before this returns.  The inference
+    routes are served by the listening side itself (``front_handler``); the other endpoints by the
+    aiohttp application, which listens on a private Unix socket behind it."""
     app = build_app(settings, scheduler=scheduler, sync=sync, setup=setup)
     runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=settings.shutdown_timeout_s,
                            access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    app_dir = tempfile.TemporaryDirectory(prefix="kvroute-")
+    socket_path = os.path.join(app_dir.name, "app.sock")
+    router = app[ROUTER]
+    front = FrontServer(front_handler(router, Proxy(router), Origin.from_url("unix:" + socket_path)),
+                        max_body_bytes=settings.max_body_bytes)
     try:
-        await site.start()
+        await web.UnixSite(runner, socket_path).start()
+        bound_port = await front.start(host, port, reuse_port=reuse_port)
     except BaseException:
+        await front.close(0)
         await runner.cleanup()
+        app_dir.cleanup()
         raise
-    bound_port = runner.addresses[0][1]
     shown = f"[{host}]" if ":" in host else host
-    return RunningRouter(url=f"http://{shown}:{bound_port}", app=app, runner=runner)
+    return RunningRouter(url=f"http://{shown}:{bound_port}", app=app, runner=runner, front=front,
+                         app_dir=app_dir)

@@ -6,7 +6,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import aiohttp
 from aiohttp import web
 
 from kvroute.api.requests import RequestOptions
@@ -17,6 +16,7 @@ from kvroute.routing.scheduler import Scheduler
 from kvroute.routing.sync_record import SyncRecord
 from kvroute.server.activity import Activity
 from kvroute.server.metrics import RouterMetrics
+from kvroute.server.upstream import UpstreamPool
 
 
 class RouteSync(Protocol):
@@ -48,7 +48,7 @@ class Router:
     prober: Prober
     request_options: RequestOptions = field(default_factory=RequestOptions)
     sync: RouteSync | None = None
-    client: aiohttp.ClientSession | None = None
+    upstream: UpstreamPool | None = None
     closing: bool = False
 
     def publish(self, records: Sequence[SyncRecord]) -> None:

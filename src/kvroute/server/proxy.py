@@ -14,31 +14,32 @@ import logging
 import time
 from dataclasses import dataclass
 
-import aiohttp
-from aiohttp import web
-from multidict import CIMultiDict, CIMultiDictProxy
-
 from kvroute.api.errors import error_body
 from kvroute.routing.decision import Decision
 from kvroute.routing.key import RoutingKey
 from kvroute.routing.worker import WorkerState
 from kvroute.server.activity import RequestRecord
 from kvroute.server.context import Router
+from kvroute.server.front import FrontRequest, ResponseWriter
 from kvroute.server.routes import Route
+from kvroute.server.upstream import Call, ResponseHead, UpstreamError
 from kvroute.server.usage import UsageSniffer
 
 decision_log = logging.getLogger("kvroute.decision")
 log = logging.getLogger("kvroute.proxy")
 
 WORKER_HEADER = "x-kvroute-worker"
-# Hop-by-hop headers (RFC 9110 §7.6.1) and those the client library recomputes.
-_HOP_BY_HOP = frozenset((
-    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection", "te",
-    "trailer", "trailers", "transfer-encoding", "upgrade", "host", "content-length", "expect",
+_WORKER_HEADER = WORKER_HEADER.encode("ascii")
+# Hop-by-hop headers (RFC 9110 §7.6.1) and the framing headers each side sets for itself.
+HOP_BY_HOP = frozenset((
+    b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"proxy-connection",
+    b"te", b"trailer", b"trailers", b"transfer-encoding", b"upgrade", b"host", b"content-length",
+    b"expect",
 ))
 _MAX_HELD_ERROR = 64 * 1024
 # Longest incomplete SSE event held back so that an error event can follow a clean boundary.
 _MAX_PENDING = 64 * 1024
+JSON_HEADERS = b"content-type: application/json\r\n"
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,26 +48,15 @@ class _HeldAnswer:
 
     worker: str
     status: int
-    headers: CIMultiDictProxy[str]
+    reason: bytes
+    headers: bytes
     body: bytes
 
 
-def upstream_headers(headers: CIMultiDictProxy[str]) -> list[tuple[str, str]]:
-    """The client's headers minus hop-by-hop ones: auth, API versions and betas pass unchanged."""
-    return [(k, v) for k, v in headers.items() if k.lower() not in _HOP_BY_HOP]
-
-
-def _classify(exc: BaseException) -> tuple[str, bool]:
-    """A failure reason for metrics, and whether the worker is plainly unreachable."""
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return "connect", True
-    if isinstance(exc, TimeoutError):
-        return "timeout", False
-    if isinstance(exc, aiohttp.ServerDisconnectedError):
-        return "disconnect", False
-    if isinstance(exc, aiohttp.ClientPayloadError):
-        return "payload", False
-    return "reset", False
+def header_lines(headers: list[tuple[bytes, bytes]]) -> bytes:
+    """``name: value`` lines of ``headers`` minus hop-by-hop ones: auth, API versions and betas pass
+    unchanged, names keep their case."""
+    return b"".join(k + b": " + v + b"\r\n" for k, v in headers if k.lower() not in HOP_BY_HOP)
 
 
 def stream_error_event(route: Route, message: str, status: int = 502) -> bytes:
@@ -85,19 +75,75 @@ def _event_end(data: bytes) -> int:
     return max(end, crlf + 4) if crlf != -1 else end
 
 
+class _Relay:
+    """Receives the worker's body chunk by chunk and passes it on: for a stream only whole events,
+    so that an error event can follow cleanly; chunks read together leave in one write."""
+
+    __slots__ = (
+        "_metrics",
+        "_out",
+        "_sent_at",
+        "_sse",
+        "_started",
+        "_usage",
+        "_writer",
+        "first_chunk_s",
+        "pending",
+        "ttfb",
+    )
+
+    def __init__(self, writer: ResponseWriter, sse: bool, usage: UsageSniffer, started: float,
+                 sent_at: float, router: Router) -> None:
+        self._writer = writer
+        self._sse = sse
+        self._usage = usage
+        self._started = started
+        self._sent_at = sent_at
+        self._metrics = router.metrics
+        self._out: list[bytes] = []
+        self.pending = b""
+        self.ttfb: float | None = None
+        self.first_chunk_s: float | None = None
+
+    def feed(self, chunk: bytes) -> None:
+        if self.ttfb is None:
+            now = time.perf_counter()
+            self.ttfb, self.first_chunk_s = now - self._started, now - self._sent_at
+            self._metrics.ttfb.observe(self.ttfb)
+        if self._sse:
+            data = self.pending + chunk if self.pending else chunk
+            end = len(data) if data.endswith(b"\n\n") else _event_end(data)
+            if end == 0 and len(data) <= _MAX_PENDING:
+                self.pending = data
+                return
+            end = end or len(data)
+            self.pending = data[end:]
+            chunk = data[:end] if end < len(data) else data
+        self._out.append(chunk)
+
+    def flush(self) -> None:
+        out = self._out
+        if out:
+            data = out[0] if len(out) == 1 else b"".join(out)
+            out.clear()
+            self._writer.write(data)
+            self._usage.feed(data)
+
+
 class Proxy:
     """Sends requests to workers chosen by the scheduler and relays their answers."""
 
     def __init__(self, router: Router) -> None:
         self._r = router
 
-    async def forward(self, request: web.Request, route: Route, body: bytes, key: RoutingKey,
-                      started: float) -> web.StreamResponse:
+    async def forward(self, request: FrontRequest, writer: ResponseWriter, route: Route, key: RoutingKey,
+                      started: float) -> None:
         """Serve one parsed request: decide, send, retry before the first byte, relay."""
         r = self._r
-        client = r.client
-        assert client is not None, "the router's HTTP client starts with the app"
-        headers = upstream_headers(request.headers)
+        pool = r.upstream
+        assert pool is not None, "the router's upstream pool starts with the app"
+        body = request.body
+        tail = header_lines(request.headers) + b"content-length: %d\r\n\r\n" % len(body) + body
         exclude: list[str] = []
         failure: str | None = None
         held: _HeldAnswer | None = None
@@ -113,49 +159,69 @@ class Proxy:
             attempts += 1
             if failure is not None:
                 r.metrics.retries.labels(failure).inc()
+            call: Call | None = None
             try:
                 self._log(decision, key, attempts)
                 r.publish(r.scheduler.commit(key, decision))
                 try:
-                    upstream = await client.post(state.url + request.raw_path, data=body, headers=headers)
-                except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-                    failure, unreachable = _classify(exc)
-                    r.registry.mark_failure(state.id, f"{failure}: {exc}", unreachable=unreachable)
+                    origin = pool.origin(state.url)
+                    call = await pool.send(origin, b"POST " + origin.base_path + request.target
+                                           + b" HTTP/1.1\r\nhost: " + origin.host_header + b"\r\n" + tail)
+                    head = await call.head
+                except UpstreamError as exc:
+                    failure = exc.reason
+                    r.registry.mark_failure(state.id, f"{failure}: {exc}", unreachable=exc.unreachable)
                     r.metrics.failures.labels(failure).inc()
                     exclude.append(state.id)
                     continue
-                if upstream.status >= 500:
-                    failure = f"http_{upstream.status}"
-                    held = await self._hold(upstream, state)
+                except BaseException:
+                    if call is not None:
+                        call.abort()
+                    raise
+                if head.status >= 500:
+                    failure = f"http_{head.status}"
+                    held = await self._hold(call, head, state)
                     r.registry.mark_failure(state.id, failure)
                     r.metrics.failures.labels("http_5xx").inc()
                     exclude.append(state.id)
                     continue
                 r.registry.mark_success(state.id)
-                return await self._relay(request, route, upstream, state, decision, key, started, attempts)
+                await self._relay(request, writer, route, call, head, state, decision, key, started, attempts)
+                return
             finally:
                 r.registry.end(state)
-        return self._give_up(request, route, key, decision, held, failure, attempts, started)
+        self._give_up(writer, route, key, decision, held, failure, attempts, started)
 
-    async def _hold(self, upstream: aiohttp.ClientResponse, state: WorkerState) -> _HeldAnswer | None:
+    async def _hold(self, call: Call, head: ResponseHead, state: WorkerState) -> _HeldAnswer:
+        parts: list[bytes] = []
+        size = 0
+
+        def keep(chunk: bytes) -> None:
+            nonlocal size
+            if size < _MAX_HELD_ERROR:
+                parts.append(chunk)
+                size += len(chunk)
+
+        call.attach(keep)
         try:
-            body = await upstream.content.read(_MAX_HELD_ERROR)
-        except (aiohttp.ClientError, OSError, TimeoutError):
-            body = b""
+            await call.done
+        except UpstreamError:
+            pass
         finally:
-            upstream.close()
-        return _HeldAnswer(state.id, upstream.status, upstream.headers, body)
+            call.abort()
+        return _HeldAnswer(state.id, head.status, head.reason, header_lines(head.headers),
+                           b"".join(parts)[:_MAX_HELD_ERROR])
 
-    def _give_up(self, request: web.Request, route: Route, key: RoutingKey, decision: Decision | None,
-                 held: _HeldAnswer | None, failure: str | None, attempts: int,
-                 started: float) -> web.Response:
+    def _give_up(self, writer: ResponseWriter, route: Route, key: RoutingKey, decision: Decision | None,
+                 held: _HeldAnswer | None, failure: str | None, attempts: int, started: float) -> None:
         """No worker answered well: the last 5xx as the worker sent it, else 502 or 503."""
         r = self._r
         if held is not None:
-            headers = CIMultiDict((k, v) for k, v in held.headers.items() if k.lower() not in _HOP_BY_HOP)
+            headers = held.headers
             if r.settings.worker_header:
-                headers[WORKER_HEADER] = held.worker
-            resp = web.Response(status=held.status, body=held.body, headers=headers)
+                headers += _WORKER_HEADER + b": " + held.worker.encode() + b"\r\n"
+            writer.respond(held.status, headers, held.body, held.reason)
+            status = held.status
             worker: str | None = held.worker
         else:
             worker = None
@@ -167,16 +233,15 @@ class Proxy:
             else:
                 status = 502
                 message = f"every worker tried failed ({attempts} attempts, last: {failure})"
-            resp = web.Response(status=status, body=error_body(route.style, status, message),
-                                content_type="application/json", headers={"Retry-After": "1"})
+            writer.respond(status, JSON_HEADERS + b"retry-after: 1\r\n",
+                           error_body(route.style, status, message))
         r.activity.record(RequestRecord(
             time=time.time(), route=route.name, model=key.model, worker=worker,
             kind=decision.kind.value if decision is not None else "no_worker",
             reason=decision.reason if decision is not None else "", matched_blocks=0,
             total_blocks=decision.total_blocks if decision is not None else 0, attempts=attempts,
-            status=resp.status, ttfb_s=None, duration_s=time.perf_counter() - started,
+            status=status, ttfb_s=None, duration_s=time.perf_counter() - started,
         ))
-        return resp
 
     def _log(self, decision: Decision, key: RoutingKey, attempt: int) -> None:
         if not decision_log.isEnabledFor(logging.INFO):
@@ -186,95 +251,62 @@ class Proxy:
             extra += f" prompt_tail={key.prefix[-300:].decode('utf-8', 'replace')!r}"
         decision_log.info("%s model=%s worker=%s%s", decision.reason, key.model, decision.worker_id, extra)
 
-    async def _relay(self, request: web.Request, route: Route, upstream: aiohttp.ClientResponse,
-                     state: WorkerState, decision: Decision, key: RoutingKey, started: float,
-                     attempts: int) -> web.StreamResponse:
+    async def _relay(self, request: FrontRequest, writer: ResponseWriter, route: Route, call: Call,
+                     head: ResponseHead, state: WorkerState, decision: Decision, key: RoutingKey,
+                     started: float, attempts: int) -> None:
         """Pass the worker's answer through as it arrives; account for it when it ends."""
         r = self._r
         sent_at = time.perf_counter()
         r.metrics.requests.labels(state.id, key.model, decision.kind.value).inc()
         r.metrics.prefix_blocks.observe(decision.matched_blocks)
         r.registry.count_request(state.id, decision.kind.value)
-        resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-        for k, v in upstream.headers.items():
-            if k.lower() not in _HOP_BY_HOP:
-                resp.headers.add(k, v)
+        headers = header_lines(head.headers)
         if r.settings.worker_header:
-            resp.headers[WORKER_HEADER] = state.id
-        sse = upstream.content_type == "text/event-stream"
-        if not sse and upstream.content_length is not None:
-            resp.content_length = upstream.content_length
+            headers += _WORKER_HEADER + b": " + state.id.encode() + b"\r\n"
+        sse = head.event_stream
+        writer.start(head.status, headers, length=None if sse else head.content_length, reason=head.reason)
         usage = UsageSniffer(sse)
-        ttfb: float | None = None
-        first_chunk_s: float | None = None
-        pending = b""
+        relay = _Relay(writer, sse, usage, started, sent_at, r)
+        writer.pause_hook = lambda paused: call.pause() if paused else call.resume()
+        call.attach(relay.feed, relay.flush)
         completed = False
-        outcome = upstream.status  # what the activity log records: 499 client gone, 502 broken
+        outcome = head.status  # what the activity log records: 499 client gone, 502 broken
         try:
-            await resp.prepare(request)
-            while True:
-                try:
-                    chunk = await upstream.content.readany()
-                except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-                    outcome = 502
-                    await self._broken(request, route, resp, state, exc, sse)
-                    return resp
-                if not chunk:
-                    break
-                if ttfb is None:
-                    now = time.perf_counter()
-                    ttfb, first_chunk_s = now - started, now - sent_at
-                    r.metrics.ttfb.observe(ttfb)
-                if sse:
-                    # Only whole events go out, so that an error event can follow cleanly.
-                    data = pending + chunk if pending else chunk
-                    end = len(data) if data.endswith(b"\n\n") else _event_end(data)
-                    if end == 0 and len(data) <= _MAX_PENDING:
-                        pending = data
-                        continue
-                    end = end or len(data)
-                    pending = data[end:]
-                    chunk = data[:end] if end < len(data) else data
-                await resp.write(chunk)
-                usage.feed(chunk)
-            if pending:
-                await resp.write(pending)
-            await resp.write_eof()
+            try:
+                await call.done
+            except UpstreamError as exc:
+                outcome = 502
+                self._broken(request, writer, route, state, exc, sse)
+                return
+            relay.flush()
+            if relay.pending:
+                writer.write(relay.pending)
+            writer.end()
             completed = True
-        except ConnectionResetError:
-            outcome = 499
-            r.metrics.failures.labels("client_disconnect").inc()
         except asyncio.CancelledError:
             outcome = 499
             r.metrics.failures.labels("client_disconnect").inc()
             raise
         finally:
-            if completed:
-                upstream.release()
-            else:
-                upstream.close()  # closing the connection is what makes the engine abort the request
-            self._finished(route, key, state, decision, usage, outcome, ttfb, first_chunk_s,
+            writer.pause_hook = None
+            call.abort()  # closing the connection is what makes the engine abort the request
+            self._finished(route, key, state, decision, usage, outcome, relay.ttfb, relay.first_chunk_s,
                            sse, completed, attempts, started)
-        return resp
 
-    async def _broken(self, request: web.Request, route: Route, resp: web.StreamResponse,
-                      state: WorkerState, exc: BaseException, sse: bool) -> None:
+    def _broken(self, request: FrontRequest, writer: ResponseWriter, route: Route, state: WorkerState,
+                exc: UpstreamError, sse: bool) -> None:
         """The worker failed after the client got the first bytes: end the stream with an error
         event (SSE) or cut the connection (a plain body cannot carry an error any more)."""
         r = self._r
-        reason, unreachable = _classify(exc)
-        r.registry.mark_failure(state.id, f"midstream {reason}: {exc}", unreachable=unreachable)
+        r.registry.mark_failure(state.id, f"midstream {exc.reason}: {exc}", unreachable=exc.unreachable)
         r.metrics.failures.labels("midstream").inc()
-        log.warning("worker %s failed mid-response: %s", state.id, reason)
+        log.warning("worker %s failed mid-response: %s", state.id, exc.reason)
         if sse:
-            message = f"worker {state.id} failed mid-stream ({reason}); the response is incomplete"
-            try:
-                await resp.write(stream_error_event(route, message))
-                await resp.write_eof()
-            except ConnectionResetError:
-                pass
-        elif request.transport is not None:
-            request.transport.close()
+            message = f"worker {state.id} failed mid-stream ({exc.reason}); the response is incomplete"
+            writer.write(stream_error_event(route, message))
+            writer.end()
+        else:
+            writer.abort()
 
     def _finished(self, route: Route, key: RoutingKey, state: WorkerState, decision: Decision,
                   usage: UsageSniffer, status: int, ttfb: float | None, first_chunk_s: float | None,

@@ -40,6 +40,9 @@ class ModelClock:
     late_s: float = 0.0               # how late (wall seconds) the last step started
     dropped_s: float = 0.0            # wall seconds of lag dropped so far
     drops: int = 0
+    # Where the last step ended: mapping the wall clock forth and back can land one rounding step
+    # before it, and model time must never go back.
+    last_end: float = float("-inf")
 
     def __post_init__(self) -> None:
         if self.speed <= 0:
@@ -68,7 +71,7 @@ class ModelClock:
         """Model time at which the next step starts: the previous step's end while busy, else now."""
         if self.busy_until is None:
             self.late_s = 0.0
-            return self.mapped(wall)
+            return max(self.mapped(wall), self.last_end)
         start = self.busy_until
         late = wall - self.deadline(start)
         if late > self.max_lag_s:
@@ -81,7 +84,7 @@ class ModelClock:
 
     def end_step(self, start: float, duration: float) -> float:
         """Record the step that started at ``start``; returns the wall deadline of its events."""
-        self.busy_until = start + duration
+        self.busy_until = self.last_end = start + duration
         return self.deadline(self.busy_until)
 
     def idle(self) -> None:

@@ -1,0 +1,420 @@
+"""The proxy's HTTP/1.1 client: pooled keep-alive connections to workers, answers parsed by
+httptools (llhttp) and handed on chunk by chunk as they arrive.
+
+A reverse proxy needs little of a general HTTP client: send bytes it already holds, read a status
+line and headers, pass the body through.  aiohttp's client spent more CPU per small request than
+everything else the router does (docs/benchmarks.md, "Router cost"), so the hot path uses this
+instead; the probe and the Redis bus keep their ordinary clients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import cast
+from urllib.parse import urlsplit
+
+import httptools
+
+BodySink = Callable[[bytes], None]
+
+
+class UpstreamError(Exception):
+    """An attempt failed.  ``reason`` names how (connect, timeout, disconnect, payload, reset) for
+    metrics; ``unreachable`` says the worker could not even be connected to."""
+
+    def __init__(self, reason: str, detail: str, *, unreachable: bool = False) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.unreachable = unreachable
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Where one worker listens: TCP host and port (TLS for https), or a Unix socket."""
+
+    host: str
+    port: int
+    tls: bool = False
+    unix_path: str | None = None
+    host_header: bytes = b""
+    # A path the worker's URL carries (``http://h/engine-a``), put before every request's target.
+    base_path: bytes = b""
+
+    @classmethod
+    def from_url(cls, url: str) -> Origin:
+        """``http://host:port[/base]``, ``https://host[:port][/base]`` or ``unix:/path``."""
+        if url.startswith("unix:"):
+            return cls("localhost", 0, unix_path=url[5:], host_header=b"localhost")
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"not an http(s) URL: {url!r}")
+        tls = parts.scheme == "https"
+        port = parts.port or (443 if tls else 80)
+        default = port == (443 if tls else 80)
+        shown = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+        header = shown if default else f"{shown}:{port}"
+        return cls(parts.hostname, port, tls, None, header.encode("ascii"),
+                   parts.path.rstrip("/").encode("ascii"))
+
+
+@dataclass(slots=True)
+class ResponseHead:
+    """Status line and headers of an answer, as the worker sent them (names keep their case)."""
+
+    status: int
+    reason: bytes
+    headers: list[tuple[bytes, bytes]]
+    content_length: int | None = None
+    chunked: bool = False
+    event_stream: bool = False
+
+    def header(self, name: bytes) -> bytes | None:
+        """The first value of header ``name`` (lower case), if any."""
+        for k, v in self.headers:
+            if k.lower() == name:
+                return v
+        return None
+
+
+class Call:
+    """One request on one connection: ``head`` resolves with the answer's head, then body chunks go
+    to the sink given to ``attach`` and ``done`` resolves when the answer ended (or fails)."""
+
+    __slots__ = ("_conn", "_early", "_flush", "_sink", "completed", "done", "head")
+
+    def __init__(self, conn: _Connection, loop: asyncio.AbstractEventLoop) -> None:
+        self._conn = conn
+        self.head: asyncio.Future[ResponseHead] = loop.create_future()
+        self.done: asyncio.Future[None] = loop.create_future()
+        self._sink: BodySink | None = None
+        self._flush: Callable[[], None] | None = None
+        self._early: list[bytes] = []
+        # The whole answer arrived (its connection may already serve another request).
+        self.completed = False
+
+    def attach(self, sink: BodySink, flush: Callable[[], None] | None = None) -> None:
+        """Send the body to ``sink`` from now on (chunks that arrived before are passed at once);
+        ``flush`` is called after each batch of chunks read together, so writes can be joined."""
+        self._sink = sink
+        self._flush = flush
+        early, self._early = self._early, []
+        for chunk in early:
+            sink(chunk)
+        if early and flush is not None:
+            flush()
+
+    def pause(self) -> None:
+        """Stop reading from the worker (the client is slower than the worker)."""
+        self._conn.pause()
+
+    def resume(self) -> None:
+        """Read from the worker again."""
+        self._conn.resume()
+
+    def abort(self) -> None:
+        """Give up on the answer: closing the connection is how an engine learns to stop."""
+        if self.completed:
+            return
+        self._fail(UpstreamError("reset", "aborted by the router"))
+        self._conn.close()
+
+    def _body(self, data: bytes) -> None:
+        if self._sink is not None:
+            self._sink(data)
+        else:
+            self._early.append(data)
+
+    def _fail(self, error: UpstreamError) -> None:
+        # Each future is marked retrieved: whoever awaits it still gets the error, and one nobody
+        # awaits any more (the caller moved on to another worker) logs nothing.
+        for future in (self.head, self.done):
+            if not future.done():
+                future.set_exception(error)
+                future.exception()
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection; at most one request at a time."""
+
+    def __init__(self, pool: UpstreamPool, origin: Origin, loop: asyncio.AbstractEventLoop) -> None:
+        self._pool = pool
+        self._origin = origin
+        self._loop = loop
+        self._parser = httptools.HttpResponseParser(self)
+        self._transport: asyncio.Transport | None = None
+        self._call: Call | None = None
+        self._head: ResponseHead | None = None
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._last_read = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._reason = b""
+        self.idle_since = 0.0
+        self.closed = False
+
+    # --- used by the pool and by Call ---
+
+    def start(self, data: bytes) -> Call:
+        """Send one request (head and body already serialised); returns its Call."""
+        assert self._transport is not None and self._call is None
+        call = Call(self, self._loop)
+        self._call = call
+        self._head = None
+        self._last_read = self._loop.time()
+        self._arm_timer()
+        self._transport.write(data)
+        return call
+
+    def pause(self) -> None:
+        if self._transport is not None and not self.closed:
+            with contextlib.suppress(RuntimeError):
+                self._transport.pause_reading()
+
+    def resume(self) -> None:
+        if self._transport is not None and not self.closed:
+            with contextlib.suppress(RuntimeError):
+                self._transport.resume_reading()
+            self._last_read = self._loop.time()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._cancel_timer()
+            if self._transport is not None:
+                self._transport.close()
+
+    # --- read timeout: time since the last byte, checked by one timer per request ---
+
+    def _arm_timer(self) -> None:
+        self._timer = self._loop.call_at(self._last_read + self._pool.read_timeout_s, self._check_idle)
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _check_idle(self) -> None:
+        self._timer = None
+        if self._call is None:
+            return
+        if self._loop.time() - self._last_read >= self._pool.read_timeout_s:
+            call = self._call
+            self._call = None
+            self.close()
+            call._fail(UpstreamError("timeout", f"no data for {self._pool.read_timeout_s:g} s"))
+        else:
+            self._arm_timer()
+
+    # --- asyncio.Protocol ---
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+
+    def data_received(self, data: bytes) -> None:
+        self._last_read = self._loop.time()
+        if self._call is None:  # bytes nobody asked for: the connection cannot be trusted
+            self.close()
+            return
+        call = self._call
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._call = None
+            self.close()
+            call._fail(UpstreamError("payload", f"malformed answer: {exc}"))
+            return
+        if call._flush is not None:
+            call._flush()
+
+    def eof_received(self) -> bool | None:
+        return None  # close the transport; connection_lost settles the call
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._cancel_timer()
+        self._pool._forget(self)
+        call, self._call = self._call, None
+        if call is None:
+            return
+        head = self._head
+        if head is not None and head.content_length is None and not head.chunked:
+            # An answer delimited by the end of the connection ends here.
+            call.done.set_result(None)
+            return
+        detail = f"connection closed by the worker{f': {exc}' if exc else ''}"
+        call._fail(UpstreamError("disconnect", detail))
+
+    # --- httptools callbacks ---
+
+    def on_message_begin(self) -> None:
+        self._headers = []
+        self._reason = b""
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers.append((name, value))
+
+    def on_status(self, status: bytes) -> None:
+        self._reason = status
+
+    def on_headers_complete(self) -> None:
+        status = self._parser.get_status_code()
+        if 100 <= status < 200:  # an interim answer: the real one follows
+            return
+        head = ResponseHead(status, self._reason, self._headers)
+        for k, v in self._headers:
+            lk = k.lower()
+            if lk == b"content-length":
+                with contextlib.suppress(ValueError):
+                    head.content_length = int(v)
+            elif lk == b"transfer-encoding":
+                head.chunked = b"chunked" in v.lower()
+            elif lk == b"content-type":
+                head.event_stream = v.startswith(b"text/event-stream")
+        self._head = head
+        call = self._call
+        if call is not None and not call.head.done():
+            call.head.set_result(head)
+
+    def on_body(self, body: bytes) -> None:
+        if self._call is not None:
+            self._call._body(body)
+
+    def on_message_complete(self) -> None:
+        if self._head is None:  # the end of an interim (1xx) answer
+            return
+        call, self._call = self._call, None
+        self._cancel_timer()
+        if call is not None:
+            call.completed = True
+        keep = self._parser.should_keep_alive() and not self.closed
+        if keep:
+            self.idle_since = self._loop.time()
+            self._pool._release(self._origin, self)
+        else:
+            self.close()
+        if call is not None and not call.done.done():
+            call.done.set_result(None)
+
+
+@dataclass(slots=True)
+class _Slots:
+    """Connections to one origin: idle ones (most recent last), how many exist, who waits."""
+
+    idle: list[_Connection] = field(default_factory=list)
+    count: int = 0
+    waiters: deque[asyncio.Future[None]] = field(default_factory=deque)
+
+
+class UpstreamPool:
+    """Keep-alive connections per worker, bounded per worker; idle ones are dropped before the
+    engine's own keep-alive timeout would close them under a request."""
+
+    def __init__(self, *, connect_timeout_s: float, read_timeout_s: float, keepalive_s: float,
+                 limit_per_origin: int, ssl_context: ssl.SSLContext | None = None) -> None:
+        self.connect_timeout_s = connect_timeout_s
+        self.read_timeout_s = read_timeout_s
+        self.keepalive_s = keepalive_s
+        self.limit_per_origin = limit_per_origin
+        self._ssl = ssl_context
+        self._origins: dict[Origin, _Slots] = {}
+        self._by_url: dict[str, Origin] = {}
+        self._closed = False
+
+    def origin(self, url: str) -> Origin:
+        """The parsed origin of a worker URL (cached)."""
+        origin = self._by_url.get(url)
+        if origin is None:
+            origin = self._by_url[url] = Origin.from_url(url)
+        return origin
+
+    async def send(self, origin: Origin, data: bytes) -> Call:
+        """Send a serialised request on an idle or new connection; raises UpstreamError if no
+        connection can be had."""
+        if self._closed:
+            raise UpstreamError("reset", "the router is shutting down")
+        slots = self._origins.get(origin)
+        if slots is None:
+            slots = self._origins[origin] = _Slots()
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        while slots.idle:
+            conn = slots.idle.pop()
+            if not conn.closed and now - conn.idle_since < self.keepalive_s:
+                return conn.start(data)
+            conn.close()  # counted out when its connection_lost arrives
+        while slots.count >= self.limit_per_origin:
+            waiter = loop.create_future()
+            slots.waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                with contextlib.suppress(ValueError):
+                    slots.waiters.remove(waiter)
+            if slots.idle:
+                conn = slots.idle.pop()
+                if not conn.closed:
+                    return conn.start(data)
+        slots.count += 1
+        try:
+            conn = await self._connect(origin, loop)
+        except BaseException:
+            slots.count -= 1
+            self._wake(slots)
+            raise
+        return conn.start(data)
+
+    async def _connect(self, origin: Origin, loop: asyncio.AbstractEventLoop) -> _Connection:
+        def factory() -> _Connection:
+            return _Connection(self, origin, loop)
+
+        try:
+            async with asyncio.timeout(self.connect_timeout_s):
+                if origin.unix_path is not None:
+                    _, conn = await loop.create_unix_connection(factory, origin.unix_path)
+                else:
+                    tls = (self._ssl or ssl.create_default_context()) if origin.tls else None
+                    _, conn = await loop.create_connection(
+                        factory, origin.host, origin.port, ssl=tls,
+                        server_hostname=origin.host if tls else None)
+        except TimeoutError:
+            raise UpstreamError("connect", f"connect timed out after {self.connect_timeout_s:g} s",
+                                unreachable=True) from None
+        except OSError as exc:
+            raise UpstreamError("connect", f"cannot connect: {exc}", unreachable=True) from None
+        return conn
+
+    def _release(self, origin: Origin, conn: _Connection) -> None:
+        slots = self._origins.get(origin)
+        if slots is None or self._closed:
+            conn.close()
+            return
+        slots.idle.append(conn)
+        self._wake(slots)
+
+    def _forget(self, conn: _Connection) -> None:
+        slots = self._origins.get(conn._origin)
+        if slots is None:
+            return
+        if conn in slots.idle:
+            slots.idle.remove(conn)
+        slots.count -= 1
+        self._wake(slots)
+
+    @staticmethod
+    def _wake(slots: _Slots) -> None:
+        while slots.waiters:
+            waiter = slots.waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    def close(self) -> None:
+        """Close idle connections and refuse new requests; answers under way finish."""
+        self._closed = True
+        for slots in self._origins.values():
+            for conn in list(slots.idle):
+                conn.close()
