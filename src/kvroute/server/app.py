@@ -66,12 +66,6 @@ def _json(doc: Any, status: int = 200) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(doc), content_type="application/json")
 
 
-def _serves(router: Router, model: str) -> bool:
-    """Whether any worker (healthy or not) serves ``model``, or might (models not yet known)."""
-    states = router.registry.states()
-    return not states or any(s.serves(model) for s in states)
-
-
 def front_handler(router: Router, proxy: Proxy, app_origin: Origin) -> Handler:
     """What the listening side does with each request: the inference routes are served here,
     everything else goes to the aiohttp application at ``app_origin``."""
@@ -110,11 +104,6 @@ def front_handler(router: Router, proxy: Proxy, app_origin: Origin) -> Handler:
         except ApiError as exc:
             failures.labels("bad_request").inc()
             _error(writer, style, exc.status, exc.message, param=exc.param, code=exc.code)
-            return
-        if not _serves(router, key.model):
-            failures.labels("unknown_model").inc()
-            _error(writer, style, 404, f"The model `{key.model}` does not exist.", param="model",
-                   code="model_not_found")
             return
         try:
             await proxy.forward(request, writer, route, key, started)

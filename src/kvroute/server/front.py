@@ -64,11 +64,12 @@ class ResponseWriter:
     """Writes one response to the client: whole (``respond``) or as a stream (``start``, ``write``,
     ``end``).  Writes after the client left are dropped; ``lost`` tells."""
 
-    __slots__ = ("_chunked", "_conn", "finished", "keep_alive", "pause_hook", "started")
+    __slots__ = ("_chunked", "_conn", "_held", "finished", "keep_alive", "pause_hook", "started")
 
     def __init__(self, conn: _FrontConnection, keep_alive: bool) -> None:
         self._conn = conn
         self._chunked = False
+        self._held = b""
         self.started = False
         self.finished = False
         self.keep_alive = keep_alive
@@ -97,9 +98,11 @@ class ResponseWriter:
         size = len(body) if length is None else length
         self._conn.write(self._head(status, reason, headers, b"content-length: %d\r\n" % size) + body)
 
-    def start(self, status: int, headers: bytes, *, length: int | None, reason: bytes = b"") -> None:
+    def start(self, status: int, headers: bytes, *, length: int | None, reason: bytes = b"",
+              defer: bool = False) -> None:
         """Send the head of a streamed response; ``length`` None: chunked (or until close on
-        HTTP/1.0)."""
+        HTTP/1.0).  ``defer``: keep the head until the first body bytes or the end, to send both
+        in one write."""
         if self.started:
             raise RuntimeError("response already started")
         self.started = True
@@ -111,19 +114,29 @@ class ResponseWriter:
         else:
             framing = b""
             self.keep_alive = False
-        self._conn.write(self._head(status, reason, headers, framing))
+        head = self._head(status, reason, headers, framing)
+        if defer:
+            self._held = head
+        else:
+            self._conn.write(head)
 
     def write(self, data: bytes) -> None:
         """Send part of a streamed body."""
         if data:
-            self._conn.write(b"%x\r\n%s\r\n" % (len(data), data) if self._chunked else data)
+            if self._chunked:
+                data = b"%x\r\n%s\r\n" % (len(data), data)
+            if self._held:
+                data, self._held = self._held + data, b""
+            self._conn.write(data)
 
     def end(self) -> None:
         """The streamed body is complete."""
         if not self.finished:
             self.finished = True
-            if self._chunked:
-                self._conn.write(b"0\r\n\r\n")
+            tail = b"0\r\n\r\n" if self._chunked else b""
+            if self._held or tail:
+                data, self._held = self._held + tail, b""
+                self._conn.write(data)
 
     def abort(self) -> None:
         """Cut the connection: a body that cannot be completed must not look complete."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvroute.api.errors import error_body
@@ -51,6 +52,11 @@ class _HeldAnswer:
     reason: bytes
     headers: bytes
     body: bytes
+
+
+def serves_model(states: Sequence[WorkerState], model: str) -> bool:
+    """Whether any worker (healthy or not) serves ``model``, or might (models not yet known)."""
+    return not states or any(s.serves(model) for s in states)
 
 
 def header_lines(headers: list[tuple[bytes, bytes]]) -> bytes:
@@ -223,6 +229,12 @@ class Proxy:
             writer.respond(held.status, headers, held.body, held.reason)
             status = held.status
             worker: str | None = held.worker
+        elif attempts == 0 and not serves_model(r.registry.states(), key.model):
+            # Asked only when no worker was chosen, so the hot path never pays for it.
+            r.metrics.failures.labels("unknown_model").inc()
+            status, worker = 404, None
+            writer.respond(status, JSON_HEADERS, error_body(
+                route.style, 404, f"The model `{key.model}` does not exist.", "model", "model_not_found"))
         else:
             worker = None
             if attempts == 0:
@@ -264,7 +276,9 @@ class Proxy:
         if r.settings.worker_header:
             headers += _WORKER_HEADER + b": " + state.id.encode() + b"\r\n"
         sse = head.event_stream
-        writer.start(head.status, headers, length=None if sse else head.content_length, reason=head.reason)
+        # A plain answer's head waits for its first bytes, so that a small answer leaves in one write.
+        writer.start(head.status, headers, length=None if sse else head.content_length, reason=head.reason,
+                     defer=not sse)
         usage = UsageSniffer(sse)
         relay = _Relay(writer, sse, usage, started, sent_at, r)
         writer.pause_hook = lambda paused: call.pause() if paused else call.resume()
