@@ -331,6 +331,11 @@ class UpstreamPool:
             origin = self._by_url[url] = Origin.from_url(url)
         return origin
 
+    def connection_count(self, url: str) -> int:
+        """Open connections to the worker at ``url`` (busy and idle)."""
+        slots = self._origins.get(self.origin(url))
+        return 0 if slots is None else slots.count
+
     async def send(self, origin: Origin, data: bytes) -> Call:
         """Send a serialised request on an idle or new connection; raises UpstreamError if no
         connection can be had."""
