@@ -64,7 +64,8 @@ async def test_pipelined_requests_are_answered_in_order(echo_engines, router):
     [engine] = await echo_engines(1)
     r = await router([engine.url])
     reader, writer = await _connect(r.url)
-    anthropic = orjson.dumps({"model": "echo", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]})
+    anthropic = orjson.dumps({"model": "echo", "max_tokens": 5,
+                              "messages": [{"role": "user", "content": "x"}]})
     writer.write(_post(b"/v1/chat/completions", CHAT) + b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n"
                  + _post(b"/v1/messages", anthropic))
     answers = await _read_answers(reader, 3)
