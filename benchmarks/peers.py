@@ -46,7 +46,6 @@ from peers.routers import (
     DEFAULT_ROUTERS,
     KVROUTE,
     PEER_VERSIONS,
-    Launch,
     Ports,
     RouterSpec,
     kvroute_config,
@@ -62,7 +61,7 @@ from kvroute.bench.results import BenchResult, PolicyRun, RequestRecord
 from kvroute.bench.runner import HttpTarget, StepPlan, run_policy
 from kvroute.bench.stats import stayed_share
 from kvroute.bench.workloads import AgentWorkload, AgentWorkloadConfig
-from kvroute.sync.local_redis import LocalRedis, free_port
+from kvroute.sync.local_redis import free_port
 
 # Router cost is about the router's own work per request, so kvroute probes at its default rate
 # there rather than once per (very short) model second.
@@ -97,45 +96,34 @@ def _log(message: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class RunningRouter:
-    """The URLs of a router's processes (one, or several kvroute processes) and their pids."""
+    """Where a router answers, and the pid of its process (a supervisor's children and the Redis
+    it started count as its descendants)."""
 
-    urls: list[str]
-    pids: list[int]
+    url: str
+    pid: int
 
 
 @contextlib.asynccontextmanager
 async def running_router(spec: RouterSpec, workers: Sequence[str], model: str, probe_interval_s: float,
                          venvs: dict[str, Path], log_dir: Path) -> AsyncIterator[RunningRouter]:
-    """Start ``spec``'s process(es) in front of ``workers``; yields where to send requests.
+    """Start ``spec``'s router in front of ``workers``; yields where to send requests.
     ``probe_interval_s`` (wall seconds) is how often kvroute scrapes the replicas' metrics."""
-    procs: list[Proc] = []
-    redis: LocalRedis | None = None
+    proc: Proc | None = None
     try:
-        launches: list[Launch] = []
         if spec.family == KVROUTE:
             config = log_dir / "kvroute.toml"
             config.parent.mkdir(parents=True, exist_ok=True)
             config.write_text(kvroute_config(probe_interval_s))
-            redis_url = None
-            if spec.processes > 1:
-                redis = LocalRedis()
-                redis.start()
-                redis_url = redis.url
-            launches = [kvroute_launch(sys.executable, spec, workers, free_port(), config, redis_url)
-                        for _ in range(spec.processes)]
+            launch = kvroute_launch(sys.executable, spec, workers, free_port(), config)
         else:
             ports = Ports(free_port(), free_port())
-            launches = [peer_launch(spec, venvs[spec.family], workers, ports, closed_port=free_port())]
-        for i, launch in enumerate(launches):
-            procs.append(await Proc.start(f"router{i}", launch.argv, log_dir, env=launch.env))
-        for launch, proc in zip(launches, procs, strict=True):
-            await wait_serving(launch, proc, model)
-        yield RunningRouter([launch.url for launch in launches], [p.process.pid for p in procs])
+            launch = peer_launch(spec, venvs[spec.family], workers, ports, closed_port=free_port())
+        proc = await Proc.start("router", launch.argv, log_dir, env=launch.env)
+        await wait_serving(launch, proc, model)
+        yield RunningRouter(launch.url, proc.process.pid)
     finally:
-        for proc in procs:
+        if proc is not None:
             await proc.stop()
-        if redis is not None:
-            redis.close()
 
 
 def _slug(label: str) -> str:
@@ -159,10 +147,7 @@ async def quality_run(spec: RouterSpec, opts: Options,
         # By default one probe per model second, as a fleet running in real time would be probed.
         async with running_router(spec, urls, model, opts.probe_model_s / opts.speed, venvs,
                                   log_dir) as router:
-            if len(router.urls) > 1:
-                raise ValueError("the quality part drives one router URL; run several kvroute "
-                                 "processes in the cost part (--cost-routers)")
-            target = HttpTarget(router.urls[0], model, tuple(u + "/metrics" for u in urls), "openai",
+            target = HttpTarget(router.url, model, tuple(u + "/metrics" for u in urls), "openai",
                                 opts.speed)
             run = await run_policy(target, workload, spec.label, plan, on_tick)
         raw = await fetch_json(urls[0] + "/peers/placements")
@@ -200,7 +185,7 @@ async def cost_part(opts: Options, venvs: dict[str, Path],
             for spec in opts.cost_routers:
                 router = await stack.enter_async_context(running_router(
                     spec, urls, model, COST_PROBE_INTERVAL_S, venvs, log_dir / _slug(spec.label)))
-                targets.append(CostTarget(spec.label, router.urls, router.pids))
+                targets.append(CostTarget(spec.label, [router.url], [router.pid]))
             for r in range(opts.cost_rounds):
                 results: list[CostResult] = []
                 for target in targets if r % 2 == 0 else targets[::-1]:
@@ -332,7 +317,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Options, Path | None,
     p.add_argument("--routers", default="all",
                    help="quality part: FAMILY:POLICY list, 'all' (kvroute first) or 'none'")
     p.add_argument("--cost-routers", default="all,kvroute:auto:2",
-                   help="cost part: as --routers, plus kvroute:auto:N for N processes sharing Redis")
+                   help="cost part: as --routers, plus kvroute:auto:N for `kvroute serve --processes N`")
     p.add_argument("--cost-clients", type=int, default=64)
     p.add_argument("--cost-seconds", type=float, default=2.0,
                    help="measured wall seconds per target and mode")

@@ -122,7 +122,9 @@ def peer_launch(spec: RouterSpec, venv: Path, workers: Sequence[str], ports: Por
 
 def kvroute_launch(python: str, spec: RouterSpec, workers: Sequence[str], port: int, config: Path,
                    redis_url: str | None = None) -> Launch:
-    """The command line of one ``kvroute serve`` process on loopback (``config``: its TOML file)."""
+    """The command line of ``kvroute serve`` on loopback (``config``: its TOML file); with several
+    processes, ``serve --processes N`` shares one port between them and, without ``redis_url``,
+    starts its own private Redis for their shared state."""
     if spec.family != KVROUTE:
         raise ValueError(f"{spec.family} is not kvroute")
     if not workers:
@@ -132,6 +134,8 @@ def kvroute_launch(python: str, spec: RouterSpec, workers: Sequence[str], port: 
                        "--config", str(config), "--log-level", "warning"]
     for url in workers:
         argv += ["--worker", url]
+    if spec.processes > 1:
+        argv += ["--processes", str(spec.processes)]
     if redis_url is not None:
         argv += ["--redis", redis_url]
     return Launch(tuple(argv), f"http://{LOOPBACK}:{port}")

@@ -88,6 +88,8 @@ class Settings:
     # The dashboard (/dashboard) and its JSON are read-only; with this they need the admin token too.
     dashboard_requires_token: bool = False
     redis_url: str | None = None
+    # Router processes listening on the same port (``kvroute serve`` only; see docs/server.md).
+    processes: int = 1
 
     @classmethod
     def load(
@@ -148,6 +150,8 @@ class Settings:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be positive")
+        if self.processes < 1:
+            raise SettingsError("processes must be at least 1")
         if self.retries < 0 or self.shutdown_timeout_s < 0:
             raise SettingsError("retries and shutdown_timeout_s must not be negative")
         if not 0 <= self.port <= 65535:

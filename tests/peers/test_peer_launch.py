@@ -65,6 +65,9 @@ def test_kvroute_command() -> None:
     assert _flag(argv, "--host") == LOOPBACK
     assert _flag(argv, "--policy") == "auto"
     assert _flag(argv, "--redis") == "redis://127.0.0.1:7/0"
+    assert _flag(argv, "--processes") == "2"
+    assert "--processes" not in kvroute_launch("/py", RouterSpec(KVROUTE, "auto"), WORKERS, 9010,
+                                               Path("/run/kvroute.toml")).argv
     assert [argv[i + 1] for i, a in enumerate(argv) if a == "--worker"] == list(WORKERS)
     assert launch.url == "http://127.0.0.1:9010"
     with pytest.raises(ValueError):

@@ -1,12 +1,16 @@
 """The admin API: register, remove, drain and list workers.  Every call needs the admin token
 (``Authorization: Bearer <token>`` or ``x-admin-token: <token>``); without a configured token the
-admin API is off."""
+admin API is off.
+
+In a router of several processes (``kvroute serve --processes N``) each call is made in every
+process (the app then holds a ``BROADCAST`` function) and the listing sums their counts."""
 
 from __future__ import annotations
 
 import functools
 import hmac
-from collections.abc import Awaitable, Callable
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import orjson
@@ -44,6 +48,10 @@ def _authorised(request: web.Request, router: Router) -> web.Response | None:
 
 
 Handler = Callable[[web.Request], Awaitable[web.Response]]
+# Makes the same call in every router process; each one's (status, body), the answering process's
+# first, None for a process that did not answer.
+Broadcast = Callable[[web.Request], Awaitable[Sequence[tuple[int, bytes] | None]]]
+BROADCAST: web.AppKey[Broadcast] = web.AppKey("kvroute.admin.broadcast")
 
 
 def admin_only(handler: Handler) -> Handler:
@@ -111,9 +119,50 @@ async def drain_worker(request: web.Request) -> web.Response:
     return _json(record.to_json())
 
 
+def merge_listings(bodies: Sequence[bytes]) -> bytes:
+    """``GET /admin/workers`` of several router processes as one: the first one's listing, with
+    every worker's in-flight and request counts summed over the processes, and ``peer_inflight``
+    left with what router instances outside this router have in flight there."""
+    docs = [orjson.loads(b) for b in bodies]
+    first = docs[0]
+    for worker in first["workers"]:
+        same = [w for doc in docs[1:] for w in doc["workers"] if w["id"] == worker["id"]]
+        extra = sum(w["inflight"] for w in same)
+        worker["inflight"] += extra
+        worker["peer_inflight"] = max(0, worker["peer_inflight"] - extra)
+        requests = Counter(worker["requests"])
+        for w in same:
+            requests.update(w["requests"])
+        worker["requests"] = dict(requests)
+    return orjson.dumps(first)
+
+
+def _everywhere(handler: Handler, merge: Callable[[Sequence[bytes]], bytes] | None = None) -> Handler:
+    """Wrap a handler so that, in a router of several processes, every process runs it: the
+    answer is the answering process's (or ``merge`` of all the 200 ones), with
+    ``x-kvroute-processes: <answered>/<processes>``."""
+
+    @functools.wraps(handler)
+    async def everywhere(request: web.Request) -> web.Response:
+        broadcast = request.app.get(BROADCAST)
+        if broadcast is None:
+            return await handler(request)
+        answers = await broadcast(request)
+        answered = [a for a in answers if a is not None]
+        if not answered:
+            return _error(503, "no router process answered")
+        status, body = answered[0]
+        if merge is not None and status == 200:
+            body = merge([b for s, b in answered if s == 200])
+        return web.Response(status=status, body=body, content_type="application/json",
+                            headers={"x-kvroute-processes": f"{len(answered)}/{len(answers)}"})
+
+    return everywhere
+
+
 def setup_admin(app: web.Application) -> None:
     """Mount the admin routes on ``app``."""
-    app.router.add_get("/admin/workers", admin_only(list_workers))
-    app.router.add_post("/admin/workers", admin_only(add_worker))
-    app.router.add_delete("/admin/workers/{id}", admin_only(remove_worker))
-    app.router.add_post("/admin/workers/{id}/drain", admin_only(drain_worker))
+    app.router.add_get("/admin/workers", admin_only(_everywhere(list_workers, merge_listings)))
+    app.router.add_post("/admin/workers", admin_only(_everywhere(add_worker)))
+    app.router.add_delete("/admin/workers/{id}", admin_only(_everywhere(remove_worker)))
+    app.router.add_post("/admin/workers/{id}/drain", admin_only(_everywhere(drain_worker)))

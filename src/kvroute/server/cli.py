@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import signal
 from collections.abc import Coroutine
 from pathlib import Path
@@ -36,6 +37,9 @@ def serve(
         "--worker-header/--no-worker-header", help="Send x-kvroute-worker in responses.")] = None,
     log_prompts: Annotated[bool | None, typer.Option(
         "--log-prompts/--no-log-prompts", help="Include prompt text in decision logs.")] = None,
+    processes: Annotated[int | None, typer.Option(
+        help="Router processes listening on the same port, sharing routing state through Redis "
+             "(--redis, or a private redis-server) (default 1).")] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
 ) -> None:
     """Route OpenAI- and Anthropic-compatible requests to the replica holding their prefix."""
@@ -44,7 +48,7 @@ def serve(
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     overrides = {"workers": worker or None, "host": host, "port": port, "policy": policy,
                  "admin_token": admin_token, "redis_url": redis, "retries": retries,
-                 "worker_header": worker_header, "log_prompts": log_prompts}
+                 "worker_header": worker_header, "log_prompts": log_prompts, "processes": processes}
     try:
         settings = Settings.load(config, overrides=overrides)
     except SettingsError as exc:
@@ -52,10 +56,22 @@ def serve(
     if not settings.workers and not settings.admin_token:
         raise typer.BadParameter("no workers: pass --worker URL, list them in the config file, "
                                  "or set an admin token to register them at run time")
-    _run(_serve(settings))
+    if settings.processes > 1:
+        if settings.redis_url is None and shutil.which("redis-server") is None:
+            raise typer.BadParameter(
+                f"--processes {settings.processes} needs Redis to share routing state between the router "
+                "processes: pass --redis URL, or install redis-server (apt-get install redis-server) so "
+                "that kvroute can start a private one")
+        from kvroute.server.processes import Supervisor
+
+        code = Supervisor(settings, log_level=log_level).run()
+        if code:
+            raise typer.Exit(code)
+        return
+    run_event_loop(_serve(settings))
 
 
-def _run(main: Coroutine[Any, Any, None]) -> None:
+def run_event_loop(main: Coroutine[Any, Any, None]) -> None:
     """Run ``main`` on uvloop when it is installed."""
     try:
         import uvloop

@@ -7,12 +7,14 @@ so the hot path never pays for it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 from kvroute.fleet.registry import Registry
 
@@ -113,3 +115,76 @@ def _gauge(name: str, doc: str, value: Any) -> GaugeMetricFamily:
     if isinstance(value, int | float):
         family.add_metric([], value)
     return family
+
+
+# How the figures of several router processes (``kvroute serve --processes N``) combine into one
+# exposition.  By default samples add up: counters, histograms, and the gauges that count things
+# each process holds (``kvroute_inflight``).  Figures every process reads alike — a worker's
+# state and engine counters, the shared index and sessions — are taken from the answering process,
+# not multiplied.  A process is connected to Redis only if all are.
+_ANSWERING_PREFIXES = ("kvroute_worker_",)
+_ANSWERING = frozenset({"kvroute_index_blocks", "kvroute_sessions", "kvroute_sync_peers"})
+_LEAST = frozenset({"kvroute_sync_connected"})
+
+SampleKey = tuple[str, tuple[tuple[str, str], ...]]
+
+
+def _rule(family: Metric) -> str:
+    if family.name in _ANSWERING or family.name.startswith(_ANSWERING_PREFIXES):
+        return "first"
+    if family.name in _LEAST or family.name.endswith("_created"):
+        return "min"
+    if family.type in ("counter", "gauge", "histogram", "summary"):
+        return "sum"
+    return "first"
+
+
+def merge_expositions(parts: Sequence[tuple[str, str]]) -> bytes:
+    """One ``/metrics`` body for several router processes: ``parts`` are (process label, text
+    exposition) pairs, the answering process first.  Adds ``kvroute_processes`` (how many were
+    merged) and ``kvroute_process_requests_total{process}`` (each one's share of the requests)."""
+    families: dict[str, Metric] = {}
+    values: dict[str, dict[SampleKey, Sample]] = {}
+    per_process = CounterMetricFamily("kvroute_process_requests",
+                                      "Requests sent to a worker, by router process", labels=["process"])
+    for label, text in parts:
+        routed = 0.0
+        for family in text_string_to_metric_families(text):
+            if family.name == "kvroute_requests":
+                routed += sum(s.value for s in family.samples if s.name == "kvroute_requests_total")
+            merged = values.setdefault(family.name, {})
+            if family.name not in families:
+                families[family.name] = family
+            rule = _rule(families[family.name])
+            for sample in family.samples:
+                key = (sample.name, tuple(sorted(sample.labels.items())))
+                held = merged.get(key)
+                if held is None:
+                    merged[key] = sample
+                elif rule == "sum":
+                    merged[key] = held._replace(value=held.value + sample.value)
+                elif rule == "min" and sample.value < held.value:
+                    merged[key] = sample
+        per_process.add_metric([label], routed)
+    per_process.samples.sort(key=lambda s: (len(s.labels["process"]), s.labels["process"]))
+    out: list[Metric] = []
+    for name, family in families.items():
+        combined = Metric(family.name, family.documentation, family.type, family.unit)
+        combined.samples = list(values[name].values())
+        out.append(combined)
+    out.append(_gauge("kvroute_processes", "Router processes whose figures this answer merges",
+                      len(parts)))
+    out.append(per_process)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Fixed(out))
+    return generate_latest(registry)
+
+
+class _Fixed(Collector):
+    """Yields metric families built elsewhere (a merged exposition)."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families)

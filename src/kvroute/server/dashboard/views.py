@@ -35,6 +35,23 @@ _SNAPSHOT_TTL_S = 1.0
 _NO_STORE = {"Cache-Control": "no-store"}
 
 
+# Set on the app of each process of ``kvroute serve --processes N``: builds the view of the whole
+# router (every process's requests) instead of this process's own (see server/siblings.py).
+Gather = Callable[[Router], Awaitable[FleetView]]
+GATHER: web.AppKey[Gather] = web.AppKey("kvroute.dashboard.gather")
+
+
+def local_view(router: Router) -> FleetView:
+    """What the snapshot is built from, as this process sees it."""
+    return FleetView(
+        records=router.registry.records(),
+        scheduler_stats=router.scheduler.stats(),
+        routing=router.scheduler.config,
+        requests=router.activity.requests,
+        ttfb=router.activity.ttfb,
+    )
+
+
 def _error(status: int, message: str) -> web.Response:
     return web.Response(status=status, body=error_body("openai", status, message),
                         content_type="application/json", headers=_NO_STORE)
@@ -97,13 +114,8 @@ class Dashboard:
         now = self._clock()
         if self._cached is None or now - self._cached[0] >= _SNAPSHOT_TTL_S:
             router = request.app[ROUTER]
-            view = FleetView(
-                records=router.registry.records(),
-                scheduler_stats=router.scheduler.stats(),
-                routing=router.scheduler.config,
-                requests=router.activity.requests,
-                ttfb=router.activity.ttfb,
-            )
+            gather = request.app.get(GATHER)
+            view = local_view(router) if gather is None else await gather(router)
             self._cached = (now, orjson.dumps(build_snapshot(view, now)))
         return web.Response(body=self._cached[1], content_type="application/json", headers=_NO_STORE)
 

@@ -1,0 +1,78 @@
+"""The dashboard of a router made of several processes (``kvroute serve --processes N``).
+
+The fleet — workers, engine figures, the prefix index and sessions — is the same in every process
+(the index and sessions are shared through Redis), but each process keeps its own recent requests,
+TTFB samples, per-worker request counts and in-flight counts.  ``activity_json`` is one process's
+share, as its siblings fetch it; ``merged_view`` folds the siblings' shares into the answering
+process's view, from which the usual snapshot is built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from itertools import chain
+from typing import Any
+
+from kvroute.server.activity import RequestRecord
+from kvroute.server.context import Router
+from kvroute.server.dashboard.snapshot import FleetView
+
+log = logging.getLogger("kvroute.dashboard")
+
+
+def activity_json(router: Router) -> dict[str, Any]:
+    """This process's recent requests, TTFB samples, and requests and in-flight counts per worker."""
+    return {
+        "requests": [r.to_json() for r in router.activity.requests],
+        "ttfb": list(router.activity.ttfb),
+        "workers": {r.id: {"inflight": r.state.inflight, "requests": dict(r.requests)}
+                    for r in router.registry.records()},
+    }
+
+
+@dataclasses.dataclass(slots=True)
+class _Activity:
+    requests: list[RequestRecord]
+    ttfb: list[tuple[float, float]]
+    inflight: dict[str, int]
+    counts: dict[str, Counter[str]]
+
+
+def _parse(doc: Mapping[str, Any]) -> _Activity:
+    """A sibling's ``activity_json``; raises (TypeError, ValueError, KeyError) when malformed."""
+    workers = doc["workers"]
+    counts = {str(w): Counter({str(k): int(n) for k, n in v["requests"].items()}) for w, v in workers.items()}
+    return _Activity(
+        requests=[RequestRecord(**r) for r in doc["requests"]],
+        ttfb=[(float(t), float(v)) for t, v in doc["ttfb"]],
+        inflight={str(w): int(v["inflight"]) for w, v in workers.items()},
+        counts=counts,
+    )
+
+
+def merged_view(router: Router, others: Sequence[Mapping[str, Any]]) -> FleetView:
+    """The answering process's view with the other processes' activity folded in: requests and
+    in-flight counts per worker summed, recent requests and TTFB samples interleaved by time.
+    ``peer_inflight`` keeps only what router instances outside this router have in flight."""
+    shares: list[_Activity] = []
+    for doc in others:
+        try:
+            shares.append(_parse(doc))
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            log.warning("dashboard: ignoring a router process's malformed activity: %s", exc)
+    records = []
+    for record in router.registry.records():
+        extra = sum(s.inflight.get(record.id, 0) for s in shares)
+        counts = Counter(record.requests)
+        for s in shares:
+            counts.update(s.counts.get(record.id, Counter()))
+        state = dataclasses.replace(record.state, inflight=record.state.inflight + extra,
+                                    peer_inflight=max(0, record.state.peer_inflight - extra))
+        records.append(dataclasses.replace(record, state=state, requests=counts))
+    requests = sorted(chain(router.activity.requests, *(s.requests for s in shares)), key=lambda r: r.time)
+    ttfb = sorted(chain(router.activity.ttfb, *(s.ttfb for s in shares)))
+    return FleetView(records=records, scheduler_stats=router.scheduler.stats(),
+                     routing=router.scheduler.config, requests=requests, ttfb=ttfb)
