@@ -86,6 +86,7 @@ class Options:
     cost_rounds: int
     probe_model_s: float
     sim_opts: tuple[str, ...]
+    session_ids: bool
     cache_dir: Path
     out: Path
 
@@ -142,7 +143,7 @@ async def quality_run(spec: RouterSpec, opts: Options,
         def on_tick(sessions: int, elapsed: float, records: Sequence[RequestRecord]) -> None:
             captured[sessions] = records
 
-        workload = KeyedWorkload(AgentWorkload(AgentWorkloadConfig(), opts.seed))
+        workload = KeyedWorkload(AgentWorkload(AgentWorkloadConfig(), opts.seed), opts.session_ids)
         plan = StepPlan(opts.steps, opts.duration_s, opts.drain_s, poll_interval_s=1.0)
         # By default one probe per model second, as a fleet running in real time would be probed.
         async with running_router(spec, urls, model, opts.probe_model_s / opts.speed, venvs,
@@ -228,7 +229,7 @@ async def run_all(opts: Options) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "preset": opts.preset, "replicas": opts.replicas, "speed": opts.speed, "steps": list(opts.steps),
         "duration_s": opts.duration_s, "drain_s": opts.drain_s, "seed": opts.seed,
-        "kvroute_probe_interval_model_s": opts.probe_model_s,
+        "kvroute_probe_interval_model_s": opts.probe_model_s, "session_ids": opts.session_ids,
         "cost_speed": opts.cost_speed, "cost_plan": dataclasses.asdict(opts.cost_plan),
         "workload": dataclasses.asdict(AgentWorkloadConfig()), "peer_versions": dict(PEER_VERSIONS),
         "cpus": os.cpu_count(), "command": " ".join(sys.argv),
@@ -330,6 +331,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Options, Path | None,
                    help="kvroute's probe interval in the quality part, in model seconds")
     p.add_argument("--sim-opt", action="append", default=[], metavar="NAME=VALUE",
                    help="simulator setting for every replica, repeatable")
+    p.add_argument("--no-session-id", action="store_true",
+                   help="quality part: send no session header (clients that do not name their session)")
     p.add_argument("--skip-quality", action="store_true")
     p.add_argument("--skip-cost", action="store_true")
     p.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="where the peers' venvs live")
@@ -349,7 +352,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Options, Path | None,
             cost_routers=() if a.skip_cost else cost_routers,
             cost_plan=CostPlan(clients=a.cost_clients, duration_s=a.cost_seconds, warmup_s=a.cost_warmup),
             cost_speed=a.cost_speed, cost_rounds=max(1, a.cost_rounds),
-            probe_model_s=a.probe_interval, sim_opts=tuple(a.sim_opt),
+            probe_model_s=a.probe_interval, sim_opts=tuple(a.sim_opt), session_ids=not a.no_session_id,
             cache_dir=a.cache_dir, out=a.out)
     except ValueError as exc:
         p.error(str(exc))

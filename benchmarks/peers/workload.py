@@ -1,4 +1,5 @@
-"""The agent-session workload of ``kvroute.bench`` with the session id under every router's header."""
+"""The agent-session workload of ``kvroute.bench`` with the session id under every router's header
+(or under none, for clients that send no session id: every router must then go by the prompt)."""
 
 from __future__ import annotations
 
@@ -18,9 +19,19 @@ class KeyedRequest(PlannedRequest):
         return {name: self.session_id for name in SESSION_HEADERS} if self.session_id else {}
 
 
-def keyed(req: PlannedRequest) -> KeyedRequest:
-    """``req`` with the headers of every router."""
-    return KeyedRequest(**{f.name: getattr(req, f.name) for f in dataclasses.fields(req)})
+@dataclass(frozen=True, slots=True)
+class UnkeyedRequest(PlannedRequest):
+    """A planned request that tells no router its session (the body never does either)."""
+
+    def headers(self) -> dict[str, str]:
+        """No session header at all."""
+        return {}
+
+
+def keyed(req: PlannedRequest, with_ids: bool = True) -> PlannedRequest:
+    """``req`` with the headers of every router (``with_ids`` False: with none)."""
+    kind = KeyedRequest if with_ids else UnkeyedRequest
+    return kind(**{f.name: getattr(req, f.name) for f in dataclasses.fields(req)})
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +39,7 @@ class KeyedWorkload:
     """``inner``'s sessions, byte for byte, with KeyedRequest headers (a ``kvroute.bench`` Workload)."""
 
     inner: AgentWorkload
+    with_ids: bool = True
 
     @property
     def size(self) -> int | None:
@@ -37,4 +49,4 @@ class KeyedWorkload:
     def session(self, index: int) -> SessionScript:
         """Session ``index`` of the inner workload."""
         script = self.inner.session(index)
-        return SessionScript(script.session_id, tuple(keyed(r) for r in script.requests))
+        return SessionScript(script.session_id, tuple(keyed(r, self.with_ids) for r in script.requests))
