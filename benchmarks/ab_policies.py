@@ -3,10 +3,12 @@
     python benchmarks/ab_policies.py                                  # all six policies
     python benchmarks/ab_policies.py --policies session,auto --steps 16,24
     python benchmarks/ab_policies.py --policies auto --sweep stay_tokens=0,512,4096
+    python benchmarks/ab_policies.py --policies auto,vllm-sll --steps 4,8,16,32 --duration 150
 
 A sweep runs the listed policies once per value of one ModelPolicy field (the tunables of ``auto``,
 the overflow threshold, ...), each on a fresh fleet, and labels the runs ``policy[field=value]``.
-Prints the Markdown table docs/benchmarks.md shows; deterministic for a seed.
+``vllm-sll`` is vllm-router's ``sticky_least_loaded`` (benchmarks/peer_policies.py).  Prints the
+Markdown table docs/benchmarks.md shows; deterministic for a seed.
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ import sys
 import time
 from typing import Any
 
+from peer_policies import cluster_for
+
 from kvroute.bench.report import markdown_table
 from kvroute.bench.results import BenchResult
 from kvroute.bench.workloads import AgentWorkload
 from kvroute.routing.config import POLICY_NAMES
-from kvroute.sim.cluster import ClusterConfig, VirtualCluster
+from kvroute.sim.cluster import ClusterConfig
 
 
 def _value(text: str) -> Any:
@@ -58,8 +62,8 @@ def main() -> int:
         for suffix, fields in variants:
             cfg = ClusterConfig(args.preset, args.replicas, policy=fields,
                                 scrape_interval_s=args.scrape_interval)
-            result.runs.append(VirtualCluster(cfg, policy).run(workload, steps, args.duration,
-                                                               label=policy + suffix))
+            result.runs.append(cluster_for(cfg, policy).run(workload, steps, args.duration,
+                                                            label=policy + suffix))
             print(f"{policy + suffix}: done at {time.perf_counter() - started:.1f} s", file=sys.stderr)
     print(f"{args.replicas} x {args.preset}, seed {args.seed}, {args.duration:g} virtual s per step\n")
     print(markdown_table(result))

@@ -84,8 +84,8 @@ def test_queued_prefill_weighs_more_where_the_engine_evicts(make_scheduler: Make
         conv = text(1, 40_000)
         home = send(s, key(conv, session="a"), ws)
         evicting_worker(s, clock, home, reported_hit=0.5)
-        for i in range(3):  # other work queued on home right now
-            send(s, key(text(50 + i, 16_000)), [w for w in ws if w.id == home])
+        for i in range(2):  # other work queued (in flight) on home right now
+            send(s, key(text(50 + i, 20_000)), [w for w in ws if w.id == home], keep_inflight=True)
         return s.decide(key(conv + text(2, 2_000), session="a"), ws).worker_id != home
 
     assert leaves_home(1.0) and not leaves_home(0.0)

@@ -75,6 +75,16 @@ class ModelPolicy:
     # default: TTFT includes queueing and misses the index did not foresee, so the learned rate runs
     # high and the backlog then drains too slowly (measured in docs/routing.md).
     learn_rate: bool = False
+    # Drain the backlog at the engine's own prefill speed, learned from the fastest prefills it
+    # reports (TTFT per computed token; queueing only slows them), once learn_min_samples requests
+    # of at least learn_floor_min_tokens computed tokens have finished; prefill_s_per_token until
+    # then.  The default rate is an A4000's: faster hardware, or replicas simulated faster than real
+    # time, would otherwise drain it several times too slowly (see learning.py).
+    learn_prefill_speed: bool = True
+    learn_floor_min_tokens: int = 1024
+    # How far a faster sample pulls the learned speed (0-1], and how much a slower one lets it rise.
+    learn_floor_pull: float = 0.5
+    learn_floor_relax: float = 0.001
     # Learning from finished requests: EWMA weight, and samples needed before a figure is used.
     learn_alpha: float = 0.05
     learn_min_samples: int = 8
@@ -106,6 +116,12 @@ class ModelPolicy:
             raise ValueError("learn_alpha must be in (0, 1]")
         if self.learn_min_samples < 0:
             raise ValueError("learn_min_samples must be non-negative")
+        if self.learn_floor_min_tokens < 1:
+            raise ValueError("learn_floor_min_tokens must be positive")
+        if not 0 < self.learn_floor_pull <= 1:
+            raise ValueError("learn_floor_pull must be in (0, 1]")
+        if not math.isfinite(self.learn_floor_relax) or self.learn_floor_relax < 0:
+            raise ValueError("learn_floor_relax must be a finite non-negative number")
 
     def overflow_threshold(self, worker_max_num_seqs: int | None) -> int:
         """Seed 2's threshold for one worker: the configured number, or a quarter of max_num_seqs."""

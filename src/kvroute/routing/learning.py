@@ -1,23 +1,38 @@
 """What the router learns about each worker from its own decisions and the engines' reports.
 
-Three figures per worker, from exponentially weighted averages:
+Four figures per worker (the first and third are exponentially weighted averages):
 
 * **prefill seconds per token** (``rate``): the mean time to first token divided by the mean
   prefill work the router predicted for the same requests (backlog ahead of them plus their own
   uncached tokens).  Requests and completions are not paired one to one (``on_finished`` does not
   name the request); both averages move once per request, so their ratio converges all the same.
+* **fastest prefill** (``fastest``): seconds per token of the quickest prefills the engine reports,
+  ``ttft / (prompt - cached tokens)`` over requests with at least ``floor_min_tokens`` to compute.
+  Queueing only ever makes that figure larger, so the low envelope of the samples is the engine's
+  own speed, on the router's clock: it moves down quickly (``floor_pull`` of the way to a faster
+  sample) and up slowly (``floor_relax`` per slower sample, so a long overload does not pass for
+  slow hardware).  It sets the backlog's drain; unlike ``rate`` it does not absorb queueing.
 * **cache realisation** (``realised``): the engine's reported hit share (cached / prompt tokens)
   divided by the share the index predicted.  Below 1 the engine evicted what the index still
   believes cached (a full KV cache under load), so affinity is worth less there.
-* **backlog**: prefill work the router sent and believes not yet done, drained at ``rate``.
+* **backlog**: prefill work the router sent and believes not yet done, drained at the rate the
+  scheduler passes (the configured one, or ``fastest`` where the engine is quicker) and never more
+  than the prefill of the requests still in flight there (``backlog(..., inflight=n)``): a request
+  that has finished has no prefill left, whatever the clock says.  Without that bound a drain
+  slower than the engine (faster hardware than the default rate assumes, or replicas simulated
+  faster than real time) lets the backlog grow for as long as the load lasts.
 
-``rate`` and ``realised`` are recomputed when a sample arrives, so reading them costs nothing on
-the decision path.
+``rate``, ``fastest`` and ``realised`` are recomputed when a sample arrives, so reading them costs
+nothing on the decision path; the in-flight bound costs O(1) amortised.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
+
+# Sent requests remembered for the in-flight bound (more than any engine's max_num_seqs).
+_MAX_SENT = 1024
 
 
 @dataclass(slots=True)
@@ -41,7 +56,11 @@ class WorkerLearning:
 
     alpha: float = 0.05
     min_samples: int = 8
+    floor_min_tokens: int = 1024
+    floor_pull: float = 0.5
+    floor_relax: float = 0.001
     rate: float | None = None
+    fastest: float | None = None
     realised: float = 1.0
     backlog_tokens: float = 0.0
     backlog_at: float = 0.0
@@ -49,17 +68,38 @@ class WorkerLearning:
     _work_tokens: _Ewma = field(default_factory=_Ewma)
     _hit_reported: _Ewma = field(default_factory=_Ewma)
     _hit_predicted: _Ewma = field(default_factory=_Ewma)
+    # Prefill tokens of the latest requests sent, newest last, and their sum: the ones still in
+    # flight are the newest (responses end roughly in the order they were sent).
+    _sent: deque[float] = field(default_factory=deque)
+    _sent_sum: float = 0.0
+    _floor: float = 0.0
+    _floor_samples: int = 0
 
-    def backlog(self, now: float, s_per_token: float) -> float:
-        """Prefill tokens still believed queued on the worker at ``now``."""
+    def backlog(self, now: float, s_per_token: float, inflight: int | None = None) -> float:
+        """Prefill tokens still believed queued on the worker at ``now``; with ``inflight`` (the
+        requests in flight there now) at most the prefill of the newest ``inflight`` sent."""
         left = self.backlog_tokens - (now - self.backlog_at) / s_per_token
-        return left if left > 0.0 else 0.0
+        if left <= 0.0:
+            return 0.0
+        if inflight is not None:
+            sent = self._sent
+            while len(sent) > inflight:
+                self._sent_sum -= sent.popleft()
+            if len(sent) == inflight and left > self._sent_sum:
+                # Requests not seen sent (another path, not cacheable) leave the bound unknown.
+                left = self._sent_sum if self._sent_sum > 0.0 else 0.0
+                self.backlog_tokens, self.backlog_at = left, now
+        return left
 
     def add_backlog(self, now: float, s_per_token: float, tokens: float) -> float:
         """Queue ``tokens`` of prefill; returns the backlog that was ahead of them."""
         ahead = self.backlog(now, s_per_token)
         self.backlog_tokens = ahead + tokens
         self.backlog_at = now
+        self._sent.append(tokens)
+        self._sent_sum += tokens
+        if len(self._sent) > _MAX_SENT:
+            self._sent_sum -= self._sent.popleft()
         return ahead
 
     def on_sent(self, now: float, s_per_token: float, prefill_tokens: float,
@@ -77,7 +117,22 @@ class WorkerLearning:
             self._ttft_s.add(ttft_s, self.alpha)
         if prompt_tokens and cached_tokens is not None and 0 <= cached_tokens <= prompt_tokens:
             self._hit_reported.add(cached_tokens / prompt_tokens, self.alpha)
+            computed = prompt_tokens - cached_tokens
+            if ttft_s is not None and ttft_s > 0 and computed >= max(1, self.floor_min_tokens):
+                self._add_floor(ttft_s / computed)
         self._update()
+
+    def _add_floor(self, s_per_token: float) -> None:
+        """One prefill's seconds per computed token: pull the envelope down, or let it rise slowly."""
+        floor = self._floor
+        self._floor_samples += 1
+        if self._floor_samples == 1 or s_per_token <= floor:
+            floor += (s_per_token - floor) * (1.0 if self._floor_samples == 1 else self.floor_pull)
+        else:
+            floor = min(s_per_token, floor * (1.0 + self.floor_relax))
+        self._floor = floor
+        if self._floor_samples >= max(1, self.min_samples):
+            self.fastest = floor
 
     def _update(self) -> None:
         need = max(1, self.min_samples)

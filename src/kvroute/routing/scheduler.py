@@ -15,7 +15,7 @@ from typing import Any
 import xxhash
 
 from kvroute.routing.candidates import Candidate, Context
-from kvroute.routing.config import RoutingConfig
+from kvroute.routing.config import ModelPolicy, RoutingConfig
 from kvroute.routing.decision import Decision, DecisionKind
 from kvroute.routing.hashing import block_hashes, stored_positions
 from kvroute.routing.key import EST_BYTES_PER_TOKEN, RoutingKey
@@ -94,7 +94,7 @@ class Scheduler:
             cands = kept
         self._match(hashes, cands, now)
         if policy.uses_learning:
-            self._annotate(cands, cfg.prefill_s_per_token, cfg.learn_rate, now)
+            self._annotate(cands, cfg, now)
         scores = [scorer(ctx, cands) for scorer in policy.scorers]
         keys = list(zip(*scores, strict=True)) if scores else [()] * len(cands)
         i = policy.picker(self._picker, keys)
@@ -114,17 +114,17 @@ class Scheduler:
         for slot, depth in self._index.match(hashes, slots, now).items():
             cands[slots[slot]].matched_blocks = depth
 
-    def _annotate(self, cands: list[Candidate], default_spt: float, learn_rate: bool, now: float) -> None:
+    def _annotate(self, cands: list[Candidate], cfg: ModelPolicy, now: float) -> None:
         learning = self._learning
         for c in cands:
             learned = learning.get(c.worker.id)
+            known = c.worker.prefill_s_per_token
             if learned is None:
-                c.s_per_token = c.worker.prefill_s_per_token or default_spt
+                c.s_per_token = known or cfg.prefill_s_per_token
                 continue
-            rate = learned.rate if learn_rate else None
-            spt = c.s_per_token = c.worker.prefill_s_per_token or rate or default_spt
+            c.s_per_token = known or (learned.rate if cfg.learn_rate else None) or cfg.prefill_s_per_token
             c.realisation = learned.realised
-            c.backlog_tokens = learned.backlog(now, spt)
+            c.backlog_tokens = learned.backlog(now, known or self._drain_rate(learned, cfg), c.load)
 
     def _nobody(self, key: RoutingKey, policy: Policy, hashes: tuple[int, ...], ctx: Context,
                 stage: str, offered: int) -> Decision:
@@ -157,7 +157,7 @@ class Scheduler:
         if key.cacheable:
             learned = self._learn(worker)
             est = key.est_prompt_tokens
-            spt = self._rate(worker, learned, cfg.learn_rate, cfg.prefill_s_per_token)
+            spt = self._rate(worker, learned, cfg)
             # The index's own prediction (not the discounted one): realisation compares the engine's
             # report with it, and must not feed back on itself.
             indexed = decision.matched_blocks * self.config.block_bytes / EST_BYTES_PER_TOKEN
@@ -175,7 +175,7 @@ class Scheduler:
                     record.prefill_tokens:
                 learned = self._learn(record.worker_id)
                 cfg = self.config.default
-                spt = self._rate(record.worker_id, learned, cfg.learn_rate, cfg.prefill_s_per_token)
+                spt = self._rate(record.worker_id, learned, cfg)
                 learned.add_backlog(self._clock(), spt, record.prefill_tokens)
         elif isinstance(record, SessionRecord):
             self._sessions.bind(record.session, record.worker_id, record.time)
@@ -207,17 +207,27 @@ class Scheduler:
         """A request on ``worker_id`` finished; learn from what the engine reported (any may be None)."""
         self._learn(worker_id).on_finished(prompt_tokens, cached_tokens, ttft_s)
 
-    def _rate(self, worker_id: str, learned: WorkerLearning, learn_rate: bool, default: float) -> float:
-        """Prefill seconds per token for ``worker_id``: the worker's own figure, else the learned
-        one when enabled, else the default (as ``_annotate`` reads it, so the backlog agrees)."""
-        known = self._known_rates.get(worker_id)
-        return known or (learned.rate if learn_rate else None) or default
+    def _rate(self, worker_id: str, learned: WorkerLearning, cfg: ModelPolicy) -> float:
+        """Seconds per token at which ``worker_id``'s backlog drains: the worker's own figure, else
+        the learned one (as ``_annotate`` reads it, so the backlog agrees)."""
+        return self._known_rates.get(worker_id) or self._drain_rate(learned, cfg)
+
+    @staticmethod
+    def _drain_rate(learned: WorkerLearning, cfg: ModelPolicy) -> float:
+        """The TTFT-based rate when enabled, else the configured one, but never slower than the
+        engine's fastest prefills (``learn_prefill_speed``).  Only the backlog drains at it: costs
+        keep one scale for every worker, since a per-worker figure would tilt every comparison."""
+        rate = (learned.rate if cfg.learn_rate else None) or cfg.prefill_s_per_token
+        fastest = learned.fastest if cfg.learn_prefill_speed else None
+        return fastest if fastest is not None and fastest < rate else rate
 
     def _learn(self, worker_id: str) -> WorkerLearning:
         learned = self._learning.get(worker_id)
         if learned is None:
             cfg = self.config.default
-            learned = self._learning[worker_id] = WorkerLearning(cfg.learn_alpha, cfg.learn_min_samples)
+            learned = self._learning[worker_id] = WorkerLearning(
+                cfg.learn_alpha, cfg.learn_min_samples, cfg.learn_floor_min_tokens, cfg.learn_floor_pull,
+                cfg.learn_floor_relax)
         return learned
 
     # --- introspection -------------------------------------------------------------------------
@@ -234,9 +244,10 @@ class Scheduler:
                                      for kind in DecisionKind if kind is not DecisionKind.NO_WORKER}
             entry["sessions"] = self._sessions.bound(wid)
             if learned is not None:
-                spt = self._rate(wid, learned, cfg.learn_rate, cfg.prefill_s_per_token)
+                spt = self._rate(wid, learned, cfg)
                 entry["prefill_s_per_token"] = spt
                 entry["learned_s_per_token"] = learned.rate
+                entry["fastest_s_per_token"] = learned.fastest
                 entry["cache_realisation"] = learned.realised
                 entry["backlog_tokens"] = round(learned.backlog(now, spt))
             workers[wid] = entry
