@@ -69,13 +69,13 @@ def _json(doc: Any, status: int = 200) -> web.Response:
 def front_handler(router: Router, proxy: Proxy, app_origin: Origin) -> Handler:
     """What the listening side does with each request: the inference routes are served here,
     everything else goes to the aiohttp application at ``app_origin``."""
-    routes = {route.path.encode("ascii"): route for route in ROUTES}
+    routes = {route.path: route for route in ROUTES}
     failures = router.metrics.failures
     limit = router.settings.max_body_bytes
     too_large = f"request body larger than {limit} bytes"
 
     async def handle(request: FrontRequest, writer: ResponseWriter) -> None:
-        route = routes.get(request.path.encode("latin-1")) if request.method == b"POST" else None
+        route = routes.get(request.path) if request.method == b"POST" else None
         if route is None:
             if request.too_large:
                 failures.labels("too_large").inc()
@@ -150,7 +150,7 @@ async def _pass_to_app(request: FrontRequest, writer: ResponseWriter, router: Ro
             writer.respond(head.status, headers, b"", head.reason, length=len(b"".join(parts)))
             return
         writer.start(head.status, headers, length=head.content_length, reason=head.reason)
-        writer.pause_hook = lambda paused: call.pause() if paused else call.resume()
+        writer.on_pause(lambda paused: call.pause() if paused else call.resume())
 
         def flush() -> None:
             if parts:
@@ -164,7 +164,7 @@ async def _pass_to_app(request: FrontRequest, writer: ResponseWriter, router: Ro
     except UpstreamError:
         writer.abort()
     finally:
-        writer.pause_hook = None
+        writer.on_pause(None)
         call.abort()
 
 

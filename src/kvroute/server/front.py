@@ -52,13 +52,6 @@ class FrontRequest:
     # Set when the body was larger than the limit (it was not kept).
     too_large: bool = False
 
-    def header(self, name: bytes) -> bytes | None:
-        """The first value of header ``name`` (lower case), if any."""
-        for k, v in self.headers:
-            if k.lower() == name:
-                return v
-        return None
-
 
 class ResponseWriter:
     """Writes one response to the client: whole (``respond``) or as a stream (``start``, ``write``,
@@ -80,6 +73,13 @@ class ResponseWriter:
     def lost(self) -> bool:
         """Whether the client's connection is gone."""
         return self._conn.lost
+
+    def on_pause(self, hook: Callable[[bool], None] | None) -> None:
+        """Call ``hook(True)`` when the client stops taking data quickly enough (at once if it
+        already has), ``hook(False)`` when it does again; None: stop telling."""
+        self.pause_hook = hook
+        if hook is not None and self._conn.write_paused:
+            hook(True)
 
     def _head(self, status: int, reason: bytes, headers: bytes, framing: bytes) -> bytes:
         connection = b"" if self.keep_alive else b"connection: close\r\n"
@@ -159,6 +159,7 @@ class _FrontConnection(asyncio.Protocol):
         self._task: asyncio.Task[None] | None = None
         self._writer: ResponseWriter | None = None
         self._reading_paused = False
+        self.write_paused = False
         self.lost = False
         self.http_minor = 1
         # The request being read.
@@ -204,11 +205,13 @@ class _FrontConnection(asyncio.Protocol):
             self._task.cancel()
 
     def pause_writing(self) -> None:
+        self.write_paused = True
         writer = self._writer
         if writer is not None and writer.pause_hook is not None:
             writer.pause_hook(True)
 
     def resume_writing(self) -> None:
+        self.write_paused = False
         writer = self._writer
         if writer is not None and writer.pause_hook is not None:
             writer.pause_hook(False)

@@ -281,7 +281,7 @@ class Proxy:
                      defer=not sse)
         usage = UsageSniffer(sse)
         relay = _Relay(writer, sse, usage, started, sent_at, r)
-        writer.pause_hook = lambda paused: call.pause() if paused else call.resume()
+        writer.on_pause(lambda paused: call.pause() if paused else call.resume())
         call.attach(relay.feed, relay.flush)
         completed = False
         outcome = head.status  # what the activity log records: 499 client gone, 502 broken
@@ -302,7 +302,7 @@ class Proxy:
             r.metrics.failures.labels("client_disconnect").inc()
             raise
         finally:
-            writer.pause_hook = None
+            writer.on_pause(None)
             call.abort()  # closing the connection is what makes the engine abort the request
             self._finished(route, key, state, decision, usage, outcome, relay.ttfb, relay.first_chunk_s,
                            sse, completed, attempts, started)

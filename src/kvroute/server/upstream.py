@@ -73,13 +73,6 @@ class ResponseHead:
     chunked: bool = False
     event_stream: bool = False
 
-    def header(self, name: bytes) -> bytes | None:
-        """The first value of header ``name`` (lower case), if any."""
-        for k, v in self.headers:
-            if k.lower() == name:
-                return v
-        return None
-
 
 class Call:
     """One request on one connection: ``head`` resolves with the answer's head, then body chunks go
