@@ -21,11 +21,11 @@ from typing import Any
 
 from peer_policies import cluster_for
 
+from kvroute.bench.cluster import ClusterConfig
 from kvroute.bench.report import markdown_table
 from kvroute.bench.results import BenchResult
 from kvroute.bench.workloads import AgentWorkload
-from kvroute.routing.config import POLICY_NAMES
-from kvroute.sim.cluster import ClusterConfig
+from kvroute.routing.policies import BUILT_IN_NAMES
 
 
 def _value(text: str) -> Any:
@@ -38,7 +38,7 @@ def _value(text: str) -> Any:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--policies", default=",".join(POLICY_NAMES))
+    parser.add_argument("--policies", default=",".join(BUILT_IN_NAMES))
     parser.add_argument("--steps", default="4,8,16,24,32")
     parser.add_argument("--duration", type=float, default=180.0, help="virtual seconds per step")
     parser.add_argument("--preset", default="a4000-qwen3-4b")

@@ -29,9 +29,9 @@ from typing import Any
 
 from peer_policies import cluster_for
 
+from kvroute.bench.cluster import EPOCH, ClusterConfig, VirtualCluster
 from kvroute.bench.results import StepResult
 from kvroute.bench.workloads import AgentWorkload, AgentWorkloadConfig
-from kvroute.sim.cluster import EPOCH, ClusterConfig, VirtualCluster
 
 
 def _seeds(text: str) -> list[int]:

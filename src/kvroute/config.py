@@ -11,15 +11,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from kvroute.api.requests import RequestOptions
-from kvroute.routing.config import ModelPolicy, RoutingConfig
-
-Overflow = int | Literal["auto"]
+from kvroute.routing.config import ModelPolicy, RoutingConfig, setting_infos
 
 _TRUE = frozenset(("1", "true", "yes", "on"))
 _FALSE = frozenset(("0", "false", "no", "off", ""))
@@ -45,14 +43,28 @@ class WorkerSpec:
     max_num_seqs: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class ModelSettings:
-    """Per-model routing knobs; ``None`` means "the router-wide default"."""
+class ModelSettings(Mapping[str, Any]):
+    """One ``[models.NAME]`` table: any per-model routing setting (every field of every routing
+    settings block, docs/server.md), applied on top of ``policy`` and ``[routing]``."""
 
-    policy: str | None = None
-    sticky: bool | None = None
-    overflow: Overflow | None = None
-    max_num_seqs: int | None = None
+    def __init__(self, **values: Any) -> None:
+        known = {i.name for i in setting_infos()}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise SettingsError(f"unknown setting(s): {', '.join(unknown)}")
+        self._values = dict(values)
+
+    def __getitem__(self, name: str) -> Any:
+        return self._values[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return f"ModelSettings({', '.join(f'{k}={v!r}' for k, v in self._values.items())})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +178,7 @@ class Settings:
     def routing_config(self) -> RoutingConfig:
         """The scheduler's configuration: ``policy`` and ``[routing]`` for every model, then each
         ``[models.NAME]`` table on top."""
-        policy_fields = {f.name for f in dataclasses.fields(ModelPolicy)}
+        policy_fields = {i.name for i in setting_infos()}
         config_fields = {f.name for f in dataclasses.fields(RoutingConfig)} - {"default", "models"}
         unknown = sorted(set(self.routing) - policy_fields - config_fields)
         if unknown:
@@ -175,11 +187,15 @@ class Settings:
                                   for k, v in self.routing.items() if k in policy_fields}
         try:
             default = ModelPolicy(**{**shared, "policy": shared.get("policy", self.policy)})
-            models = {}
-            for name, m in self.models.items():
-                changes = {k: getattr(m, k) for k in ("policy", "sticky", "overflow", "max_num_seqs")
-                           if getattr(m, k) is not None}
-                models[name] = dataclasses.replace(default, **changes)
+        except (TypeError, ValueError) as exc:
+            raise SettingsError(f"routing settings: {exc}") from None
+        models = {}
+        for name, m in self.models.items():
+            try:
+                models[name] = default.replace(**m)
+            except (TypeError, ValueError) as exc:
+                raise SettingsError(f"models.{name}: {exc}") from None
+        try:
             return RoutingConfig(default=default, models=models,
                                  **{k: v for k, v in self.routing.items() if k in config_fields})
         except (TypeError, ValueError) as exc:
@@ -254,21 +270,25 @@ def _model(name: str, value: Any) -> ModelSettings:
         return value
     if not isinstance(value, Mapping):
         raise SettingsError(f"models.{name} must be a table")
-    unknown = sorted(set(value) - {"policy", "sticky", "overflow", "max_num_seqs"})
+    defaults = {i.name: i.default for i in setting_infos()}
+    unknown = sorted(set(value) - set(defaults))
     if unknown:
         raise SettingsError(f"unknown setting(s) in models.{name}: {', '.join(unknown)}")
-    overflow = value.get("overflow")
-    if overflow is not None and overflow != "auto":
-        overflow = _coerce(f"models.{name}.overflow", overflow, 1)
-        if overflow < 1:
-            raise SettingsError(f"models.{name}.overflow must be 'auto' or a positive number")
-    sticky, mns, policy = value.get("sticky"), value.get("max_num_seqs"), value.get("policy")
-    return ModelSettings(
-        policy=None if policy is None else str(policy),
-        sticky=None if sticky is None else _coerce(f"models.{name}.sticky", sticky, True),
-        overflow=overflow,
-        max_num_seqs=None if mns is None else _coerce(f"models.{name}.max_num_seqs", mns, 1),
-    )
+    values: dict[str, Any] = {}
+    for key, v in value.items():
+        default = defaults[key]
+        if isinstance(v, list):
+            v = tuple(v)
+        elif key == "overflow" and v != "auto":
+            v = _coerce(f"models.{name}.overflow", v, 1)
+            if v < 0:
+                raise SettingsError(f"models.{name}.overflow must be 'auto' or a non-negative integer")
+        elif default is None:
+            v = None if v is None else _coerce(f"models.{name}.{key}", v, 1)
+        elif not isinstance(default, tuple):
+            v = _coerce(f"models.{name}.{key}", v, default)
+        values[key] = v
+    return ModelSettings(**values)
 
 
 def _coerce(name: str, value: Any, default: Any) -> Any:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from kvroute.bench.cluster import ClusterConfig, VirtualCluster, run_virtual_bench
 from kvroute.bench.results import BenchResult
 from kvroute.bench.workloads import AgentWorkload, AgentWorkloadConfig
-from kvroute.sim.cluster import ClusterConfig, VirtualCluster, run_virtual_bench
 
 SMALL = AgentWorkloadConfig(system_tokens=800, first_tokens=1600, rounds=3, round_tokens=200,
                             max_output_tokens=32, min_output_tokens=8, think_time_s=1.0)

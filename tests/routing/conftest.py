@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 from routing_helpers import Clock
 
-from kvroute.routing.config import ModelPolicy, RoutingConfig
+from kvroute.routing.config import ModelPolicy, RoutingConfig, setting_infos
 from kvroute.routing.scheduler import Scheduler
 
 
@@ -20,7 +20,7 @@ def clock() -> Clock:
 def make_scheduler(clock: Clock) -> Callable[..., Scheduler]:
     """Scheduler factory: ``make_scheduler("prefix", index_max_blocks=10, overflow=4)``; keyword
     arguments that are ModelPolicy fields go to the policy, the rest to RoutingConfig."""
-    policy_fields = set(ModelPolicy.__dataclass_fields__)
+    policy_fields = {i.name for i in setting_infos()}
 
     def make(policy: str = "auto", **kwargs: object) -> Scheduler:
         pol = {k: v for k, v in kwargs.items() if k in policy_fields}

@@ -14,6 +14,7 @@ from routing_helpers import Clock, fleet, key, send, text
 from kvroute.routing.decision import DecisionKind
 from kvroute.routing.learning import WorkerLearning
 from kvroute.routing.scheduler import Scheduler
+from kvroute.routing.sync_record import PrefixRecord
 
 MakeScheduler = Callable[..., Scheduler]
 
@@ -22,20 +23,20 @@ def test_backlog_never_exceeds_the_prefill_still_in_flight() -> None:
     w = WorkerLearning()
     for tokens in (4000, 3000, 2000):
         w.on_sent(100.0, 1e-3, tokens, None)
-    assert w.backlog(100.0, 1e-3) == pytest.approx(9000)  # no in-flight figure: the clock alone
-    assert w.backlog(100.0, 1e-3, inflight=3) == pytest.approx(9000)
-    assert w.backlog(100.0, 1e-3, inflight=1) == pytest.approx(2000)  # the newest one is left
-    assert w.backlog(100.0, 1e-3) == pytest.approx(2000)  # and the bound sticks
+    assert w.drain(100.0, 1e-3) == pytest.approx(9000)  # no in-flight figure: the clock alone
+    assert w.drain(100.0, 1e-3, inflight=3) == pytest.approx(9000)
+    assert w.drain(100.0, 1e-3, inflight=1) == pytest.approx(2000)  # the newest one is left
+    assert w.drain(100.0, 1e-3) == pytest.approx(2000)  # and the bound sticks
     w.on_sent(100.0, 1e-3, 500, None)
-    assert w.backlog(100.0, 1e-3, inflight=2) == pytest.approx(2500)
-    assert w.backlog(100.0, 1e-3, inflight=0) == 0
+    assert w.drain(100.0, 1e-3, inflight=2) == pytest.approx(2500)
+    assert w.drain(100.0, 1e-3, inflight=0) == 0
 
 
 def test_backlog_bound_needs_every_request_in_flight_seen() -> None:
     """Requests the scheduler never saw sent (not cacheable, another path) leave the bound unknown."""
     w = WorkerLearning()
     w.on_sent(0.0, 1e-3, 4000, None)
-    assert w.backlog(0.0, 1e-3, inflight=3) == pytest.approx(4000)
+    assert w.drain(0.0, 1e-3, inflight=3) == pytest.approx(4000)
 
 
 def fast_engine_history(s: Scheduler, clock: Clock) -> list:
@@ -122,3 +123,17 @@ def test_a_faster_worker_does_not_look_cheaper_for_everything(make_scheduler: Ma
         clock.advance(10)
     chosen = {s.decide(key(text(100 + i, 16_000)), ws).worker_id for i in range(4)}
     assert chosen == {"w0", "w1"}
+
+
+def test_replayed_remote_facts_do_not_invent_a_backlog(make_scheduler: MakeScheduler, clock: Clock) -> None:
+    """A fact from another instance adds its prefill less what the worker has drained since it was
+    sent, at the same rate as local requests (the learned one once known, here the configured)."""
+    s = make_scheduler("auto", prefill_s_per_token=1e-3)
+    s.on_worker_epoch("w0", 1.0)
+    now = clock()
+    s.apply_remote(PrefixRecord("w0", 1.0, now - 0.6, (1, 2), prefill_tokens=500))  # drained long ago
+    assert s.stats()["workers"]["w0"]["backlog_tokens"] == 0
+    s.apply_remote(PrefixRecord("w0", 1.0, now - 0.1, (3,), prefill_tokens=500))
+    assert s.stats()["workers"]["w0"]["backlog_tokens"] == 400
+    s.apply_remote(PrefixRecord("w0", 1.0, now, (4,), prefill_tokens=70))
+    assert s.stats()["workers"]["w0"]["backlog_tokens"] == 470

@@ -1,6 +1,6 @@
 """Load as the scheduler reads it: fresh router counts plus only the engine load it cannot see."""
 
-from kvroute.routing.candidates import Candidate
+from kvroute.routing.view import Candidate
 from kvroute.routing.worker import WorkerState
 
 

@@ -14,14 +14,16 @@ _BENCHMARKS = str(Path(__file__).resolve().parents[2] / "benchmarks")
 if _BENCHMARKS not in sys.path:
     sys.path.insert(0, _BENCHMARKS)
 
-from peer_policies import StickyLeastLoaded  # noqa: E402
+from peer_policies import SLL_SESSION_TTL_S, STICKY_LEAST_LOADED  # noqa: E402
 
 from kvroute.routing.config import ModelPolicy, RoutingConfig  # noqa: E402
+from kvroute.routing.scheduler import Scheduler  # noqa: E402
 
 
-def sll(clock: Clock) -> StickyLeastLoaded:
-    return StickyLeastLoaded(RoutingConfig(default=ModelPolicy(policy="session"), session_ttl_s=7200.0),
-                             clock=clock)
+def sll(clock: Clock) -> Scheduler:
+    config = RoutingConfig(default=ModelPolicy(policy=STICKY_LEAST_LOADED.name),
+                           session_ttl_s=SLL_SESSION_TTL_S)
+    return Scheduler(config, clock=clock)
 
 
 def test_new_sessions_go_by_sessions_assigned_not_by_load(clock: Clock) -> None:

@@ -40,13 +40,13 @@ def _int_list(text: str, name: str) -> tuple[int, ...]:
 
 
 def _policies(text: str) -> list[str]:
-    from kvroute.routing.config import POLICY_NAMES
+    from kvroute.routing.config import policy_names
 
     names = [p.strip() for p in text.split(",") if p.strip()]
-    unknown = [p for p in names if p not in POLICY_NAMES]
+    unknown = [p for p in names if p not in policy_names()]
     if not names or unknown:
         raise typer.BadParameter(f"unknown policy {', '.join(unknown) or '(none)'}; "
-                                 f"choose from {', '.join(POLICY_NAMES)}", param_hint="--policies")
+                                 f"choose from {', '.join(policy_names())}", param_hint="--policies")
     return names
 
 
@@ -222,7 +222,7 @@ def bench(
     if virtual:
         if target is not None or replica:
             raise typer.BadParameter("--virtual simulates its own fleet; drop --target/--replica")
-        from kvroute.sim.cluster import ClusterConfig, run_virtual_bench
+        from kvroute.bench.cluster import ClusterConfig, run_virtual_bench
 
         try:
             cluster = ClusterConfig(sim, replicas, sim_fields, policy_fields, {}, scrape_interval)

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from kvroute.fleet.vllm_metrics import EngineMetrics
+from kvroute.routing.dispatch import Dispatcher
 from kvroute.routing.worker import WorkerState
 
 # Restart epochs must strictly increase even if the engine's clock is behind the router's.
@@ -147,7 +148,6 @@ class Registry:
         worker_id: str | None = None,
         models: Iterable[str] = (),
         max_num_seqs: int | None = None,
-        labels: Mapping[str, str] | None = None,
     ) -> WorkerRecord:
         """Register a worker, or re-register it: either way its epoch becomes now, so prefixes
         recorded under an earlier registration stop matching.  In-flight counts survive."""
@@ -164,7 +164,7 @@ class Registry:
             epoch = max(now, old.state.epoch + _EPOCH_STEP)
             state = old.state
         state.url, state.models, state.epoch = url, declared, epoch
-        state.max_num_seqs, state.labels = max_num_seqs, dict(labels or {})
+        state.max_num_seqs = max_num_seqs
         state.healthy, state.draining = True, False
         state.running = state.waiting = state.kv_usage = state.max_model_len = None
         record = WorkerRecord(
@@ -229,19 +229,7 @@ class Registry:
                 cards.setdefault(mid, []).append({"id": mid})
         return cards
 
-    # -- the proxy's accounting -------------------------------------------------------------
-    def begin(self, worker_id: str) -> WorkerState | None:
-        """A request is being sent to ``worker_id``: count it in flight."""
-        record = self._records.get(worker_id)
-        if record is None:
-            return None
-        record.state.inflight += 1
-        return record.state
-
-    def end(self, state: WorkerState) -> None:
-        """The request counted by ``begin`` finished (whatever the outcome)."""
-        state.inflight -= 1
-
+    # -- the proxy's accounting (in-flight counts are the dispatcher's) ----------------------
     def count_request(self, worker_id: str, kind: str) -> None:
         """Count a request served by ``worker_id`` under its decision kind."""
         record = self._records.get(worker_id)
@@ -292,8 +280,7 @@ class Registry:
         if m is None:
             return
         record.metrics = m
-        state.running, state.waiting, state.kv_usage = m.running, m.waiting, m.kv_usage
-        state.scraped_inflight = state.total_inflight
+        Dispatcher.scraped(state, m.running, m.waiting, m.kv_usage)
         if m.process_start_time is not None:
             if record.engine_start_time is not None and m.process_start_time != record.engine_start_time:
                 self._restarted(record, m.process_start_time)

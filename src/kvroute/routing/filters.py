@@ -1,66 +1,59 @@
-"""Filters: each removes candidates for one reason.
-
-Hard filters (``ready``, ``serves_model``) may leave nothing, and then nothing can serve the
-request.  Soft filters (the rest) keep every candidate when none would pass: the engine answers a
-too-long prompt with its own, exact error, and when every worker is full the least loaded wins.
-"""
+"""Filters every policy may use.  Hard ones (``ready``, ``serves_model``) may leave nothing;
+soft ones keep every candidate when none would pass: the engine answers a too-long prompt with its
+own, exact error, and when every worker is full the least loaded wins."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from kvroute.routing.candidates import Candidate, Context
-from kvroute.routing.config import DEFAULT_MAX_NUM_SEQS
-
-Filter = Callable[[Context, list[Candidate]], list[Candidate]]
+from kvroute.routing.settings import DEFAULT_MAX_NUM_SEQS
+from kvroute.routing.stages import Filter
+from kvroute.routing.view import Candidate, Signal, View
 
 
-def ready(ctx: Context, cands: list[Candidate]) -> list[Candidate]:
-    """Healthy and not draining."""
+def _ready(view: View, cands: list[Candidate]) -> list[Candidate]:
     return [c for c in cands if c.worker.healthy and not c.worker.draining]
 
 
-def serves_model(ctx: Context, cands: list[Candidate]) -> list[Candidate]:
-    """Serves the requested model (a worker whose models are not yet known is accepted)."""
-    model = ctx.key.model
+def _serves_model(view: View, cands: list[Candidate]) -> list[Candidate]:
+    model = view.key.model
     return [c for c in cands if c.worker.serves(model)]
 
 
-def context_fits(ctx: Context, cands: list[Candidate]) -> list[Candidate]:
-    """Context window holds the estimated prompt plus the requested output (soft)."""
-    need = ctx.key.est_prompt_tokens + ctx.key.max_tokens
+def _context_fits(view: View, cands: list[Candidate]) -> list[Candidate]:
+    need = view.key.est_prompt_tokens + view.key.max_tokens
     kept = [c for c in cands if c.worker.max_model_len is None or need <= c.worker.max_model_len]
     return kept or cands
 
 
-def free_slot(ctx: Context, cands: list[Candidate]) -> list[Candidate]:
-    """Has a free sequence slot, by the engine's count or the router's, whichever is higher (soft)."""
-    default = ctx.policy.max_num_seqs or DEFAULT_MAX_NUM_SEQS
+def _free_slot(view: View, cands: list[Candidate]) -> list[Candidate]:
+    default = view.placement.max_num_seqs or DEFAULT_MAX_NUM_SEQS
     kept = [c for c in cands if c.busy < (c.worker.max_num_seqs or default)]
     return kept or cands
 
 
-def load_within_slack(ctx: Context, cands: list[Candidate]) -> list[Candidate]:
-    """Seed 1's guard for placements: candidates carrying at most ``slack`` more requests than the
-    freest, so a cached head cannot pull every new conversation onto one worker.  A session's own
-    worker is exempt (the ``auto`` cost decides whether it stays)."""
-    if ctx.bound is not None and any(c.worker.id == ctx.bound for c in cands):
+def _load_within_slack(view: View, cands: list[Candidate]) -> list[Candidate]:
+    if view.bound_in(cands):
         return cands
-    slack = ctx.policy.slack_for(ctx.est_tokens)
     least = min(c.busy for c in cands)
-    ctx.min_load, ctx.slack = least, slack
-    return [c for c in cands if c.busy <= least + slack]
+    limit = least + view.placement.slack_for(view.est_tokens)
+    return [c for c in cands if c.busy <= limit]
 
 
-def balanced_sessions(ctx: Context, cands: list[Candidate]) -> list[Candidate]:
-    """A session being placed goes where active sessions are within ``session_spread`` of the
-    fewest (soft; only for a session with no usable binding).  For ``auto`` a loose guard: the cost
-    weighs active sessions (``session_load``), and this only stops a long head cached on one worker
-    from collecting every new session, whose turns would then all queue there."""
-    spread = ctx.policy.session_spread
-    if ctx.session is None or spread is None or len(cands) < 2:
-        return cands
-    if ctx.bound is not None and any(c.worker.id == ctx.bound for c in cands):
-        return cands
-    least = min(c.active_sessions for c in cands)
-    return [c for c in cands if c.active_sessions <= least + spread]
+ready = Filter("ready", _ready)
+"""Healthy and not draining (hard)."""
+
+serves_model = Filter("serves_model", _serves_model)
+"""Serves the requested model; a worker whose models are not yet known is accepted (hard)."""
+
+context_fits = Filter("context_fits", _context_fits)
+"""Context window holds the estimated prompt plus the requested output (soft)."""
+
+free_slot = Filter("free_slot", _free_slot)
+"""Has a free sequence slot, by the engine's count or the router's, whichever is higher (soft)."""
+
+load_within_slack = Filter("load_within_slack", _load_within_slack, frozenset({Signal.BINDING}))
+"""The prompt-size slack as a guard for placements: candidates carrying at most ``slack`` more
+requests than the freest, so a cached head cannot pull every new conversation onto one worker.  A
+session's own worker is exempt (the policy's cost decides whether it stays)."""
+
+BASE = (ready, serves_model, context_fits, free_slot)
+"""What every built-in policy filters on first."""

@@ -17,7 +17,7 @@ Four figures per worker (the first and third are exponentially weighted averages
   believes cached (a full KV cache under load), so affinity is worth less there.
 * **backlog**: prefill work the router sent and believes not yet done, drained at the rate the
   scheduler passes (the configured one, or ``fastest`` where the engine is quicker) and never more
-  than the prefill of the requests still in flight there (``backlog(..., inflight=n)``): a request
+  than the prefill of the requests still in flight there (``drain(..., inflight=n)``): a request
   that has finished has no prefill left, whatever the clock says.  Without that bound a drain
   slower than the engine (faster hardware than the default rate assumes, or replicas simulated
   faster than real time) lets the backlog grow for as long as the load lasts.
@@ -28,11 +28,50 @@ nothing on the decision path; the in-flight bound costs O(1) amortised.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
+from kvroute.routing.settings import check_non_negative, setting
+
 # Sent requests remembered for the in-flight bound (more than any engine's max_num_seqs).
 _MAX_SENT = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class LearningSettings:
+    """How the router learns each worker's figures (used by ``auto``'s signals)."""
+
+    prefill_s_per_token: float = setting(
+        1.5e-4, "prefill seconds per uncached token before anything is learned (an A4000's); only "
+                "matters in absolute terms for the backlog, relative costs cancel it out")
+    learn_rate: bool = setting(
+        False, "use the prefill rate learned from reported TTFTs instead of prefill_s_per_token (off: "
+               "TTFT includes queueing, so the learned rate runs high; docs/routing.md)")
+    learn_prefill_speed: bool = setting(
+        True, "drain the backlog at the engine's own prefill speed, learned from its fastest "
+              "prefills, once learn_min_samples of them have finished")
+    learn_floor_min_tokens: int = setting(
+        1024, "computed tokens a finished request needs to count as a prefill-speed sample")
+    learn_floor_pull: float = setting(0.5, "how far a faster sample pulls the learned speed (0-1]")
+    learn_floor_relax: float = setting(0.001, "how much a slower sample lets the learned speed rise")
+    learn_alpha: float = setting(0.05, "EWMA weight of a new sample (0-1]")
+    learn_min_samples: int = setting(8, "samples needed before a learned figure is used")
+
+    def __post_init__(self) -> None:
+        check_non_negative(self, "prefill_s_per_token", "learn_floor_relax")
+        if self.prefill_s_per_token <= 0:
+            raise ValueError("prefill_s_per_token must be positive")
+        if not 0 < self.learn_alpha <= 1:
+            raise ValueError("learn_alpha must be in (0, 1]")
+        if self.learn_min_samples < 0:
+            raise ValueError("learn_min_samples must be non-negative")
+        if self.learn_floor_min_tokens < 1:
+            raise ValueError("learn_floor_min_tokens must be positive")
+        if not 0 < self.learn_floor_pull <= 1:
+            raise ValueError("learn_floor_pull must be in (0, 1]")
+        if not math.isfinite(self.learn_floor_relax):
+            raise ValueError("learn_floor_relax must be finite")
 
 
 @dataclass(slots=True)
@@ -75,9 +114,30 @@ class WorkerLearning:
     _floor: float = 0.0
     _floor_samples: int = 0
 
-    def backlog(self, now: float, s_per_token: float, inflight: int | None = None) -> float:
-        """Prefill tokens still believed queued on the worker at ``now``; with ``inflight`` (the
-        requests in flight there now) at most the prefill of the newest ``inflight`` sent."""
+    @classmethod
+    def from_settings(cls, s: LearningSettings) -> WorkerLearning:
+        """Empty figures learned as ``s`` says."""
+        return cls(s.learn_alpha, s.learn_min_samples, s.learn_floor_min_tokens, s.learn_floor_pull,
+                   s.learn_floor_relax)
+
+    def drain_rate(self, s: LearningSettings) -> float:
+        """Seconds per token at which this worker's backlog drains: the TTFT-based rate when
+        enabled, else the configured one, but never slower than the engine's fastest prefills
+        (``learn_prefill_speed``).  Only the backlog drains at it: costs keep one scale for every
+        worker, since a per-worker figure would tilt every comparison."""
+        rate = (self.rate if s.learn_rate else None) or s.prefill_s_per_token
+        fastest = self.fastest if s.learn_prefill_speed else None
+        return fastest if fastest is not None and fastest < rate else rate
+
+    def cost_rate(self, s: LearningSettings) -> float:
+        """Seconds per token the cost prices prefill at (the learned rate only with ``learn_rate``)."""
+        return (self.rate if s.learn_rate else None) or s.prefill_s_per_token
+
+    def drain(self, now: float, s_per_token: float, inflight: int | None = None) -> float:
+        """Drain the backlog to ``now`` and return the prefill tokens still believed queued on the
+        worker.  With ``inflight`` (the requests in flight there now) the backlog is also cut to the
+        prefill of the newest ``inflight`` requests sent, and the cut is kept: a finished request
+        has no prefill left, whatever the clock says."""
         left = self.backlog_tokens - (now - self.backlog_at) / s_per_token
         if left <= 0.0:
             return 0.0
@@ -93,7 +153,7 @@ class WorkerLearning:
 
     def add_backlog(self, now: float, s_per_token: float, tokens: float) -> float:
         """Queue ``tokens`` of prefill; returns the backlog that was ahead of them."""
-        ahead = self.backlog(now, s_per_token)
+        ahead = self.drain(now, s_per_token)
         self.backlog_tokens = ahead + tokens
         self.backlog_at = now
         self._sent.append(tokens)

@@ -2,23 +2,9 @@
 
 from __future__ import annotations
 
-import random
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 
-Key = tuple[float, ...]
-
-
-@dataclass(slots=True)
-class PickerState:
-    """What pickers remember between decisions: a turn counter and a seeded random source, so a
-    simulation with the same seed makes the same choices."""
-
-    turn: int = 0
-    rng: random.Random = field(default_factory=random.Random)
-
-
-Picker = Callable[[PickerState, Sequence[Key]], int]
+from kvroute.routing.stages import Key, PickerState
 
 
 def lowest(state: PickerState, keys: Sequence[Key]) -> int:

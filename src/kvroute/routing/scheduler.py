@@ -1,8 +1,13 @@
 """The scheduler: request key + worker states -> decision, and what it learns afterwards.
 
 Pure: no I/O, the clock injected (wall-clock seconds, because epochs and entry times travel between
-router instances).  ``decide`` only reads the ``WorkerState``s; the owner of those objects keeps
-their load figures current.  Not thread-safe: one scheduler per event loop.
+router instances).  ``decide`` only reads the ``WorkerState``s; the dispatcher (routing/dispatch.py)
+keeps their load figures current.  Not thread-safe: one scheduler per event loop.
+
+A decision runs in two halves.  The *signal producers* here fill one ``Candidate`` per worker with
+the figures the policy's stages declare they need (prefix match, active or bound sessions, learned
+rates and backlog, the session's binding); then the policy's filters, scorers, picker and explainer
+(routing/stages.py, routing/policies/) read them and return values.
 """
 
 from __future__ import annotations
@@ -14,17 +19,17 @@ from typing import Any
 
 import xxhash
 
-from kvroute.routing.candidates import Candidate, Context
 from kvroute.routing.config import ModelPolicy, RoutingConfig
 from kvroute.routing.decision import Decision, DecisionKind
 from kvroute.routing.hashing import block_hashes, stored_positions
 from kvroute.routing.key import EST_BYTES_PER_TOKEN, RoutingKey
-from kvroute.routing.learning import WorkerLearning
-from kvroute.routing.pickers import PickerState
-from kvroute.routing.policies import Policy, policy_named
+from kvroute.routing.learning import LearningSettings, WorkerLearning
+from kvroute.routing.policies import policy_named
 from kvroute.routing.prefix_index import PrefixIndex
 from kvroute.routing.sessions import SessionTable
+from kvroute.routing.stages import PickerState, Policy
 from kvroute.routing.sync_record import PrefixRecord, SessionRecord, SyncRecord, WorkerEpochRecord
+from kvroute.routing.view import Candidate, Signal, View
 from kvroute.routing.worker import WorkerState
 
 
@@ -39,9 +44,9 @@ class Scheduler:
     """Routing decisions for one router instance.
 
     ``decide`` picks a worker; ``commit`` records what the decision implies once the request is
-    really sent (prefix ownership, session binding) and returns the facts to publish to other
-    instances; ``apply_remote`` applies such a fact.  The ``on_*`` hooks keep the learned figures
-    and the index in step with the fleet.
+    really sent (prefix ownership, session binding, the backlog it adds) and returns the facts to
+    publish to other instances; ``apply_remote`` applies such a fact.  The ``on_*`` hooks keep the
+    learned figures and the index in step with the fleet.
     """
 
     def __init__(self, config: RoutingConfig | None = None, clock: Callable[[], float] = time.time) -> None:
@@ -52,13 +57,11 @@ class Scheduler:
         self._picker = PickerState(rng=random.Random(self.config.seed))
         self._learning: dict[str, WorkerLearning] = {}
         self._counts: dict[str, dict[str, int]] = {}
-        # Each worker's own prefill rate (WorkerState.prefill_s_per_token) as last seen by decide,
-        # so that commit and apply_remote, which see no WorkerState, drain backlogs at that rate.
-        self._known_rates: dict[str, float | None] = {}
         self._memo_key: RoutingKey | None = None
         self._memo_hashes: tuple[int, ...] = ()
         self._hash_bytes = self.config.max_hash_bytes if self.config.hash_beyond_window else (
             self.config.window_blocks * self.config.block_bytes)
+        self._block_tokens = self.config.block_bytes / EST_BYTES_PER_TOKEN
 
     # --- deciding ------------------------------------------------------------------------------
 
@@ -75,63 +78,74 @@ class Scheduler:
         """Where to send ``key`` among ``workers`` (``WorkerState``s), skipping ``exclude`` ids."""
         now = self._clock()
         cfg = self.config.policy_for(key.model)
-        policy = policy_named(cfg.policy)
+        placement = cfg.placement
+        policy = policy_named(placement.policy)
+        needs = policy.needs
         hashes = self.hashes(key)
-        ctx = Context(key, cfg, now, len(hashes), self.config.block_bytes / EST_BYTES_PER_TOKEN)
-        if policy.uses_session and cfg.sticky and key.session_id is not None:
-            ctx.session = session_hash(key)
-            assert ctx.session is not None
-            ctx.bound = self._sessions.get(ctx.session, now)
-        cands = [Candidate.of(w) for w in workers if w.id not in exclude]
-        if policy.uses_session:
-            active = self._sessions.active(now, cfg.session_active_s)
+        view = View(key, cfg, placement, now, len(hashes), self._block_tokens)
+        if Signal.BINDING in needs and placement.sticky and key.session_id is not None:
+            view.session = session_hash(key)
+            assert view.session is not None
+            view.bound = self._sessions.get(view.session, now)
+        of = Candidate.of
+        cands = [of(w) for w in workers if w.id not in exclude] if exclude else [of(w) for w in workers]
+        if Signal.SESSIONS in needs:
+            active = self._sessions.active(now, placement.session_active_s)
             for c in cands:
                 c.active_sessions = active.get(c.worker.id, 0)
+        if Signal.BOUND_SESSIONS in needs:
+            for c in cands:
+                c.bound_sessions = self._sessions.bound(c.worker.id)
         for stage in policy.filters:
-            kept = stage(ctx, cands)
+            kept = stage.keep(view, cands)
             if not kept:
-                return self._nobody(key, policy, hashes, ctx, stage.__name__, len(workers))
+                return self._nobody(key, policy, hashes, view, stage.name, len(workers))
             cands = kept
-        self._match(hashes, cands, now)
-        if policy.uses_learning:
-            self._annotate(cands, cfg, now)
-        scores = [scorer(ctx, cands) for scorer in policy.scorers]
+        if Signal.PREFIX in needs:
+            self._match(hashes, cands, now)
+        if Signal.LEARNED in needs:
+            self._learned(cands, cfg.block(LearningSettings), now)
+        scores = [scorer.score(view, cands) for scorer in policy.scorers]
         keys = list(zip(*scores, strict=True)) if scores else [()] * len(cands)
         i = policy.picker(self._picker, keys)
-        kind, reason = policy.explain(policy.name, ctx, cands, i)
         chosen = cands[i]
-        self._known_rates[chosen.worker.id] = chosen.worker.prefill_s_per_token
+        if Signal.PREFIX not in needs:
+            self._match(hashes, [chosen], now)  # for the log line, the metrics and the backlog
+        kind, reason = policy.explain(view, cands, i)
         return Decision(
             worker_id=chosen.worker.id, kind=kind, policy=policy.name, reason=reason,
             matched_blocks=chosen.matched_blocks, total_blocks=len(hashes), est_tokens=key.est_prompt_tokens,
             loads=tuple((c.worker.id, c.load) for c in cands), block_hashes=hashes,
-            session_id=key.session_id, worker_epoch=chosen.worker.epoch, session=ctx.session,
-            prefill_tokens=max(0, round(key.est_prompt_tokens - ctx.expected_held(chosen))),
+            session_id=key.session_id, worker_epoch=chosen.worker.epoch, session=view.session,
+            prefill_tokens=max(0, round(key.est_prompt_tokens - policy.held(view, chosen))),
         )
 
+    # --- signal producers ------------------------------------------------------------------------
+
     def _match(self, hashes: tuple[int, ...], cands: list[Candidate], now: float) -> None:
+        """Signal.PREFIX: each candidate's longest indexed match, in blocks."""
         slots = self._index.slots_of([(c.worker.id, c.worker.epoch) for c in cands])
         for slot, depth in self._index.match(hashes, slots, now).items():
             cands[slots[slot]].matched_blocks = depth
 
-    def _annotate(self, cands: list[Candidate], cfg: ModelPolicy, now: float) -> None:
+    def _learned(self, cands: list[Candidate], settings: LearningSettings, now: float) -> None:
+        """Signal.LEARNED: prefill rate, cache realisation and backlog of each candidate."""
         learning = self._learning
         for c in cands:
             learned = learning.get(c.worker.id)
-            known = c.worker.prefill_s_per_token
             if learned is None:
-                c.s_per_token = known or cfg.prefill_s_per_token
+                c.s_per_token = settings.prefill_s_per_token
                 continue
-            c.s_per_token = known or (learned.rate if cfg.learn_rate else None) or cfg.prefill_s_per_token
+            c.s_per_token = learned.cost_rate(settings)
             c.realisation = learned.realised
-            c.backlog_tokens = learned.backlog(now, known or self._drain_rate(learned, cfg), c.load)
+            c.backlog_tokens = learned.drain(now, learned.drain_rate(settings), c.load)
 
-    def _nobody(self, key: RoutingKey, policy: Policy, hashes: tuple[int, ...], ctx: Context,
+    def _nobody(self, key: RoutingKey, policy: Policy, hashes: tuple[int, ...], view: View,
                 stage: str, offered: int) -> Decision:
         reason = f"[{policy.name.upper()}] no worker: none of {offered} passed {stage} (model {key.model!r})"
         return Decision(worker_id=None, kind=DecisionKind.NO_WORKER, policy=policy.name, reason=reason,
                         total_blocks=len(hashes), est_tokens=key.est_prompt_tokens, block_hashes=hashes,
-                        session_id=key.session_id, session=ctx.session)
+                        session_id=key.session_id, session=view.session)
 
     # --- after the decision ----------------------------------------------------------------------
 
@@ -157,10 +171,10 @@ class Scheduler:
         if key.cacheable:
             learned = self._learn(worker)
             est = key.est_prompt_tokens
-            spt = self._rate(worker, learned, cfg)
+            spt = learned.drain_rate(cfg.block(LearningSettings))
             # The index's own prediction (not the discounted one): realisation compares the engine's
             # report with it, and must not feed back on itself.
-            indexed = decision.matched_blocks * self.config.block_bytes / EST_BYTES_PER_TOKEN
+            indexed = decision.matched_blocks * self._block_tokens
             hit = min(est, indexed) / est if est else None
             learned.on_sent(now, spt, decision.prefill_tokens, hit)
         if decision.session is not None:
@@ -169,14 +183,18 @@ class Scheduler:
         return records
 
     def apply_remote(self, record: SyncRecord) -> None:
-        """Apply a fact published by another router instance."""
+        """Apply a fact published by another router instance.  A prefix record's prefill joins the
+        worker's backlog less what the worker has prefilled since it was sent, at the same drain
+        rate as local requests: facts replayed on catch-up or after an outage add no backlog."""
         if isinstance(record, PrefixRecord):
             if self._index.record(record.hashes, record.worker_id, record.epoch, record.time) and \
                     record.prefill_tokens:
                 learned = self._learn(record.worker_id)
-                cfg = self.config.default
-                spt = self._rate(record.worker_id, learned, cfg)
-                learned.add_backlog(self._clock(), spt, record.prefill_tokens)
+                now = self._clock()
+                spt = learned.drain_rate(self.config.default.block(LearningSettings))
+                left = record.prefill_tokens - max(0.0, now - record.time) / spt
+                if left > 0:
+                    learned.add_backlog(now, spt, left)
         elif isinstance(record, SessionRecord):
             self._sessions.bind(record.session, record.worker_id, record.time)
         else:
@@ -200,42 +218,29 @@ class Scheduler:
         self._sessions.drop_worker(worker_id)
         self._learning.pop(worker_id, None)
         self._counts.pop(worker_id, None)
-        self._known_rates.pop(worker_id, None)
 
     def on_finished(self, worker_id: str, *, prompt_tokens: int | None = None,
                     cached_tokens: int | None = None, ttft_s: float | None = None) -> None:
         """A request on ``worker_id`` finished; learn from what the engine reported (any may be None)."""
         self._learn(worker_id).on_finished(prompt_tokens, cached_tokens, ttft_s)
 
-    def _rate(self, worker_id: str, learned: WorkerLearning, cfg: ModelPolicy) -> float:
-        """Seconds per token at which ``worker_id``'s backlog drains: the worker's own figure, else
-        the learned one (as ``_annotate`` reads it, so the backlog agrees)."""
-        return self._known_rates.get(worker_id) or self._drain_rate(learned, cfg)
-
-    @staticmethod
-    def _drain_rate(learned: WorkerLearning, cfg: ModelPolicy) -> float:
-        """The TTFT-based rate when enabled, else the configured one, but never slower than the
-        engine's fastest prefills (``learn_prefill_speed``).  Only the backlog drains at it: costs
-        keep one scale for every worker, since a per-worker figure would tilt every comparison."""
-        rate = (learned.rate if cfg.learn_rate else None) or cfg.prefill_s_per_token
-        fastest = learned.fastest if cfg.learn_prefill_speed else None
-        return fastest if fastest is not None and fastest < rate else rate
-
     def _learn(self, worker_id: str) -> WorkerLearning:
         learned = self._learning.get(worker_id)
         if learned is None:
-            cfg = self.config.default
-            learned = self._learning[worker_id] = WorkerLearning(
-                cfg.learn_alpha, cfg.learn_min_samples, cfg.learn_floor_min_tokens, cfg.learn_floor_pull,
-                cfg.learn_floor_relax)
+            learned = self._learning[worker_id] = WorkerLearning.from_settings(
+                self.config.default.block(LearningSettings))
         return learned
 
     # --- introspection -------------------------------------------------------------------------
 
+    def policy_for(self, model: str) -> ModelPolicy:
+        """The settings requests for ``model`` are routed with."""
+        return self.config.policy_for(model)
+
     def stats(self) -> dict[str, Any]:
         """Index and session-table sizes, and per worker: decisions by kind, bound sessions and
         learned figures (for metrics and the dashboard)."""
-        cfg = self.config.default
+        settings = self.config.default.block(LearningSettings)
         now = self._clock()
         workers: dict[str, dict[str, Any]] = {}
         for wid in sorted(set(self._counts) | set(self._learning)):
@@ -244,12 +249,12 @@ class Scheduler:
                                      for kind in DecisionKind if kind is not DecisionKind.NO_WORKER}
             entry["sessions"] = self._sessions.bound(wid)
             if learned is not None:
-                spt = self._rate(wid, learned, cfg)
+                spt = learned.drain_rate(settings)
                 entry["prefill_s_per_token"] = spt
                 entry["learned_s_per_token"] = learned.rate
                 entry["fastest_s_per_token"] = learned.fastest
                 entry["cache_realisation"] = learned.realised
-                entry["backlog_tokens"] = round(learned.backlog(now, spt))
+                entry["backlog_tokens"] = round(learned.drain(now, spt))
             workers[wid] = entry
         return {
             "index_blocks": len(self._index),

@@ -3,7 +3,7 @@ virtual-time cluster); the routing core only reads it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(slots=True)
@@ -35,9 +35,6 @@ class WorkerState:
     # Router in-flight (own + peers) when running/waiting were scraped: the engine's figures minus
     # this are load from elsewhere; our own share is always taken fresh from the in-flight counts.
     scraped_inflight: int = 0
-    # Learned from completed requests (seconds of prefill per uncached prompt token); None until known.
-    prefill_s_per_token: float | None = None
-    labels: dict[str, str] = field(default_factory=dict)
 
     @property
     def total_inflight(self) -> int:

@@ -31,6 +31,7 @@ from kvroute.api.requests import parse_request
 from kvroute.config import Settings
 from kvroute.fleet.probe import Prober
 from kvroute.fleet.registry import Registry
+from kvroute.routing.dispatch import Dispatcher
 from kvroute.routing.scheduler import Scheduler
 from kvroute.server.activity import Activity
 from kvroute.server.admin import setup_admin
@@ -230,7 +231,7 @@ async def _startup(app: web.Application) -> None:
                for w in s.workers]
     if router.sync is not None:
         # After registering the workers, so that the facts read on catch-up apply to them at once.
-        await router.sync.start(router.scheduler.apply_remote)
+        await router.sync.start(router.dispatch.remote)
     # One probe round before accepting requests, so the first requests see the fleet's real state.
     await asyncio.gather(*(router.prober.probe_once(r.id, with_server_info=True) for r in records))
     for record in records:
@@ -262,7 +263,7 @@ def build_app(settings: Settings, *, scheduler: Scheduler | None = None, sync: R
     router = Router(
         settings=settings,
         registry=registry,
-        scheduler=scheduler,
+        dispatch=Dispatcher(scheduler),
         metrics=RouterMetrics(registry, scheduler.stats),
         activity=Activity(),
         prober=Prober(registry, interval_s=settings.probe_interval_s, timeout_s=settings.probe_timeout_s),

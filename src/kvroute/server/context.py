@@ -12,6 +12,7 @@ from kvroute.api.requests import RequestOptions
 from kvroute.config import Settings
 from kvroute.fleet.probe import Prober
 from kvroute.fleet.registry import Registry, WorkerRecord
+from kvroute.routing.dispatch import Dispatcher
 from kvroute.routing.scheduler import Scheduler
 from kvroute.routing.sync_record import SyncRecord
 from kvroute.server.activity import Activity
@@ -23,12 +24,17 @@ class RouteSync(Protocol):
     """Shares routing facts with other router instances (the Redis bus implements it).
 
     ``start`` is awaited once before the router accepts requests, with the function to call for
-    each fact received from another instance (``Scheduler.apply_remote``); ``publish`` is called on
+    each fact received from another instance (``Dispatcher.remote``); ``publish`` is called on
     the hot path and must not block (queue and send in the background); ``stop`` is awaited once
     at shutdown.  Losing a fact must only ever cost a cache miss.
     """
 
     async def start(self, apply: Callable[[SyncRecord], None]) -> None: ...
+
+    @property
+    def scheduler(self) -> Scheduler:
+        """The routing scheduler behind the dispatch path."""
+        return self.dispatch.scheduler
 
     def publish(self, records: Sequence[SyncRecord]) -> None: ...
 
@@ -42,7 +48,7 @@ class Router:
 
     settings: Settings
     registry: Registry
-    scheduler: Scheduler
+    dispatch: Dispatcher
     metrics: RouterMetrics
     activity: Activity
     prober: Prober
@@ -51,6 +57,11 @@ class Router:
     upstream: UpstreamPool | None = None
     closing: bool = False
 
+    @property
+    def scheduler(self) -> Scheduler:
+        """The routing scheduler behind the dispatch path."""
+        return self.dispatch.scheduler
+
     def publish(self, records: Sequence[SyncRecord]) -> None:
         """Hand facts to the sync bus, if there is one."""
         if records and self.sync is not None:
@@ -58,11 +69,11 @@ class Router:
 
     def on_worker_epoch(self, worker_id: str, epoch: float) -> None:
         """Registry listener: a worker's epoch changed; tell the scheduler and the other instances."""
-        self.publish(self.scheduler.on_worker_epoch(worker_id, epoch))
+        self.publish(self.dispatch.worker_epoch(worker_id, epoch))
 
     def on_worker_removed(self, worker_id: str) -> None:
         """Registry listener: a worker left."""
-        self.scheduler.on_worker_removed(worker_id)
+        self.dispatch.worker_removed(worker_id)
 
     async def add_worker(self, url: str, *, worker_id: str | None = None, models: Sequence[str] = (),
                          max_num_seqs: int | None = None) -> WorkerRecord:

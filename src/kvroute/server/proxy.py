@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from kvroute.api.errors import error_body
 from kvroute.routing.decision import Decision
+from kvroute.routing.dispatch import InFlight
 from kvroute.routing.key import RoutingKey
 from kvroute.routing.worker import WorkerState
 from kvroute.server.activity import RequestRecord
@@ -86,35 +87,35 @@ class _Relay:
     so that an error event can follow cleanly; chunks read together leave in one write."""
 
     __slots__ = (
+        "_dispatch",
+        "_flight",
         "_metrics",
         "_out",
-        "_sent_at",
         "_sse",
         "_started",
         "_usage",
         "_writer",
-        "first_chunk_s",
         "pending",
         "ttfb",
     )
 
     def __init__(self, writer: ResponseWriter, sse: bool, usage: UsageSniffer, started: float,
-                 sent_at: float, router: Router) -> None:
+                 flight: InFlight, router: Router) -> None:
         self._writer = writer
         self._sse = sse
         self._usage = usage
         self._started = started
-        self._sent_at = sent_at
+        self._flight = flight
+        self._dispatch = router.dispatch
         self._metrics = router.metrics
         self._out: list[bytes] = []
         self.pending = b""
         self.ttfb: float | None = None
-        self.first_chunk_s: float | None = None
 
     def feed(self, chunk: bytes) -> None:
         if self.ttfb is None:
-            now = time.perf_counter()
-            self.ttfb, self.first_chunk_s = now - self._started, now - self._sent_at
+            self._dispatch.first_byte(self._flight)
+            self.ttfb = time.perf_counter() - self._started
             self._metrics.ttfb.observe(self.ttfb)
         if self._sse:
             data = self.pending + chunk if self.pending else chunk
@@ -155,20 +156,23 @@ class Proxy:
         held: _HeldAnswer | None = None
         decision: Decision | None = None
         attempts = 0
+        dispatch = r.dispatch
         while attempts <= r.settings.retries:
-            decision = r.scheduler.decide(key, r.registry.states(), exclude)
+            decision = dispatch.route(key, r.registry.states(), exclude)
             if decision.worker_id is None:
                 break
-            state = r.registry.begin(decision.worker_id)
-            if state is None:  # cannot happen: decide only offers registered workers
+            record = r.registry.get(decision.worker_id)
+            if record is None:  # cannot happen: decide only offers registered workers
                 break
+            state = record.state
             attempts += 1
             if failure is not None:
                 r.metrics.retries.labels(failure).inc()
             call: Call | None = None
+            self._log(decision, key, attempts)
+            flight, records = dispatch.sent(key, decision, state)
             try:
-                self._log(decision, key, attempts)
-                r.publish(r.scheduler.commit(key, decision))
+                r.publish(records)
                 try:
                     origin = pool.origin(state.url)
                     call = await pool.send(origin, b"POST " + origin.base_path + request.target
@@ -192,10 +196,10 @@ class Proxy:
                     exclude.append(state.id)
                     continue
                 r.registry.mark_success(state.id)
-                await self._relay(request, writer, route, call, head, state, decision, key, started, attempts)
+                await self._relay(request, writer, route, call, head, flight, key, started, attempts)
                 return
             finally:
-                r.registry.end(state)
+                dispatch.finished(flight, ok=False)  # a no-op once the relay accounted for it
         self._give_up(writer, route, key, decision, held, failure, attempts, started)
 
     async def _hold(self, call: Call, head: ResponseHead, state: WorkerState) -> _HeldAnswer:
@@ -264,11 +268,11 @@ class Proxy:
         decision_log.info("%s model=%s worker=%s%s", decision.reason, key.model, decision.worker_id, extra)
 
     async def _relay(self, request: FrontRequest, writer: ResponseWriter, route: Route, call: Call,
-                     head: ResponseHead, state: WorkerState, decision: Decision, key: RoutingKey,
-                     started: float, attempts: int) -> None:
+                     head: ResponseHead, flight: InFlight, key: RoutingKey, started: float,
+                     attempts: int) -> None:
         """Pass the worker's answer through as it arrives; account for it when it ends."""
         r = self._r
-        sent_at = time.perf_counter()
+        state, decision = flight.state, flight.decision
         r.metrics.requests.labels(state.id, key.model, decision.kind.value).inc()
         r.metrics.prefix_blocks.observe(decision.matched_blocks)
         r.registry.count_request(state.id, decision.kind.value)
@@ -280,7 +284,7 @@ class Proxy:
         writer.start(head.status, headers, length=None if sse else head.content_length, reason=head.reason,
                      defer=not sse)
         usage = UsageSniffer(sse)
-        relay = _Relay(writer, sse, usage, started, sent_at, r)
+        relay = _Relay(writer, sse, usage, started, flight, r)
         writer.on_pause(lambda paused: call.pause() if paused else call.resume())
         call.attach(relay.feed, relay.flush)
         completed = False
@@ -304,8 +308,7 @@ class Proxy:
         finally:
             writer.on_pause(None)
             call.abort()  # closing the connection is what makes the engine abort the request
-            self._finished(route, key, state, decision, usage, outcome, relay.ttfb, relay.first_chunk_s,
-                           sse, completed, attempts, started)
+            self._finished(route, key, flight, usage, outcome, relay.ttfb, sse, completed, attempts, started)
 
     def _broken(self, request: FrontRequest, writer: ResponseWriter, route: Route, state: WorkerState,
                 exc: UpstreamError, sse: bool) -> None:
@@ -322,15 +325,15 @@ class Proxy:
         else:
             writer.abort()
 
-    def _finished(self, route: Route, key: RoutingKey, state: WorkerState, decision: Decision,
-                  usage: UsageSniffer, status: int, ttfb: float | None, first_chunk_s: float | None,
-                  sse: bool, completed: bool, attempts: int, started: float) -> None:
+    def _finished(self, route: Route, key: RoutingKey, flight: InFlight, usage: UsageSniffer, status: int,
+                  ttfb: float | None, sse: bool, completed: bool, attempts: int, started: float) -> None:
         r = self._r
-        if completed and status < 400:
+        state, decision = flight.state, flight.decision
+        ok = completed and status < 400
+        if ok:
             usage.finish()
-            r.scheduler.on_finished(state.id, prompt_tokens=usage.prompt_tokens,
-                                    cached_tokens=usage.cached_tokens,
-                                    ttft_s=first_chunk_s if sse else None)
+        r.dispatch.finished(flight, ok=ok, prompt_tokens=usage.prompt_tokens if ok else None,
+                            cached_tokens=usage.cached_tokens if ok else None, streamed=sse)
         r.activity.record(RequestRecord(
             time=time.time(), route=route.name, model=key.model, worker=state.id,
             kind=decision.kind.value, reason=decision.reason, matched_blocks=decision.matched_blocks,

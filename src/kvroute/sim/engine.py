@@ -13,7 +13,7 @@ The caller owns time.  API::
 ``step(now)`` decides and applies one scheduler iteration at model time ``now`` and returns its
 model-time ``duration_s`` and per-request ``events``; the caller delivers the events at
 ``now + duration_s`` (real time divided by a speed factor in the HTTP server, a virtual event heap
-in ``sim/cluster.py``) and calls ``step`` again then.  A step with nothing to do has duration 0
+in ``bench/cluster.py``) and calls ``step`` again then.  A step with nothing to do has duration 0
 and no events.  Nothing here reads a clock or sleeps.
 
 Scheduling follows vLLM v1: running requests first (a decode needs one token of the budget, a

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from kvroute.routing.dispatch import Dispatcher
 from kvroute.routing.worker import WorkerState
 from kvroute.sync.messages import LoadMessage, WorkerLoad
 
@@ -72,4 +73,4 @@ class PeerLoads:
         """Write the live peers' totals into each worker's ``peer_inflight`` (0 where none)."""
         totals = self.inflight()
         for state in states:
-            state.peer_inflight = totals.get(state.id, 0)
+            Dispatcher.peer_load(state, totals.get(state.id, 0))

@@ -200,13 +200,6 @@ class SharedView:
         self._pending.append(record)
 
     def _apply(self, record: SyncRecord) -> None:
-        if isinstance(record, PrefixRecord) and record.prefill_tokens:
-            # The sender's prefill estimate joins the worker's backlog less what the worker has
-            # prefilled since it was sent (the scheduler's own drain rate): facts replayed on
-            # catch-up or after an outage must not invent a backlog.
-            age = max(0.0, self._clock() - record.time)
-            left = record.prefill_tokens - age / self._scheduler.config.default.prefill_s_per_token
-            if left < record.prefill_tokens:
-                record = dataclasses.replace(record, prefill_tokens=max(0, round(left)))
+        # The scheduler discounts a replayed record's backlog by its age (Scheduler.apply_remote).
         self.apply(record)
         self._metrics.applied.labels(record.TYPE).inc()

@@ -1,4 +1,4 @@
-"""Virtual-time simulation: N engine models, the router's real Scheduler and a closed-loop workload.
+"""Virtual-time simulation: N engine models, the router's real dispatch path and a closed-loop workload.
 
 Nothing here reads a clock or does I/O, so a run is a pure function of its inputs: the same seed
 gives the same results, and a five-step A/B of a four-replica fleet takes seconds instead of an
@@ -6,17 +6,17 @@ hour.  Requests go through the same code as over HTTP wherever it matters: the r
 ``parse_request`` makes the routing key from the OpenAI body, the simulator's ``parse_request``
 renders the prompt the engine sees, and each engine is the simulator's :class:`EngineModel`.
 
-What the router sees of the fleet is modelled on the server's registry:
+The router's side is the server's own code: every request goes through the same
+:class:`~kvroute.routing.dispatch.Dispatcher` as over HTTP (route, sent, first byte, finished), and
+engine figures reach it through ``Dispatcher.scraped``, so in-flight counts, backlog and learning
+are computed by one piece of code for both clocks.  What differs is only where events come from:
 
-* ``inflight`` is the router's own count, exact at every decision (incremented when a request is
-  sent, decremented when its response ends);
 * ``running``, ``waiting`` and ``kv_usage`` come from a scrape of each engine every
   ``scrape_interval_s`` (the server's probe interval, 1 s by default), so they are up to that old
   — the staleness every load-based policy lives with in production;
 * ``max_num_seqs`` and ``max_model_len`` are known from the start (the probe reads them from
   ``/server_info`` and ``/v1/models``);
-* ``on_finished`` is called with the engine's usage and the time from sending to the first token,
-  as the proxy does.
+* the first byte is the engine's first token (requests are streamed, as the HTTP benchmark does).
 
 The network is instantaneous: a session sends its next round ``think_s`` (the workload's pause for
 the agent's tools, 0 by default) after the previous response ends, and a request reaches its
@@ -37,6 +37,7 @@ from kvroute.bench.stats import CacheCounters, summarize_step
 from kvroute.bench.workloads import PlannedRequest, SessionScript, Workload
 from kvroute.routing.config import ModelPolicy, RoutingConfig
 from kvroute.routing.decision import Decision
+from kvroute.routing.dispatch import Dispatcher, InFlight
 from kvroute.routing.key import RoutingKey
 from kvroute.routing.scheduler import Scheduler
 from kvroute.routing.worker import WorkerState
@@ -94,6 +95,7 @@ class _Live:
     sent_at: float
     step_start: float
     sim: SimRequest
+    flight: InFlight
 
 
 @dataclass(slots=True)
@@ -150,7 +152,8 @@ class VirtualCluster:
         engine_cfg = config.engine_config()
         self.model = engine_cfg.model
         self._overhead = engine_cfg.cost.request_overhead_s
-        self.scheduler = Scheduler(config.routing_config(policy), clock=self._clock)
+        self.dispatch = Dispatcher(Scheduler(config.routing_config(policy), clock=self._clock),
+                                   timer=lambda: self.now)
         self.engines = [EngineModel(engine_cfg, EPOCH) for _ in range(config.replicas)]
         self.workers = [
             WorkerState(id=f"replica-{i}", url=f"sim://replica-{i}", models=frozenset({self.model}),
@@ -160,7 +163,7 @@ class VirtualCluster:
         ]
         self._index = {w.id: i for i, w in enumerate(self.workers)}
         for w in self.workers:
-            self.scheduler.on_worker_epoch(w.id, w.epoch)
+            self.dispatch.worker_epoch(w.id, w.epoch)
         self._busy = [False] * config.replicas
         self._heap: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = itertools.count()
@@ -169,6 +172,11 @@ class VirtualCluster:
         self._next_scrape = 0.0
         self._step: _StepRun | None = None
         self._poll_interval = 1.0
+
+    @property
+    def scheduler(self) -> Scheduler:
+        """The router's scheduler behind the dispatch path."""
+        return self.dispatch.scheduler
 
     def _clock(self) -> float:
         return EPOCH + self.now
@@ -181,8 +189,7 @@ class VirtualCluster:
     def _scrape(self) -> None:
         for w, engine in zip(self.workers, self.engines, strict=True):
             snap = engine.snapshot()
-            w.running, w.waiting, w.kv_usage = snap.num_running, snap.num_waiting, snap.kv_cache_usage
-            w.scraped_inflight = w.total_inflight
+            self.dispatch.scraped(w, snap.num_running, snap.num_waiting, snap.kv_cache_usage)
         self._next_scrape = self.now + self.config.scrape_interval_s
         self._at(self._next_scrape, self._scrape)
 
@@ -206,6 +213,7 @@ class VirtualCluster:
                 continue
             rec = live.record
             if event.kind is EventKind.TOKEN and event.token_index == 0:
+                self.dispatch.first_byte(live.flight)
                 rec.ttfb_s = self.now - live.sent_at
             elif event.kind is EventKind.FINISHED:
                 rec.end_s = self.now - live.step_start
@@ -223,20 +231,19 @@ class VirtualCluster:
         step_start = self._step.start
         body = req.openai_body(self.model)
         key: RoutingKey = route_key("chat", body, req.headers())
-        decision: Decision = self.scheduler.decide(key, self.workers)
+        decision: Decision = self.dispatch.route(key, self.workers)
         if decision.worker_id is None:
             rec.error = decision.reason
             self._after(loop, failed=True)
             return
-        self.scheduler.commit(key, decision)
         e = self._index[decision.worker_id]
-        self.workers[e].inflight += 1
+        flight, _ = self.dispatch.sent(key, decision, self.workers[e])
         rec.worker = decision.worker_id
         g = sim_request("chat", body, self.model)
         limit = g.max_tokens if g.max_tokens is not None else req.max_tokens
         rid = f"r{next(self._rid)}"
         sim = SimRequest(rid, g.prompt, filler(g.prompt, limit), limit, g.cache_salt)
-        live = _Live(rec, loop, e, self.now, step_start, sim)
+        live = _Live(rec, loop, e, self.now, step_start, sim, flight)
         self._live[rid] = live
         self._at(self.now + self._overhead, lambda: self._arrive(live))
 
@@ -251,13 +258,9 @@ class VirtualCluster:
 
     def _finish(self, live: _Live) -> None:
         del self._live[live.sim.request_id]
-        worker = self.workers[live.engine]
-        worker.inflight -= 1
         rec = live.record
-        if rec.error is None:
-            ttft = rec.ttfb_s
-            self.scheduler.on_finished(worker.id, prompt_tokens=rec.prompt_tokens,
-                                       cached_tokens=rec.cached_tokens, ttft_s=ttft)
+        self.dispatch.finished(live.flight, ok=rec.error is None, prompt_tokens=rec.prompt_tokens,
+                               cached_tokens=rec.cached_tokens)
         self._after(live.loop, failed=rec.error is not None)
 
     # --- closed loop ------------------------------------------------------------------------------
@@ -311,7 +314,7 @@ class VirtualCluster:
         self.now = max(self.now, step.end)
         for rid, live in list(self._live.items()):  # cut off after the drain timeout
             self.engines[live.engine].abort(rid, self.now)
-            self.workers[live.engine].inflight -= 1
+            self.dispatch.finished(live.flight, ok=False)
             del self._live[rid]
         # Pending engine steps and polls of this step are dropped; scrapes carry on from here.
         self._heap = []

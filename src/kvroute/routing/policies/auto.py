@@ -1,0 +1,175 @@
+"""``auto``, the default policy: each candidate's predicted time to first token, lowest wins.
+
+Everything ``auto`` adds to the shared pipeline lives here: its settings, its cost, how much of a
+cached prefix it counts on, the load a worker's sessions will bring, its guard against piles
+behind a shared head, and its log line.
+
+**The cost.**  ``s_per_token * (queue + uncached)`` is the predicted time to first token: the
+prompt tokens the worker is not expected to hold at admission, behind a queue of the router's
+backlog estimate (weighted up by ``eviction_weight`` as the engine fails to keep what the index
+predicts), the requests in flight and the engine's waiting queue, priced in prefill-token
+equivalents.  To rank workers the cost adds ``prefill_penalty`` times the uncached prefill (the
+delay it causes every request queued behind it) and the turns the other sessions active there will
+send (``active_session_tokens`` each).  The session's own worker is credited ``stay_tokens`` so that
+noise does not move it; with a numeric ``overflow`` it is never kept past that many in flight.
+
+**Cache survival.**  The index knows what each worker *served*; the engine keeps it only while its
+KV cache has room.  Past the fleet's cache (sessions x context above the fleet's KV) a session's
+blocks are freed when its turn ends and re-used by the prefills queued behind it, so by its next
+turn the index's match is mostly gone.  The engines say so themselves: the hit share they report
+falls below what the index predicted; ``Candidate.realisation`` is that ratio, and the match is
+discounted by it as far as ``realisation_weight`` trusts it.
+
+**Session load.**  A request's own queue is what delays it now; a new session also joins the
+worker for every later turn, next to the sessions already living there.  Counting those sessions as
+a cost rather than filtering on them keeps what is known exactly (the work queued now) in charge:
+"active" only means "sent a request within ``session_active_s``", and a hard filter on it sent
+whole bursts of new sessions to the workers whose previous sessions happened to have finished
+(docs/routing.md).  ``balanced_sessions`` stays, with ``session_spread`` = 2, as a loose guard so
+that a long head cached on one worker does not collect every new session.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kvroute.routing import filters, pickers, scorers
+from kvroute.routing.decision import DecisionKind
+from kvroute.routing.explain import blocks, bound_kind, session_tag
+from kvroute.routing.settings import check_non_negative, setting
+from kvroute.routing.stages import Filter, Policy, Scorer
+from kvroute.routing.view import Candidate, Signal, View
+
+
+@dataclass(frozen=True, slots=True)
+class AutoSettings:
+    """The tunables of ``auto`` (see the module's docstring and docs/routing.md)."""
+
+    inflight_tokens: float = setting(
+        256.0, "token-equivalents of delay per request in flight on a worker (decode interference, "
+               "and a load signal when the engine reports nothing)")
+    waiting_tokens: float = setting(
+        8192.0, "token-equivalents per request the engine reports waiting (out of slots or KV blocks)")
+    backlog_weight: float = setting(
+        1.0, "weight of the router's estimate of prefill work still queued on a worker (0 disables)")
+    eviction_weight: float = setting(
+        1.0, "extra weight on that backlog as the worker's cache fails to keep what the index "
+             "predicts (times 1 - realisation)")
+    stay_tokens: float = setting(
+        512.0, "a session stays on its worker unless another is predicted faster by more than this "
+               "many tokens of prefill")
+    prefill_penalty: float = setting(
+        1.0, "extra weight on uncached tokens: prefill sent anywhere delays every request queued "
+             "behind it")
+    realisation_weight: float = setting(
+        1.0, "how far the engine-reported hit share discounts the index's matches (0: trust the index, "
+             "1: scale matches by the reported/predicted hit ratio)")
+    session_spread: int | None = setting(
+        2, "new sessions go to workers with at most this many more active sessions than the least "
+           "(none: off)")
+    active_session_tokens: float = setting(
+        8192.0, "token-equivalents of future load per other session active on a worker (0 disables)")
+
+    def __post_init__(self) -> None:
+        check_non_negative(self, "inflight_tokens", "waiting_tokens", "backlog_weight", "eviction_weight",
+                           "stay_tokens", "prefill_penalty", "realisation_weight", "active_session_tokens")
+        if self.realisation_weight > 1:
+            raise ValueError("realisation_weight must be between 0 and 1")
+        if self.session_spread is not None and (isinstance(self.session_spread, bool)
+                                                or self.session_spread < 0):
+            raise ValueError("session_spread must be non-negative or None")
+
+
+def expected_held_tokens(view: View, c: Candidate) -> float:
+    """Prompt tokens ``c`` is expected to serve from cache: the index's match, scaled by the
+    worker's cache realisation as far as ``realisation_weight`` trusts it (0: the index alone)."""
+    trust = view.block(AutoSettings).realisation_weight
+    return view.matched_tokens(c) * (1.0 - trust * (1.0 - c.realisation))
+
+
+def session_load_tokens(view: View, c: Candidate) -> float:
+    """Token-equivalents of future load on ``c`` from the other sessions active there (0 for a
+    request without a session: it joins nobody's conversation)."""
+    per_session = view.block(AutoSettings).active_session_tokens
+    if view.session is None or not per_session:
+        return 0.0
+    others = c.active_sessions - (1 if c.worker.id == view.bound else 0)
+    return per_session * others if others > 0 else 0.0
+
+
+def queue_tokens(s: AutoSettings, c: Candidate) -> float:
+    """Prefill-token equivalents queued ahead of a new request on ``c``."""
+    backlog = s.backlog_weight * c.backlog_tokens * (1.0 + s.eviction_weight * (1.0 - c.realisation))
+    return backlog + s.inflight_tokens * c.busy + s.waiting_tokens * (c.worker.waiting or 0)
+
+
+def predicted_s(view: View, c: Candidate) -> float:
+    """Predicted time to first token on ``c``, in seconds."""
+    s = view.block(AutoSettings)
+    return c.s_per_token * (queue_tokens(s, c) + view.est_tokens - expected_held_tokens(view, c))
+
+
+def _costs(view: View, cands: list[Candidate]) -> list[float]:
+    s = view.block(AutoSettings)
+    est, penalty, bound = float(view.est_tokens), s.prefill_penalty, view.bound
+    cap = view.placement.overflow if view.placement.overflow != "auto" else None
+    out: list[float] = []
+    for c in cands:
+        uncached = est - expected_held_tokens(view, c)
+        queue = queue_tokens(s, c) + session_load_tokens(view, c)
+        cost = c.s_per_token * (queue + (1.0 + penalty) * uncached)
+        if c.worker.id == bound:
+            if cap is not None and c.load > cap:
+                cost = math.inf
+            else:
+                cost -= c.s_per_token * s.stay_tokens
+        out.append(cost)
+    return out
+
+
+predicted_ttft = Scorer("predicted_ttft", _costs,
+                        frozenset({Signal.PREFIX, Signal.LEARNED, Signal.SESSIONS, Signal.BINDING}))
+"""auto's cost of each candidate, in seconds (the module's docstring says what it counts)."""
+
+
+def _balanced_sessions(view: View, cands: list[Candidate]) -> list[Candidate]:
+    spread = view.block(AutoSettings).session_spread
+    if view.session is None or spread is None or len(cands) < 2 or view.bound_in(cands):
+        return cands
+    least = min(c.active_sessions for c in cands)
+    return [c for c in cands if c.active_sessions <= least + spread]
+
+
+balanced_sessions = Filter("balanced_sessions", _balanced_sessions,
+                           frozenset({Signal.SESSIONS, Signal.BINDING}))
+"""A session being placed goes where active sessions are within ``session_spread`` of the fewest
+(only for a session with no usable binding)."""
+
+
+def explain(view: View, cands: list[Candidate], i: int) -> tuple[DecisionKind, str]:
+    """Sticky, overflow, prefix hit or cold, with the predictions compared."""
+    c = cands[i]
+    alt: Candidate | None = None
+    alt_s = math.inf
+    for j, x in enumerate(cands):
+        if j != i and (p := predicted_s(view, x)) < alt_s:
+            alt, alt_s = x, p
+    versus = f" vs {alt_s:.3f}s on {alt.worker.id}" if alt is not None else ""
+    figures = (f"predicted {predicted_s(view, c):.3f}s{versus}; keeps {blocks(view, c)}, "
+               f"busy={c.busy}, ~{view.est_tokens} tokens")
+    kind = bound_kind(view, c)
+    if kind is DecisionKind.STICKY:
+        return kind, f"[AUTO] sticky: {session_tag(view)} stays on {c.worker.id} ({figures})"
+    if kind is DecisionKind.OVERFLOW:
+        return kind, f"[AUTO] overflow: {session_tag(view)} {view.bound} -> {c.worker.id} ({figures})"
+    who = f" new session {session_tag(view)}" if view.session is not None else ""
+    if c.matched_blocks:
+        return DecisionKind.PREFIX_HIT, f"[AUTO] hit:{who} {c.worker.id} ({figures})"
+    return DecisionKind.COLD, f"[AUTO] cold:{who} {c.worker.id} ({figures})"
+
+
+POLICY = Policy("auto", (*filters.BASE, filters.load_within_slack, balanced_sessions),
+                (predicted_ttft, scorers.deepest_match, scorers.inflight), pickers.lowest, explain,
+                held=expected_held_tokens, settings=(AutoSettings,),
+                summary="the lowest predicted time to first token (cache, queue, sessions)")

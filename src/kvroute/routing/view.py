@@ -1,0 +1,104 @@
+"""What one decision sees: the request, its settings, and one ``Candidate`` per worker.
+
+The scheduler's *signal producers* fill these before any stage runs (prefix match, active
+sessions, learned rates and backlog, the session's binding); filters, scorers, pickers and
+explainers only read them and return values.  A stage declares the signals it reads
+(``Signal``), and the scheduler produces only those a policy needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from kvroute.routing.key import RoutingKey
+from kvroute.routing.settings import B, Blocks, PlacementSettings
+from kvroute.routing.worker import WorkerState
+
+
+class Signal(StrEnum):
+    """Figures a stage may need beyond the worker's own load (always present)."""
+
+    PREFIX = "prefix"  # Candidate.matched_blocks: the index's longest match on each worker
+    SESSIONS = "sessions"  # Candidate.active_sessions: sessions recently active on each worker
+    LEARNED = "learned"  # Candidate.s_per_token, realisation, backlog_tokens
+    BINDING = "binding"  # View.session, View.bound: the request's session and its worker
+    BOUND_SESSIONS = "bound_sessions"  # Candidate.bound_sessions: sessions bound (not expired)
+
+
+@dataclass(slots=True)
+class Candidate:
+    """One worker as seen by one decision (filled by the producers; stages only read it).
+
+    ``load`` is requests in flight there from every router instance.  ``busy`` adds what the
+    engine reported beyond the routers' own requests at scrape time (direct clients, unknown
+    routers), and ``engine_load`` is vLLM's data-parallel balancer score ``4 * waiting + running``
+    corrected the same way.  Scraped figures lag by up to a probe interval; what the routers sent
+    is never stale, so a request that finished since the scrape no longer counts (otherwise a
+    conversation's next turn sees its own previous turn as load).
+    """
+
+    worker: WorkerState
+    load: int
+    busy: int
+    engine_load: int
+    matched_blocks: int = 0
+    active_sessions: int = 0
+    bound_sessions: int = 0
+    s_per_token: float = 0.0
+    realisation: float = 1.0
+    backlog_tokens: float = 0.0
+
+    @classmethod
+    def of(cls, worker: WorkerState) -> Candidate:
+        """Load figures of ``worker`` as the scheduler reads them."""
+        load = worker.inflight + worker.peer_inflight
+        running, waiting = worker.running, worker.waiting
+        if running is None and waiting is None:
+            return cls(worker, load, load, load)
+        r, w = running or 0, waiting or 0
+        seen = worker.scraped_inflight
+        external = r + w - seen
+        busy = load + external if external > 0 else load
+        score = load + 4 * w + r - seen
+        return cls(worker, load, busy, score if score > load else load)
+
+
+@dataclass(slots=True)
+class View:
+    """What every stage may read about the request being routed.
+
+    ``bound`` is the worker the request's session is bound to (None without a session, without
+    stickiness, or for a new session).
+    """
+
+    key: RoutingKey
+    policy: Blocks
+    placement: PlacementSettings
+    now: float
+    total_blocks: int
+    block_tokens: float
+    session: int | None = None
+    bound: str | None = None
+
+    def block(self, kind: type[B]) -> B:
+        """The request's settings block ``kind`` (``view.block(AutoSettings).stay_tokens``)."""
+        return self.policy.block(kind)
+
+    @property
+    def est_tokens(self) -> int:
+        """Estimated prompt tokens."""
+        return self.key.est_prompt_tokens
+
+    def matched_tokens(self, c: Candidate) -> float:
+        """Estimated prompt tokens ``c`` holds in its cache, by the index."""
+        return min(float(self.key.est_prompt_tokens), c.matched_blocks * self.block_tokens)
+
+    def is_bound(self, c: Candidate) -> bool:
+        """Whether ``c`` is the worker the request's session is bound to."""
+        return self.bound is not None and c.worker.id == self.bound
+
+    def bound_in(self, cands: list[Candidate]) -> bool:
+        """Whether the session's worker is among ``cands``."""
+        bound = self.bound
+        return bound is not None and any(c.worker.id == bound for c in cands)
