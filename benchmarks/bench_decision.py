@@ -24,6 +24,7 @@ from typing import Any
 
 from kvroute.api.requests import parse_request
 from kvroute.routing.config import ModelPolicy, RoutingConfig
+from kvroute.routing.dispatch import Dispatcher
 from kvroute.routing.hashing import block_hashes
 from kvroute.routing.key import RoutingKey
 from kvroute.routing.prefix_index import PrefixIndex
@@ -31,7 +32,7 @@ from kvroute.routing.scheduler import Scheduler
 from kvroute.routing.worker import WorkerState
 
 SIZES = {"8 KB": 8 << 10, "32 KB": 32 << 10, "128 KB": 128 << 10, "1 MB": 1 << 20}
-WORKERS = (4, 16, 64, 512)
+WORKERS = (4, 16, 64, 512, 1000)
 
 
 def _text(seed: int, n: int) -> str:
@@ -70,6 +71,7 @@ def bench_cell(policy: str, size: int, n_workers: int, reps: int) -> dict[str, A
     rng = random.Random(size * 1000 + n_workers)
     now = [1_700_000_000.0]
     sched = Scheduler(RoutingConfig(default=ModelPolicy(policy=policy)), clock=lambda: now[0])
+    dispatch = Dispatcher(sched)
     ws = _fleet(n_workers, rng)
     # Warm index: a few earlier conversations per worker (capped so 512 workers stay quick).
     for j in range(min(4 * n_workers, 256)):
@@ -84,7 +86,7 @@ def bench_cell(policy: str, size: int, n_workers: int, reps: int) -> dict[str, A
     keys = [RoutingKey(model=key.model, prefix=key.prefix, session_id=key.session_id,
                        est_prompt_tokens=key.est_prompt_tokens) for _ in range(reps)]
     it = iter(keys)
-    decide = _timed(lambda: sched.decide(next(it), ws), reps)
+    decide = _timed(lambda: dispatch.route(next(it), ws), reps)
     parse = _timed(lambda: parse_request("chat", body, headers), reps)
     decision = sched.decide(key, ws)
     commit = _timed(lambda: sched.commit(key, decision), reps)
@@ -115,13 +117,17 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
     parser.add_argument("--policy", default="auto")
     parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument("--sizes", default=",".join(SIZES), help="prompt sizes to run (of %(default)s)")
+    parser.add_argument("--workers", default=",".join(map(str, WORKERS)), help="fleet sizes to run")
     args = parser.parse_args()
+    sizes = {label: SIZES[label] for label in args.sizes.split(",")}
+    fleets = [int(n) for n in args.workers.split(",")]
     reps_for = {8 << 10: 2000, 32 << 10: 2000, 128 << 10: 500, 1 << 20: 100}
     rows = []
     print("| prompt | workers | blocks | decide p50 µs | decide p99 µs | parse p50 µs | commit p50 µs |")
     print("|---|---|---|---|---|---|---|")
-    for label, size in SIZES.items():
-        for n in WORKERS:
+    for label, size in sizes.items():
+        for n in fleets:
             reps = max(50, reps_for[size] // (4 if args.quick else 1))
             r = bench_cell(args.policy, size, n, reps)
             rows.append(r)

@@ -6,6 +6,8 @@ import random
 
 import pytest
 
+from kvroute.routing.dispatch import Dispatcher
+from kvroute.routing.scheduler import Scheduler
 from kvroute.routing.worker import WorkerState
 from kvroute.sync.backoff import Backoff
 from kvroute.sync.messages import LoadMessage, WorkerLoad
@@ -39,10 +41,10 @@ def test_peer_loads_add_up_and_expire_with_their_ttl() -> None:
     assert peers.inflight() == {"w1": 5, "w2": 1}
     assert peers.epochs() == {"w1": 6.0, "w2": 5.0}
     states = [WorkerState("w1", "http://x"), WorkerState("w2", "http://y"), WorkerState("w3", "http://z")]
-    peers.apply_to(states)
+    peers.apply_to(states, Dispatcher(Scheduler()))
     assert [s.peer_inflight for s in states] == [5, 1, 0]
     assert peers.expire(101.5) == 1  # a stopped sending: its load no longer counts
-    peers.apply_to(states)
+    peers.apply_to(states, Dispatcher(Scheduler()))
     assert [s.peer_inflight for s in states] == [3, 0, 0]
     assert peers.expire(103.5) == 1
     assert len(peers) == 0

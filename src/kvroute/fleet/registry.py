@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 from kvroute.fleet.vllm_metrics import EngineMetrics
 from kvroute.routing.dispatch import Dispatcher
+from kvroute.routing.scheduler import Scheduler
 from kvroute.routing.worker import WorkerState
 
 # Restart epochs must strictly increase even if the engine's clock is behind the router's.
@@ -128,7 +129,11 @@ class Registry:
         clock: Callable[[], float] = time.time,
         history_len: int = 3600,
         failure_threshold: int = 3,
+        dispatch: Dispatcher | None = None,
     ) -> None:
+        # Engine figures reach the workers' states through the router's dispatch path (a private
+        # one for a registry used on its own, as in tests).
+        self.dispatch = dispatch if dispatch is not None else Dispatcher(Scheduler())
         self._clock = clock
         self._history_len = history_len
         self._failure_threshold = failure_threshold
@@ -280,7 +285,7 @@ class Registry:
         if m is None:
             return
         record.metrics = m
-        Dispatcher.scraped(state, m.running, m.waiting, m.kv_usage)
+        self.dispatch.scraped(state, m.running, m.waiting, m.kv_usage)
         if m.process_start_time is not None:
             if record.engine_start_time is not None and m.process_start_time != record.engine_start_time:
                 self._restarted(record, m.process_start_time)

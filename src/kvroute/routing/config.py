@@ -163,9 +163,13 @@ class RoutingConfig:
     session_ttl_s: float = 3600.0
     session_max: int = 100_000
     seed: int = 0
+    # Fleets larger than this are decided over the few workers that can win (routing/loadbook.py,
+    # ``Pruning``); smaller ones look at every worker.
+    prune_above: int = 64
 
     def __post_init__(self) -> None:
-        positive = ("index_max_blocks", "block_bytes", "window_bytes", "max_hash_bytes", "session_max")
+        positive = ("index_max_blocks", "block_bytes", "window_bytes", "max_hash_bytes", "session_max",
+                    "prune_above")
         for name in positive:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:

@@ -27,7 +27,9 @@ class Decision:
     ``block_hashes`` is what the caller hands back to ``Scheduler.commit`` so hashing happens once.
     ``worker_epoch`` is the chosen worker's epoch as the decision saw it (what ownership is stamped
     with), ``session`` the 64-bit hash the session table keys on, and ``prefill_tokens`` the
-    estimated prompt tokens the chosen worker does not hold.
+    estimated prompt tokens the chosen worker does not hold.  ``scores`` are the policy's
+    scorers' values for the chosen worker (what the picker compared); ``considered`` how many
+    workers the decision looked at (fewer than offered when a large fleet was pruned).
     """
 
     worker_id: str | None
@@ -43,3 +45,5 @@ class Decision:
     worker_epoch: float = 0.0
     session: int | None = None
     prefill_tokens: int = 0
+    scores: tuple[float, ...] = ()
+    considered: int = 0

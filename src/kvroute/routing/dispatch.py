@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from kvroute.routing.decision import Decision
 from kvroute.routing.key import RoutingKey
+from kvroute.routing.loadbook import LoadBook
 from kvroute.routing.scheduler import Scheduler
 from kvroute.routing.sync_record import SyncRecord
 from kvroute.routing.worker import WorkerState
@@ -55,17 +56,19 @@ class Dispatcher:
     def __init__(self, scheduler: Scheduler, timer: Callable[[], float] = time.perf_counter) -> None:
         self.scheduler = scheduler
         self._timer = timer
+        self.book = LoadBook()
 
     def route(self, key: RoutingKey, workers: Sequence[WorkerState],
               exclude: Collection[str] = ()) -> Decision:
         """Where ``key`` should go (a decision with no worker when none can serve it)."""
-        return self.scheduler.decide(key, workers, exclude)
+        return self.scheduler.decide(key, workers, exclude, self.book)
 
     def sent(self, key: RoutingKey, decision: Decision,
              state: WorkerState) -> tuple[InFlight, list[SyncRecord]]:
         """``key`` leaves for ``state`` as ``decision`` said; returns its handle and the facts to
         publish to other router instances."""
         state.inflight += 1
+        self.book.touch(state)
         records = self.scheduler.commit(key, decision)
         return InFlight(state, decision, self._timer()), records
 
@@ -83,22 +86,25 @@ class Dispatcher:
             return
         flight.done = True
         flight.state.inflight -= 1
+        self.book.touch(flight.state)
         if ok:
             ttft = flight.ttft_s if streamed else None
             self.scheduler.on_finished(flight.state.id, prompt_tokens=prompt_tokens,
                                        cached_tokens=cached_tokens, ttft_s=ttft)
 
-    @staticmethod
-    def scraped(state: WorkerState, running: int | None, waiting: int | None, kv_usage: float | None) -> None:
+    def scraped(self, state: WorkerState, running: int | None, waiting: int | None,
+                kv_usage: float | None) -> None:
         """The engine's own figures, as just read from it.  What the routers had in flight at this
         moment is stamped beside them: only load beyond it is load the routers cannot see."""
         state.running, state.waiting, state.kv_usage = running, waiting, kv_usage
         state.scraped_inflight = state.inflight + state.peer_inflight
+        self.book.touch(state)
 
-    @staticmethod
-    def peer_load(state: WorkerState, inflight: int) -> None:
+    def peer_load(self, state: WorkerState, inflight: int) -> None:
         """Other router instances have ``inflight`` requests on ``state`` in total."""
-        state.peer_inflight = inflight
+        if state.peer_inflight != inflight:
+            state.peer_inflight = inflight
+            self.book.touch(state)
 
     def worker_epoch(self, worker_id: str, epoch: float) -> list[SyncRecord]:
         """A worker (re)registered or restarted at ``epoch``; returns the fact to publish if news."""

@@ -18,15 +18,24 @@ def _serves_model(view: View, cands: list[Candidate]) -> list[Candidate]:
     return [c for c in cands if c.worker.serves(model)]
 
 
+def fits_context(view: View, c: Candidate) -> bool:
+    """The worker's context window holds the estimated prompt plus the requested output."""
+    limit = c.worker.max_model_len
+    return limit is None or view.key.est_prompt_tokens + view.key.max_tokens <= limit
+
+
+def has_free_slot(view: View, c: Candidate) -> bool:
+    """Fewer requests busy on the worker than its sequence slots."""
+    return c.busy < (c.worker.max_num_seqs or view.placement.max_num_seqs or DEFAULT_MAX_NUM_SEQS)
+
+
 def _context_fits(view: View, cands: list[Candidate]) -> list[Candidate]:
-    need = view.key.est_prompt_tokens + view.key.max_tokens
-    kept = [c for c in cands if c.worker.max_model_len is None or need <= c.worker.max_model_len]
+    kept = [c for c in cands if fits_context(view, c)]
     return kept or cands
 
 
 def _free_slot(view: View, cands: list[Candidate]) -> list[Candidate]:
-    default = view.placement.max_num_seqs or DEFAULT_MAX_NUM_SEQS
-    kept = [c for c in cands if c.busy < (c.worker.max_num_seqs or default)]
+    kept = [c for c in cands if has_free_slot(view, c)]
     return kept or cands
 
 

@@ -168,6 +168,24 @@ class PrefixIndex:
                 break
         return found
 
+    def holders(self, hashes: Sequence[int], now: float) -> set[str]:
+        """Workers owning any of ``hashes`` under their current epoch (whatever the epoch a caller
+        knows them by): who might match, without naming the candidates first."""
+        out: set[str] = set()
+        cutoff = int(now - self.max_age_s)
+        live, get = self._live, self._entries.get
+        for h in hashes:
+            entry = get(h)
+            if entry is None:
+                continue
+            if isinstance(entry, int):
+                slot = entry & _SLOT_MASK
+                if slot in live and entry >> _SLOT_BITS >= cutoff:
+                    out.add(live[slot])
+            else:
+                out.update(live[s] for s, t in entry.items() if s in live and t >= cutoff)
+        return out
+
     def owners(self, h: int, now: float) -> dict[str, float]:
         """Live owners of one block hash and when they recorded it (for tests and debugging)."""
         entry = self._entries.get(h)

@@ -21,13 +21,15 @@ import xxhash
 
 from kvroute.routing.config import ModelPolicy, RoutingConfig
 from kvroute.routing.decision import Decision, DecisionKind
+from kvroute.routing.filters import fits_context, has_free_slot
 from kvroute.routing.hashing import block_hashes, stored_positions
 from kvroute.routing.key import EST_BYTES_PER_TOKEN, RoutingKey
 from kvroute.routing.learning import LearningSettings, WorkerLearning
+from kvroute.routing.loadbook import LoadBook
 from kvroute.routing.policies import policy_named
 from kvroute.routing.prefix_index import PrefixIndex
 from kvroute.routing.sessions import SessionTable
-from kvroute.routing.stages import PickerState, Policy
+from kvroute.routing.stages import PickerState, Policy, Pruning
 from kvroute.routing.sync_record import PrefixRecord, SessionRecord, SyncRecord, WorkerEpochRecord
 from kvroute.routing.view import Candidate, Signal, View
 from kvroute.routing.worker import WorkerState
@@ -74,8 +76,12 @@ class Scheduler:
         return self._memo_hashes
 
     def decide(self, key: RoutingKey, workers: Sequence[WorkerState],
-               exclude: Collection[str] = ()) -> Decision:
-        """Where to send ``key`` among ``workers`` (``WorkerState``s), skipping ``exclude`` ids."""
+               exclude: Collection[str] = (), book: LoadBook | None = None) -> Decision:
+        """Where to send ``key`` among ``workers`` (``WorkerState``s), skipping ``exclude`` ids.
+
+        With ``book`` (the dispatcher's, filed with these workers' loads) a fleet larger than
+        ``prune_above`` is decided over the workers the policy's ``Pruning`` says can win.
+        """
         now = self._clock()
         cfg = self.config.policy_for(key.model)
         placement = cfg.placement
@@ -87,24 +93,23 @@ class Scheduler:
             view.session = session_hash(key)
             assert view.session is not None
             view.bound = self._sessions.get(view.session, now)
-        of = Candidate.of
-        cands = [of(w) for w in workers if w.id not in exclude] if exclude else [of(w) for w in workers]
-        if Signal.SESSIONS in needs:
-            active = self._sessions.active(now, placement.session_active_s)
-            for c in cands:
-                c.active_sessions = active.get(c.worker.id, 0)
-        if Signal.BOUND_SESSIONS in needs:
-            for c in cands:
-                c.bound_sessions = self._sessions.bound(c.worker.id)
+        offered = len(workers)
+        few = None
+        if book is not None and policy.pruning is not None and offered > self.config.prune_above:
+            few = self._prune(policy, policy.pruning, view, hashes, workers, exclude, book)
+        if few is not None:
+            cands = few
+        else:
+            of = Candidate.of
+            cands = [of(w) for w in workers if w.id not in exclude] if exclude else [of(w) for w in workers]
+        considered = len(cands)
+        self._sessions_of(needs, view, cands)
         for stage in policy.filters:
             kept = stage.keep(view, cands)
             if not kept:
-                return self._nobody(key, policy, hashes, view, stage.name, len(workers))
+                return self._nobody(key, policy, hashes, view, stage.name, offered)
             cands = kept
-        if Signal.PREFIX in needs:
-            self._match(hashes, cands, now)
-        if Signal.LEARNED in needs:
-            self._learned(cands, cfg.block(LearningSettings), now)
+        self._figures_of(needs, view, hashes, cands)
         scores = [scorer.score(view, cands) for scorer in policy.scorers]
         keys = list(zip(*scores, strict=True)) if scores else [()] * len(cands)
         i = policy.picker(self._picker, keys)
@@ -118,9 +123,28 @@ class Scheduler:
             loads=tuple((c.worker.id, c.load) for c in cands), block_hashes=hashes,
             session_id=key.session_id, worker_epoch=chosen.worker.epoch, session=view.session,
             prefill_tokens=max(0, round(key.est_prompt_tokens - policy.held(view, chosen))),
+            scores=keys[i], considered=considered,
         )
 
     # --- signal producers ------------------------------------------------------------------------
+
+    def _sessions_of(self, needs: frozenset[Signal], view: View, cands: list[Candidate]) -> None:
+        """Signal.SESSIONS and Signal.BOUND_SESSIONS (what filters may read)."""
+        if Signal.SESSIONS in needs:
+            active = self._sessions.active(view.now, view.placement.session_active_s)
+            for c in cands:
+                c.active_sessions = active.get(c.worker.id, 0)
+        if Signal.BOUND_SESSIONS in needs:
+            for c in cands:
+                c.bound_sessions = self._sessions.bound(c.worker.id)
+
+    def _figures_of(self, needs: frozenset[Signal], view: View, hashes: tuple[int, ...],
+                    cands: list[Candidate]) -> None:
+        """Signal.PREFIX and Signal.LEARNED, for the candidates the filters kept."""
+        if Signal.PREFIX in needs:
+            self._match(hashes, cands, view.now)
+        if Signal.LEARNED in needs:
+            self._learned(cands, view.block(LearningSettings), view.now)
 
     def _match(self, hashes: tuple[int, ...], cands: list[Candidate], now: float) -> None:
         """Signal.PREFIX: each candidate's longest indexed match, in blocks."""
@@ -139,6 +163,48 @@ class Scheduler:
             c.s_per_token = learned.cost_rate(settings)
             c.realisation = learned.realised
             c.backlog_tokens = learned.drain(now, learned.drain_rate(settings), c.load)
+
+    def _prune(self, policy: Policy, rule: Pruning, view: View, hashes: tuple[int, ...],
+               workers: Sequence[WorkerState], exclude: Collection[str],
+               book: LoadBook) -> list[Candidate] | None:
+        """The few workers of a large fleet that can win under ``policy`` (in fleet order), or None
+        when that cannot be told from the book: then every worker is looked at."""
+        book.follow(workers)
+        model = view.key.model
+
+        def accept(w: WorkerState) -> bool:
+            return w.healthy and not w.draining and w.serves(model) and w.id not in exclude
+
+        buckets = book.busy if rule.by == "busy" else book.engine_load
+        bound = book.named(view.bound) if view.bound is not None else None
+        if bound is not None and accept(bound):
+            floor = rule.floor
+            if floor is None or floor(view, 0) is None:
+                return None
+            c = Candidate.of(bound)
+            needs = policy.needs
+            self._sessions_of(needs, view, [c])
+            self._figures_of(needs, view, hashes, [c])
+            stay = policy.scorers[0].score(view, [c])[0]
+            if stay == float("inf"):
+                return None
+            few = book.lowest(buckets, 0, accept, limit=lambda b: (floor(view, b) or 0.0) <= stay)
+            few[book.position(bound)] = bound
+            positions = stored_positions(len(hashes), self.config.window_blocks,
+                                         self.config.anchors_per_octave, self.config.tail_blocks)
+            for wid in self._index.holders([hashes[i] for i in positions], view.now):
+                w = book.named(wid)
+                if w is not None and accept(w):
+                    few[book.position(w)] = w
+        else:
+            few = book.lowest(buckets, rule.within(view), accept)
+        if not few:
+            return None
+        cands = [Candidate.of(few[i]) for i in sorted(few)]
+        for c in cands:  # a soft filter refusing one of them would change every comparison
+            if not fits_context(view, c) or not has_free_slot(view, c):
+                return None
+        return cands
 
     def _nobody(self, key: RoutingKey, policy: Policy, hashes: tuple[int, ...], view: View,
                 stage: str, offered: int) -> Decision:

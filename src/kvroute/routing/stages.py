@@ -54,6 +54,24 @@ Picker = Callable[[PickerState, Sequence[Key]], int]
 Explainer = Callable[[View, list[Candidate], int], tuple[DecisionKind, str]]
 
 
+@dataclass(frozen=True, slots=True)
+class Pruning:
+    """How a policy's choice over a large fleet can be made from a few workers, exactly.
+
+    Without a bound session, the policy only ever picks among the workers whose ``by`` figure
+    (``"busy"`` or ``"engine_load"``) is within ``within(view)`` of the lowest.  With one,
+    ``floor(view, busy)`` is a lower bound of the first scorer's value for any worker that holds
+    none of the prompt and carries ``busy`` (None: no bound, every worker is looked at); workers
+    whose floor exceeds the bound worker's own score cannot win.  The scheduler adds the bound
+    worker and every worker holding part of the prompt, and looks at everything when a soft filter
+    would refuse one of the few (the fleet is full): see docs/design.md, "Large fleets".
+    """
+
+    by: str
+    within: Callable[[View], int]
+    floor: Callable[[View, int], float | None] | None = None
+
+
 def index_match(view: View, c: Candidate) -> float:
     """Prompt tokens the index says ``c`` holds (what most policies expect it to serve from cache)."""
     return view.matched_tokens(c)
@@ -79,6 +97,7 @@ class Policy:
     settings: tuple[type, ...] = ()
     extra_needs: frozenset[Signal] = frozenset()
     summary: str = ""
+    pruning: Pruning | None = None
     # Every signal the policy's parts read (computed once).
     needs: frozenset[Signal] = field(init=False)
 

@@ -257,13 +257,14 @@ def build_app(settings: Settings, *, scheduler: Scheduler | None = None, sync: R
     """The router as an aiohttp application (not yet started).  ``setup`` callbacks mount more
     routes on it; ``sync`` shares routing facts with other instances (by default the Redis bus
     when ``settings.redis_url`` is set)."""
-    registry = Registry(failure_threshold=settings.failure_threshold,
-                        history_len=math.ceil(_HISTORY_S / settings.probe_interval_s))
     scheduler = scheduler or Scheduler(settings.routing_config())
+    dispatch = Dispatcher(scheduler)
+    registry = Registry(failure_threshold=settings.failure_threshold,
+                        history_len=math.ceil(_HISTORY_S / settings.probe_interval_s), dispatch=dispatch)
     router = Router(
         settings=settings,
         registry=registry,
-        dispatch=Dispatcher(scheduler),
+        dispatch=dispatch,
         metrics=RouterMetrics(registry, scheduler.stats),
         activity=Activity(),
         prober=Prober(registry, interval_s=settings.probe_interval_s, timeout_s=settings.probe_timeout_s),

@@ -69,8 +69,8 @@ class PeerLoads:
                     out[wid] = load.epoch
         return out
 
-    def apply_to(self, states: Iterable[WorkerState]) -> None:
-        """Write the live peers' totals into each worker's ``peer_inflight`` (0 where none)."""
+    def apply_to(self, states: Iterable[WorkerState], dispatch: Dispatcher) -> None:
+        """Give each worker the live peers' in-flight total (0 where none), through ``dispatch``."""
         totals = self.inflight()
         for state in states:
-            Dispatcher.peer_load(state, totals.get(state.id, 0))
+            dispatch.peer_load(state, totals.get(state.id, 0))

@@ -392,7 +392,7 @@ class RedisBus:
         age = 0.0 if catch_up_now is None else max(0.0, catch_up_now - msg.time)
         self._peers.update(msg, mono, age_s=age)
         self._view.peer_epochs({w: load.epoch for w, load in msg.workers.items()})
-        self._peers.apply_to(self._registry.states())
+        self._peers.apply_to(self._registry.states(), self._registry.dispatch)
         self.metrics.peers.set(len(self._peers))
 
     # --- writing -------------------------------------------------------------------------------
@@ -470,7 +470,7 @@ class RedisBus:
         while not self._closing:
             await asyncio.sleep(self._heartbeat_s)
             self._peers.expire(self._monotonic())
-            self._peers.apply_to(self._registry.states())
+            self._peers.apply_to(self._registry.states(), self._registry.dispatch)
             self.metrics.peers.set(len(self._peers))
             self._view.refresh()
 

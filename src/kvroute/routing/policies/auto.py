@@ -37,8 +37,9 @@ from dataclasses import dataclass
 from kvroute.routing import filters, pickers, scorers
 from kvroute.routing.decision import DecisionKind
 from kvroute.routing.explain import blocks, bound_kind, session_tag
+from kvroute.routing.learning import LearningSettings
 from kvroute.routing.settings import check_non_negative, setting
-from kvroute.routing.stages import Filter, Policy, Scorer
+from kvroute.routing.stages import Filter, Policy, Pruning, Scorer
 from kvroute.routing.view import Candidate, Signal, View
 
 
@@ -81,44 +82,62 @@ class AutoSettings:
             raise ValueError("session_spread must be non-negative or None")
 
 
+@dataclass(frozen=True, slots=True)
+class _Prices:
+    """One decision's terms of the cost, read from its view once (the scorer runs per worker)."""
+
+    s: AutoSettings
+    est: int
+    block_tokens: float
+    trust: float
+    per_session: float
+    bound: str | None
+
+    @classmethod
+    def of(cls, view: View) -> _Prices:
+        s = view.block(AutoSettings)
+        per_session = s.active_session_tokens if view.session is not None else 0.0
+        return cls(s, view.est_tokens, view.block_tokens, s.realisation_weight, per_session, view.bound)
+
+    def held(self, c: Candidate) -> float:
+        """Prompt tokens ``c`` is expected to serve from cache: the index's match, scaled by the
+        worker's cache realisation as far as ``realisation_weight`` trusts it."""
+        matched = min(float(self.est), c.matched_blocks * self.block_tokens)
+        return matched * (1.0 - self.trust * (1.0 - c.realisation))
+
+    def queue(self, c: Candidate) -> float:
+        """Prefill-token equivalents queued ahead of a new request on ``c``."""
+        s = self.s
+        backlog = s.backlog_weight * c.backlog_tokens * (1.0 + s.eviction_weight * (1.0 - c.realisation))
+        return backlog + s.inflight_tokens * c.busy + s.waiting_tokens * (c.worker.waiting or 0)
+
+    def sessions(self, c: Candidate) -> float:
+        """Token-equivalents of future load on ``c`` from the other sessions active there (0 for
+        a request without a session: it joins nobody's conversation)."""
+        if not self.per_session:
+            return 0.0
+        others = c.active_sessions - (1 if c.worker.id == self.bound else 0)
+        return self.per_session * others if others > 0 else 0.0
+
+    def predicted(self, c: Candidate) -> float:
+        """Predicted time to first token on ``c``, in seconds."""
+        return c.s_per_token * (self.queue(c) + self.est - self.held(c))
+
+
 def expected_held_tokens(view: View, c: Candidate) -> float:
-    """Prompt tokens ``c`` is expected to serve from cache: the index's match, scaled by the
-    worker's cache realisation as far as ``realisation_weight`` trusts it (0: the index alone)."""
-    trust = view.block(AutoSettings).realisation_weight
-    return view.matched_tokens(c) * (1.0 - trust * (1.0 - c.realisation))
-
-
-def session_load_tokens(view: View, c: Candidate) -> float:
-    """Token-equivalents of future load on ``c`` from the other sessions active there (0 for a
-    request without a session: it joins nobody's conversation)."""
-    per_session = view.block(AutoSettings).active_session_tokens
-    if view.session is None or not per_session:
-        return 0.0
-    others = c.active_sessions - (1 if c.worker.id == view.bound else 0)
-    return per_session * others if others > 0 else 0.0
-
-
-def queue_tokens(s: AutoSettings, c: Candidate) -> float:
-    """Prefill-token equivalents queued ahead of a new request on ``c``."""
-    backlog = s.backlog_weight * c.backlog_tokens * (1.0 + s.eviction_weight * (1.0 - c.realisation))
-    return backlog + s.inflight_tokens * c.busy + s.waiting_tokens * (c.worker.waiting or 0)
-
-
-def predicted_s(view: View, c: Candidate) -> float:
-    """Predicted time to first token on ``c``, in seconds."""
-    s = view.block(AutoSettings)
-    return c.s_per_token * (queue_tokens(s, c) + view.est_tokens - expected_held_tokens(view, c))
+    """Prompt tokens ``c`` is expected to serve from cache (what the backlog adds the rest of)."""
+    return _Prices.of(view).held(c)
 
 
 def _costs(view: View, cands: list[Candidate]) -> list[float]:
-    s = view.block(AutoSettings)
-    est, penalty, bound = float(view.est_tokens), s.prefill_penalty, view.bound
+    p = _Prices.of(view)
+    s, est, bound = p.s, float(p.est), p.bound
     cap = view.placement.overflow if view.placement.overflow != "auto" else None
     out: list[float] = []
     for c in cands:
-        uncached = est - expected_held_tokens(view, c)
-        queue = queue_tokens(s, c) + session_load_tokens(view, c)
-        cost = c.s_per_token * (queue + (1.0 + penalty) * uncached)
+        uncached = est - p.held(c)
+        queue = p.queue(c) + p.sessions(c)
+        cost = c.s_per_token * (queue + (1.0 + s.prefill_penalty) * uncached)
         if c.worker.id == bound:
             if cap is not None and c.load > cap:
                 cost = math.inf
@@ -150,13 +169,14 @@ balanced_sessions = Filter("balanced_sessions", _balanced_sessions,
 def explain(view: View, cands: list[Candidate], i: int) -> tuple[DecisionKind, str]:
     """Sticky, overflow, prefix hit or cold, with the predictions compared."""
     c = cands[i]
+    prices = _Prices.of(view)
     alt: Candidate | None = None
     alt_s = math.inf
     for j, x in enumerate(cands):
-        if j != i and (p := predicted_s(view, x)) < alt_s:
+        if j != i and (p := prices.predicted(x)) < alt_s:
             alt, alt_s = x, p
     versus = f" vs {alt_s:.3f}s on {alt.worker.id}" if alt is not None else ""
-    figures = (f"predicted {predicted_s(view, c):.3f}s{versus}; keeps {blocks(view, c)}, "
+    figures = (f"predicted {prices.predicted(c):.3f}s{versus}; keeps {blocks(view, c)}, "
                f"busy={c.busy}, ~{view.est_tokens} tokens")
     kind = bound_kind(view, c)
     if kind is DecisionKind.STICKY:
@@ -169,7 +189,23 @@ def explain(view: View, cands: list[Candidate], i: int) -> tuple[DecisionKind, s
     return DecisionKind.COLD, f"[AUTO] cold:{who} {c.worker.id} ({figures})"
 
 
+def _floor(view: View, busy: int) -> float | None:
+    """The least ``predicted_ttft`` of a worker holding none of the prompt at ``busy``: nothing
+    queued but its in-flight requests, the whole prompt to prefill.  Only with one prefill rate for
+    every worker (``learn_rate`` off)."""
+    learning = view.block(LearningSettings)
+    if learning.learn_rate:
+        return None
+    s = view.block(AutoSettings)
+    tokens = s.inflight_tokens * busy + (1.0 + s.prefill_penalty) * view.est_tokens
+    return learning.prefill_s_per_token * tokens
+
+
+PRUNING = Pruning("busy", lambda view: view.placement.slack_for(view.est_tokens), _floor)
+"""A new placement goes within the prompt-size slack of the least busy (``load_within_slack``);
+a bound session's turn stays unless a worker beats the cost of staying."""
+
 POLICY = Policy("auto", (*filters.BASE, filters.load_within_slack, balanced_sessions),
                 (predicted_ttft, scorers.deepest_match, scorers.inflight), pickers.lowest, explain,
-                held=expected_held_tokens, settings=(AutoSettings,),
+                held=expected_held_tokens, settings=(AutoSettings,), pruning=PRUNING,
                 summary="the lowest predicted time to first token (cache, queue, sessions)")

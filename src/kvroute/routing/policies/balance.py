@@ -9,7 +9,7 @@ from __future__ import annotations
 from kvroute.routing import filters, pickers, scorers
 from kvroute.routing.decision import DecisionKind
 from kvroute.routing.explain import blocks
-from kvroute.routing.stages import Explainer, Policy
+from kvroute.routing.stages import Explainer, Policy, Pruning
 from kvroute.routing.view import Candidate, View
 
 
@@ -31,5 +31,5 @@ ROUND_ROBIN = Policy("round-robin", filters.BASE, (), pickers.round_robin, expla
 P2C = Policy("p2c", filters.BASE, (scorers.engine_load,), pickers.two_choices, explain("p2c"),
              summary="the less loaded of two workers drawn at random")
 LEAST_LOADED = Policy("least-loaded", filters.BASE, (scorers.engine_load,), pickers.lowest,
-                      explain("least-loaded"),
+                      explain("least-loaded"), pruning=Pruning("engine_load", lambda view: 0),
                       summary="the lowest 4 x waiting + running (vLLM's data-parallel balancer)")
