@@ -26,7 +26,9 @@ _COMMANDS: tuple[tuple[str, str, str], ...] = (
 )
 
 for _name, _module, _func in _COMMANDS:
-    app.command(_name)(getattr(importlib.import_module(_module), _func))
+    _mod = importlib.import_module(_module)
+    # A command may describe more than its flags (``serve``: every routing setting, from the registry).
+    app.command(_name, epilog=getattr(_mod, f"{_func.upper()}_EPILOG", None))(getattr(_mod, _func))
 
 
 def main() -> None:

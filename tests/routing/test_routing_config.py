@@ -50,3 +50,52 @@ def test_policy_for_falls_back_to_default() -> None:
     assert config.policy_for("big").policy == "session"
     assert config.policy_for("other") is config.default
     assert config.window_blocks == 64
+
+
+def test_every_setting_is_declared_once_with_its_help_and_reads_flat() -> None:
+    from kvroute.routing.config import setting_infos
+    from kvroute.routing.learning import LearningSettings
+    from kvroute.routing.policies.auto import AutoSettings
+
+    infos = setting_infos()
+    names = [i.name for i in infos]
+    assert len(names) == len(set(names))
+    assert all(i.help for i in infos), [i.name for i in infos if not i.help]
+    p = ModelPolicy(stay_tokens=64.0, learn_alpha=0.5, overflow=0)
+    assert p.block(AutoSettings).stay_tokens == p.stay_tokens == 64.0
+    assert p.block(LearningSettings).learn_alpha == 0.5 and p.overflow == 0
+    assert p.replace(policy="session") == ModelPolicy(stay_tokens=64.0, learn_alpha=0.5, overflow=0,
+                                                     policy="session")
+    with pytest.raises(ValueError, match="unknown routing setting 'colour'"):
+        ModelPolicy(colour=1)
+
+
+def test_cli_help_and_docs_name_every_setting_and_policy() -> None:
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from kvroute.cli import app
+    from kvroute.routing.config import policy_names, setting_infos, settings_markdown
+
+    out = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "200"}).output
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "server.md").read_text()
+    assert settings_markdown() in docs  # regenerate the table in docs/server.md when this fails
+    for info in setting_infos():
+        assert info.name in out, info.name
+    for name in policy_names():
+        assert name in out, name
+
+
+def test_serve_set_reads_values_as_toml_and_names_bad_settings() -> None:
+    from typer.testing import CliRunner
+
+    from kvroute.cli import app
+    from kvroute.server.cli import _routing_overrides
+
+    assert _routing_overrides(["stay_tokens=1024", "overflow=auto", "slack_steps=[1, 2]", "sticky=false"]) == \
+        {"stay_tokens": 1024, "overflow": "auto", "slack_steps": [1, 2], "sticky": False}
+    with pytest.raises(ValueError, match="expected NAME=VALUE"):
+        _routing_overrides(["stay_tokens"])
+    result = CliRunner().invoke(app, ["serve", "--worker", "http://127.0.0.1:9", "--set", "colour=1"])
+    assert result.exit_code == 2 and "colour" in result.output

@@ -55,6 +55,27 @@ def policy_names() -> tuple[str, ...]:
     return tuple(POLICIES)
 
 
+def policies_help() -> str:
+    """One line per registered policy: its name and what it does (CLI help, docs)."""
+    return "; ".join(f"{p.name}: {p.summary}" if p.summary else p.name for p in POLICIES.values())
+
+
+def settings_markdown() -> str:
+    """The per-model routing settings as the Markdown table docs/server.md shows (a test keeps the
+    page equal to this)."""
+    rows = ["| setting | default | declared by | meaning |", "|---|---|---|---|"]
+    for i in setting_infos():
+        default = "none" if i.default is None else (
+            f"`{list(i.default)}`" if isinstance(i.default, tuple) else f"`{i.default!r}`".replace("'", '"'))
+        rows.append(f"| `{i.name}` | {default} | `{i.block.__name__}` | {i.help} |")
+    return "\n".join(rows) + "\n"
+
+
+def settings_help() -> str:
+    """Every per-model routing setting with its default and what it does (CLI help, docs)."""
+    return "\n".join(f"{i.name} (default {i.default!r}): {i.help}" for i in setting_infos())
+
+
 class ModelPolicy:
     """How requests for one model are routed: one validated instance of every settings block.
 

@@ -39,7 +39,7 @@ def stored_positions(n_blocks: int, window_blocks: int, anchors_per_octave: int,
                      tail_blocks: int) -> list[int]:
     """Zero-based indices of the blocks a request stores in the index, ascending.
 
-    Every block of the window (seed 1's first 32 KB); beyond it, ``anchors_per_octave`` evenly
+    Every block of the window (the first 32 KB); beyond it, ``anchors_per_octave`` evenly
     spaced positions per doubling of the length (fixed positions, so a fork of a conversation still
     meets an earlier turn's anchor); and the last ``tail_blocks``, where the next turn will match.
     At most ``window + anchors_per_octave * log2(n / window) + tail`` blocks per request.

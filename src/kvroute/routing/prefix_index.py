@@ -1,4 +1,4 @@
-"""Seed 1's flat prefix index: block hash -> the workers that own it, bounded in size and age.
+"""The flat prefix index: block hash -> the workers that own it, bounded in size and age.
 
 A worker's longest match is the deepest hash of the request it owns: one dict lookup per block, no
 tree.  Ownership is stamped per (worker, epoch): each registration epoch of a worker gets its own

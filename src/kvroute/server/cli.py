@@ -12,10 +12,31 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from kvroute.routing.config import policies_help, settings_help
+
 if TYPE_CHECKING:
     from kvroute.config import Settings
 
 log = logging.getLogger("kvroute.server")
+
+SERVE_EPILOG = "Per-model routing settings ([routing] or [models.NAME] in the config file, --set):\n\n" + \
+    "\n\n".join(settings_help().splitlines())
+
+
+def _routing_overrides(pairs: list[str]) -> dict[str, Any]:
+    """``NAME=VALUE`` pairs as a [routing] table; values read as TOML (numbers, true, "auto", [1, 2])."""
+    import tomllib
+
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, text = pair.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"expected NAME=VALUE, got {pair!r}")
+        try:
+            out[name.strip()] = tomllib.loads(f"v = {text.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            out[name.strip()] = text.strip()
+    return out
 
 
 def serve(
@@ -26,8 +47,11 @@ def serve(
     host: Annotated[str | None, typer.Option(help="Address to listen on (default 127.0.0.1).")] = None,
     port: Annotated[int | None, typer.Option(help="Port to listen on (default 8000).")] = None,
     policy: Annotated[str | None, typer.Option(
-        help="Routing policy for every model without its own: auto, session, prefix, least-loaded, "
-             "p2c, round-robin (default auto).")] = None,
+        help=f"Routing policy for every model without its own (default auto). {policies_help()}.")] = None,
+    routing: Annotated[list[str] | None, typer.Option(
+        "--set", metavar="NAME=VALUE",
+        help="A [routing] setting for every model (repeatable), e.g. --set stay_tokens=1024; "
+             "the settings are listed below.")] = None,
     admin_token: Annotated[str | None, typer.Option(
         help="Token the admin API requires (prefer KVROUTE_ADMIN_TOKEN).")] = None,
     redis: Annotated[str | None, typer.Option(
@@ -46,11 +70,17 @@ def serve(
     from kvroute.config import Settings, SettingsError
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        routing_table = _routing_overrides(routing or [])
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--set") from None
     overrides = {"workers": worker or None, "host": host, "port": port, "policy": policy,
                  "admin_token": admin_token, "redis_url": redis, "retries": retries,
                  "worker_header": worker_header, "log_prompts": log_prompts, "processes": processes}
     try:
         settings = Settings.load(config, overrides=overrides)
+        if routing_table:
+            settings = settings.replace(routing={**settings.routing, **routing_table})
     except SettingsError as exc:
         raise typer.BadParameter(str(exc)) from None
     if not settings.workers and not settings.admin_token:

@@ -14,6 +14,8 @@ from typing import Any
 from kvroute.fleet.registry import WorkerRecord
 from kvroute.routing.config import ModelPolicy, RoutingConfig
 from kvroute.routing.decision import DecisionKind
+from kvroute.routing.policies import policy_named
+from kvroute.routing.view import Signal
 from kvroute.server.activity import RequestRecord
 from kvroute.server.dashboard.series import Window, choose_window, latency_percentiles, token_rates
 
@@ -105,7 +107,7 @@ def _policy(policy: ModelPolicy) -> dict[str, Any]:
             rule += f", and always past {policy.overflow} in flight"
     else:
         rule = "not used by this policy"
-    uses_session = policy.policy in ("session", "auto")
+    uses_session = Signal.BINDING in policy_named(policy.policy).needs
     return {
         "name": policy.policy,
         "sticky": policy.sticky and uses_session,
