@@ -93,8 +93,9 @@ def test_serve_set_reads_values_as_toml_and_names_bad_settings() -> None:
     from kvroute.cli import app
     from kvroute.server.cli import _routing_overrides
 
-    assert _routing_overrides(["stay_tokens=1024", "overflow=auto", "slack_steps=[1, 2]", "sticky=false"]) == \
-        {"stay_tokens": 1024, "overflow": "auto", "slack_steps": [1, 2], "sticky": False}
+    pairs = ["stay_tokens=1024", "overflow=auto", "slack_steps=[1, 2]", "sticky=false"]
+    assert _routing_overrides(pairs) == {"stay_tokens": 1024, "overflow": "auto", "slack_steps": [1, 2],
+                                         "sticky": False}
     with pytest.raises(ValueError, match="expected NAME=VALUE"):
         _routing_overrides(["stay_tokens"])
     result = CliRunner().invoke(app, ["serve", "--worker", "http://127.0.0.1:9", "--set", "colour=1"])
