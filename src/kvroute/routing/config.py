@@ -95,7 +95,9 @@ class ModelPolicy:
             kind = index.get(name)
             if kind is None:
                 raise ValueError(f"unknown routing setting {name!r}")
-            grouped.setdefault(kind, {})[name] = tuple(value) if isinstance(value, list) else value
+            value = tuple(value) if isinstance(value, list) else value
+            _check_kind(_fields_of(kind)[name], value)
+            grouped.setdefault(kind, {})[name] = value
         blocks: dict[type, Any] = {}
         for kind in BLOCKS:
             try:
@@ -159,6 +161,24 @@ class ModelPolicy:
 
 
 _DEFAULTS: dict[str, Any] = {i.name: i.default for i in setting_infos()}
+
+
+def _fields_of(kind: type) -> dict[str, dataclasses.Field[Any]]:
+    return {f.name: f for f in dataclasses.fields(kind)}
+
+
+def _check_kind(f: dataclasses.Field[Any], value: Any) -> None:
+    """A number where the default is a number, a boolean where it is one, None only where the
+    field allows it (each block checks its own ranges)."""
+    default, name = f.default, f.name
+    if value is None:
+        if default is not None and "None" not in str(f.type):
+            raise ValueError(f"{name} must be set")
+    elif isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be true or false, got {value!r}")
+    elif isinstance(default, int | float) and (isinstance(value, bool) or not isinstance(value, int | float)):
+        raise ValueError(f"{name} must be a number, got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
