@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from kvroute.dev.vllm_env import VllmEnv
+from kvroute_dev.vllm_env import VllmEnv
 
 
 class ReplicaStartError(Exception):

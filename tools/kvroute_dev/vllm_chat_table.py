@@ -4,7 +4,7 @@ Each conversation grows by about 500 tokens a turn through the router; every tur
 sent straight to the *other* replica with a fresh ``cache_salt`` (vLLM keeps salted prompts apart),
 which is what that turn costs where the conversation was never seen. Prints a Markdown table.
 
-    python -m kvroute.dev.vllm_chat_table [--conversations 3] [--turns 4] [--urls URL,URL]
+    PYTHONPATH=tools python -m kvroute_dev.vllm_chat_table [--conversations 3] [--turns 4] [--urls URL,URL]
 
 Without ``--urls`` it starts (and stops) two replicas from the prepared environment.
 """
@@ -22,11 +22,11 @@ from dataclasses import dataclass
 import aiohttp
 
 from kvroute.config import Settings, WorkerSpec
-from kvroute.dev.growing_chat import ChatAnswer, GrowingChat, send_chat
-from kvroute.dev.vllm_env import SERVED_MODEL_NAME, VllmEnv, default_home, problems
-from kvroute.dev.vllm_replicas import start_replicas
 from kvroute.fleet.registry import worker_id_for
 from kvroute.server.app import start_router
+from kvroute_dev.growing_chat import ChatAnswer, GrowingChat, send_chat
+from kvroute_dev.vllm_env import SERVED_MODEL_NAME, VllmEnv, default_home, problems
+from kvroute_dev.vllm_replicas import start_replicas
 
 
 @dataclass(frozen=True)

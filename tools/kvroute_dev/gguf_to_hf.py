@@ -8,7 +8,7 @@ dequantises every tensor to bfloat16 and writes what ``transformers``/vLLM expec
 It runs inside the vLLM virtual environment (it needs ``gguf``, ``numpy``, ``torch``, ``safetensors`` and
 ``tokenizers``), so it imports nothing from kvroute and is started by path:
 
-    VENV/bin/python src/kvroute/dev/gguf_to_hf.py MODEL.gguf OUT_DIR
+    VENV/bin/python tools/kvroute_dev/gguf_to_hf.py MODEL.gguf OUT_DIR
 """
 
 from __future__ import annotations
