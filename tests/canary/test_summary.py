@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from kvroute.diagnostics.arithmetic import Verdict
-from kvroute.diagnostics.canary_summary import CanaryReply, excerpt, summarize
-from kvroute.diagnostics.counters import CacheCounters, CounterChange
+from kvroute.canary.questions import Verdict
+from kvroute.canary.summary import CanaryReply, excerpt, summarize
+from kvroute.engine_client.cache_counters import CacheCounters, CounterChange
 
 
 def reply(i: int, verdict: Verdict = Verdict.CORRECT, seconds: float = 1.0) -> CanaryReply:

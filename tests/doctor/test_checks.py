@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvroute.diagnostics.checks_caching import suggest_match_unit
-from kvroute.diagnostics.diagnose import diagnose
-from kvroute.diagnostics.facts import Conflict, EngineFacts, MergedFacts, Observed
-from kvroute.diagnostics.finding import Finding, Severity, worst
-from kvroute.diagnostics.workload import Workload
+from kvroute.doctor.checks import suggest_match_unit
+from kvroute.doctor.diagnose import diagnose
+from kvroute.doctor.facts import Conflict, EngineFacts, MergedFacts, Observed
+from kvroute.doctor.finding import Finding, Severity, worst
+from kvroute.doctor.workload import Workload
 
 
 def facts(**values: Any) -> EngineFacts:

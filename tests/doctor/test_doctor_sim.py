@@ -9,13 +9,13 @@ import aiohttp
 import pytest
 
 from kvroute.config import Settings, WorkerSpec
-from kvroute.diagnostics.diagnose import diagnose
-from kvroute.diagnostics.doctor_report import TargetReport
-from kvroute.diagnostics.doctor_session import DoctorOptions, run_doctor
-from kvroute.diagnostics.endpoint import EndpointBundle, facts_for_endpoint
-from kvroute.diagnostics.facts import EngineFacts, MergedFacts
-from kvroute.diagnostics.finding import Severity
-from kvroute.diagnostics.fleet import compare_fleet
+from kvroute.doctor.diagnose import diagnose
+from kvroute.doctor.endpoint import EndpointBundle, facts_for_endpoint
+from kvroute.doctor.facts import EngineFacts, MergedFacts
+from kvroute.doctor.finding import Severity
+from kvroute.doctor.fleet import compare_fleet
+from kvroute.doctor.report import TargetReport
+from kvroute.doctor.session import DoctorOptions, run_doctor
 from kvroute.server.app import start_router
 from kvroute.sim.server import SimFleet, start_sim_fleet
 

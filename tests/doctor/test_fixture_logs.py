@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from kvroute.diagnostics.diagnose import diagnose
-from kvroute.diagnostics.endpoint import facts_for_endpoint
-from kvroute.diagnostics.finding import Severity, worst
+from kvroute.doctor.diagnose import diagnose
+from kvroute.doctor.endpoint import facts_for_endpoint
+from kvroute.doctor.finding import Severity, worst
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from kvroute.diagnostics.http_client import Target, request
+from kvroute.engine_client.http import Target, request
 
 
 @dataclass(slots=True)

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 import aiohttp
 import orjson
 
-from kvroute.diagnostics.counters import CacheCounters, counters_from_samples
-from kvroute.diagnostics.endpoint import EndpointBundle
-from kvroute.diagnostics.prometheus_text import MetricsParseError, parse_exposition
+from kvroute.doctor.endpoint import EndpointBundle
+from kvroute.engine_client.cache_counters import CacheCounters, counters_from_samples
+from kvroute.prometheus_text import MetricsParseError, parse_exposition
 
 # Cap on any body we read: a /metrics page is tens of kilobytes, a reply a few.
 _MAX_BODY = 16 * 1024 * 1024

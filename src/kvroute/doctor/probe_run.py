@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import aiohttp
 
-from kvroute.diagnostics.chat import ChatOutcome, send_chat
-from kvroute.diagnostics.counters import CacheCounters
-from kvroute.diagnostics.filler_text import filler
-from kvroute.diagnostics.http_client import Target, read_counters
-from kvroute.diagnostics.probe_evidence import ProbeStep
+from kvroute.doctor.probe import ProbeStep
+from kvroute.engine_client.cache_counters import CacheCounters
+from kvroute.engine_client.chat import ChatOutcome, send_chat
+from kvroute.engine_client.filler_text import filler
+from kvroute.engine_client.http import Target, read_counters
 
 # New text per conversation turn, like a user's next message.
 _TURN_TOKENS = 150

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from kvroute.diagnostics.facts import Conflict, EngineFacts, cite
-from kvroute.diagnostics.finding import Finding, Severity
+from kvroute.doctor.facts import Conflict, EngineFacts, cite
+from kvroute.doctor.finding import Finding, Severity
 
 # Startup errors another check explains in full.
 _EXPLAINED = re.compile(r"exceeds available Mamba cache blocks")

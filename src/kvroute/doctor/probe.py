@@ -12,8 +12,8 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from kvroute.diagnostics.checks_caching import COARSE_UNIT, suggest_match_unit
-from kvroute.diagnostics.finding import Finding, Severity
+from kvroute.doctor.checks import COARSE_UNIT, suggest_match_unit
+from kvroute.doctor.finding import Finding, Severity
 
 # A repeat this much faster than the cold request counts as a visible hit when nothing else tells.
 _VISIBLE_SPEEDUP = 1.5

@@ -9,9 +9,9 @@
 
 from __future__ import annotations
 
-from kvroute.diagnostics.facts import EngineFacts, cite
-from kvroute.diagnostics.finding import Finding, Severity
-from kvroute.diagnostics.workload import Workload
+from kvroute.doctor.facts import EngineFacts, cite
+from kvroute.doctor.finding import Finding, Severity
+from kvroute.doctor.workload import Workload
 
 ALIGN_FIX = "--enable-prefix-caching --mamba-cache-mode align"
 # Match units at or above this many tokens make ordinary chat turns miss.

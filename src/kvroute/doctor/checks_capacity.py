@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from kvroute.diagnostics.facts import EngineFacts, cite
-from kvroute.diagnostics.finding import Finding, Severity
-from kvroute.diagnostics.workload import Workload
+from kvroute.doctor.facts import EngineFacts, cite
+from kvroute.doctor.finding import Finding, Severity
+from kvroute.doctor.workload import Workload
 
 # Round sizes for the capacity note when the typical context is unknown.
 _EXAMPLE_CONTEXTS = (4_000, 16_000)

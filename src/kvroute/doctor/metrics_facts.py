@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvroute.diagnostics.facts import EngineFacts, Observed, merge_facts
-from kvroute.diagnostics.prometheus_text import Sample, first_total, label_values, total
-from kvroute.diagnostics.settings import facts_from_settings
+from kvroute.doctor.facts import EngineFacts, Observed, merge_facts
+from kvroute.doctor.settings import facts_from_settings
+from kvroute.prometheus_text import Sample, first_total, label_values, total
 
 _SOURCE = "/metrics"
 # vLLM v1 names first, then the names of older releases.

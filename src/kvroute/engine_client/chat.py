@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from kvroute.diagnostics.http_client import Reply, Target, request
+from kvroute.engine_client.http import Reply, Target, request
 
 _MAX_ERROR_CHARS = 300
 

@@ -2,23 +2,23 @@
 
 from __future__ import annotations
 
-from kvroute.diagnostics.checks_caching import (
+from kvroute.doctor.checks import (
     check_experimental,
     check_kv_dtype,
     check_mamba_mode,
     check_match_unit,
     check_prefix_caching,
 )
-from kvroute.diagnostics.checks_capacity import check_kv_capacity, check_mamba_slots
-from kvroute.diagnostics.checks_observed import (
+from kvroute.doctor.checks_capacity import check_kv_capacity, check_mamba_slots
+from kvroute.doctor.checks_observed import (
     check_conflicts,
     check_hit_rate,
     check_readable,
     check_startup_errors,
 )
-from kvroute.diagnostics.facts import MergedFacts
-from kvroute.diagnostics.finding import Finding
-from kvroute.diagnostics.workload import Workload
+from kvroute.doctor.facts import MergedFacts
+from kvroute.doctor.finding import Finding
+from kvroute.doctor.workload import Workload
 
 
 def diagnose(merged: MergedFacts, workload: Workload | None = None) -> list[Finding]:

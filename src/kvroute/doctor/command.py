@@ -16,10 +16,10 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from kvroute.diagnostics.doctor_render import render_report, report_json
-from kvroute.diagnostics.doctor_session import DoctorOptions, run_doctor
-from kvroute.diagnostics.finding import Severity
-from kvroute.diagnostics.workload import Workload
+from kvroute.doctor.doctor_render import render_report, report_json
+from kvroute.doctor.finding import Severity
+from kvroute.doctor.session import DoctorOptions, run_doctor
+from kvroute.doctor.workload import Workload
 
 
 def doctor(

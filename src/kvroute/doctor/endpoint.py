@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from kvroute.diagnostics.api_facts import facts_from_models, facts_from_server_info
-from kvroute.diagnostics.facts import EngineFacts, MergedFacts, Observed, merge_facts
-from kvroute.diagnostics.finding import Finding, Severity
-from kvroute.diagnostics.log_facts import facts_from_log
-from kvroute.diagnostics.metrics_facts import facts_from_metrics
-from kvroute.diagnostics.prometheus_text import MetricsParseError, parse_exposition
-from kvroute.diagnostics.settings import facts_from_settings
+from kvroute.doctor.api_facts import facts_from_models, facts_from_server_info
+from kvroute.doctor.facts import EngineFacts, MergedFacts, Observed, merge_facts
+from kvroute.doctor.finding import Finding, Severity
+from kvroute.doctor.metrics_facts import facts_from_metrics
+from kvroute.doctor.settings import facts_from_settings
+from kvroute.doctor.sources import facts_from_log
+from kvroute.prometheus_text import MetricsParseError, parse_exposition
 
 
 @dataclass(slots=True)

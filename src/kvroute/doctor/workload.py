@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvroute.diagnostics.facts import EngineFacts, Observed
+from kvroute.doctor.facts import EngineFacts, Observed
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,10 +12,10 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from kvroute.diagnostics.config_text import parse_int, parse_python_dict, split_config_dump
-from kvroute.diagnostics.facts import EngineFacts, Observed, merge_facts
-from kvroute.diagnostics.hybrid import is_hybrid_architecture
-from kvroute.diagnostics.settings import facts_from_settings
+from kvroute.doctor.config_text import parse_int, parse_python_dict, split_config_dump
+from kvroute.doctor.facts import EngineFacts, Observed, merge_facts
+from kvroute.doctor.hybrid import is_hybrid_architecture
+from kvroute.doctor.settings import facts_from_settings
 
 _START = re.compile(r"non-default args: |vLLM API server version ")
 _NON_DEFAULT = re.compile(r"non-default args: (\{.*\})\s*$")

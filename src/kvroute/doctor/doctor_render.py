@@ -7,10 +7,10 @@ from rich.console import Console
 from rich.padding import Padding
 from rich.text import Text
 
-from kvroute.diagnostics.doctor_report import DoctorReport, TargetReport
-from kvroute.diagnostics.facts import EngineFacts
-from kvroute.diagnostics.finding import Finding, Severity
-from kvroute.diagnostics.probe_evidence import ProbeStep
+from kvroute.doctor.facts import EngineFacts
+from kvroute.doctor.finding import Finding, Severity
+from kvroute.doctor.probe import ProbeStep
+from kvroute.doctor.report import DoctorReport, TargetReport
 
 _STYLE = {
     Severity.OK: "green",

@@ -6,7 +6,7 @@ import orjson
 from rich.console import Console
 from rich.text import Text
 
-from kvroute.diagnostics.canary_summary import CONFIDENCE, CanarySummary
+from kvroute.canary.summary import CONFIDENCE, CanarySummary
 
 
 def summary_json(summary: CanarySummary, target: str) -> bytes:

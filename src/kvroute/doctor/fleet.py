@@ -6,8 +6,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from kvroute.diagnostics.facts import EngineFacts, Observed
-from kvroute.diagnostics.finding import Finding, Severity
+from kvroute.doctor.facts import EngineFacts, Observed
+from kvroute.doctor.finding import Finding, Severity
 
 # Settings that should agree across replicas of one model; a router sends a conversation to any of
 # them, so one odd replica silently loses the cache for every conversation it receives.

@@ -9,9 +9,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from kvroute.diagnostics.config_text import parse_bool, parse_int, parse_text
-from kvroute.diagnostics.facts import EngineFacts, Observed
-from kvroute.diagnostics.hybrid import is_hybrid_architecture
+from kvroute.doctor.config_text import parse_bool, parse_int, parse_text
+from kvroute.doctor.facts import EngineFacts, Observed
+from kvroute.doctor.hybrid import is_hybrid_architecture
 
 # Setting name -> the names vLLM (and the simulator) use for it, most specific first.
 _ALIASES: dict[str, tuple[str, ...]] = {

@@ -8,24 +8,24 @@ from dataclasses import dataclass, field, replace
 
 import aiohttp
 
-from kvroute.diagnostics.diagnose import diagnose
-from kvroute.diagnostics.discovery import Discovery, discover
-from kvroute.diagnostics.doctor_report import DoctorReport, TargetReport
-from kvroute.diagnostics.endpoint import facts_for_endpoint
-from kvroute.diagnostics.facts import EngineFacts, MergedFacts, Observed, merge_facts
-from kvroute.diagnostics.finding import Finding, Severity
-from kvroute.diagnostics.fleet import compare_fleet
-from kvroute.diagnostics.http_client import Target, fetch_bundle, served_model
-from kvroute.diagnostics.probe_evidence import judge_probe
-from kvroute.diagnostics.probe_run import probe_size, reply_tokens, run_probe
-from kvroute.diagnostics.prometheus_text import (
+from kvroute.doctor.diagnose import diagnose
+from kvroute.doctor.discovery import Discovery, discover
+from kvroute.doctor.endpoint import facts_for_endpoint
+from kvroute.doctor.facts import EngineFacts, MergedFacts, Observed, merge_facts
+from kvroute.doctor.finding import Finding, Severity
+from kvroute.doctor.fleet import compare_fleet
+from kvroute.doctor.probe import judge_probe
+from kvroute.doctor.probe_run import probe_size, reply_tokens, run_probe
+from kvroute.doctor.report import DoctorReport, TargetReport
+from kvroute.doctor.workload import Workload
+from kvroute.engine_client.http import Target, fetch_bundle, served_model
+from kvroute.prometheus_text import (
     MetricsParseError,
     Sample,
     label_values,
     parse_exposition,
     where,
 )
-from kvroute.diagnostics.workload import Workload
 
 
 @dataclass(frozen=True, slots=True)

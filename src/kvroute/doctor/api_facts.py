@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping
 
-from kvroute.diagnostics.config_text import parse_int, split_config_dump
-from kvroute.diagnostics.facts import EngineFacts, Observed
-from kvroute.diagnostics.settings import facts_from_settings
+from kvroute.doctor.config_text import parse_int, split_config_dump
+from kvroute.doctor.facts import EngineFacts, Observed
+from kvroute.doctor.settings import facts_from_settings
 
 # Nested settings kept whole rather than flattened: their own keys (``method``, ``model``) would
 # otherwise shadow the engine's.

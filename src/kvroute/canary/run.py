@@ -8,12 +8,12 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from kvroute.diagnostics.arithmetic import Question, grade, make_questions
-from kvroute.diagnostics.canary_summary import CanaryReply, CanarySummary, excerpt, summarize
-from kvroute.diagnostics.chat import send_chat
-from kvroute.diagnostics.counters import CounterChange
-from kvroute.diagnostics.filler_text import filler
-from kvroute.diagnostics.http_client import Target, read_counters, served_model
+from kvroute.canary.questions import Question, grade, make_questions
+from kvroute.canary.summary import CanaryReply, CanarySummary, excerpt, summarize
+from kvroute.engine_client.cache_counters import CounterChange
+from kvroute.engine_client.chat import send_chat
+from kvroute.engine_client.filler_text import filler
+from kvroute.engine_client.http import Target, read_counters, served_model
 
 _SYSTEM = "Answer the question at the very end with the number only."
 

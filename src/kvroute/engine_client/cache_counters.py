@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvroute.diagnostics.prometheus_text import Sample, first_total
+from kvroute.prometheus_text import Sample, first_total
 
 # An engine's own counters (vLLM v1, then older names), then a kvroute router's re-export of its
 # workers' counters (summed over the ``worker`` label).

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvroute.diagnostics.facts import MergedFacts
-from kvroute.diagnostics.finding import Finding, Severity, worst
-from kvroute.diagnostics.probe_evidence import ProbeStep
+from kvroute.doctor.facts import MergedFacts
+from kvroute.doctor.finding import Finding, Severity, worst
+from kvroute.doctor.probe import ProbeStep
 
 
 @dataclass(slots=True)

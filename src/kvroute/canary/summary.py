@@ -6,9 +6,9 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvroute.diagnostics.arithmetic import Verdict
-from kvroute.diagnostics.binomial_bound import rule_of_three, upper_bound
-from kvroute.diagnostics.counters import CounterChange
+from kvroute.canary.binomial_bound import rule_of_three, upper_bound
+from kvroute.canary.questions import Verdict
+from kvroute.engine_client.cache_counters import CounterChange
 from kvroute.quantiles import percentile
 
 CONFIDENCE = 0.95
