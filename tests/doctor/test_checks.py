@@ -8,11 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvroute.doctor.checks import suggest_match_unit
-from kvroute.doctor.diagnose import diagnose
-from kvroute.doctor.facts import Conflict, EngineFacts, MergedFacts, Observed
+from kvroute.doctor.checks import diagnose, suggest_match_unit
+from kvroute.doctor.facts import Conflict, EngineFacts, MergedFacts, Observed, Workload
 from kvroute.doctor.finding import Finding, Severity, worst
-from kvroute.doctor.workload import Workload
 
 
 def facts(**values: Any) -> EngineFacts:

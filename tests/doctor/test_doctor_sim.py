@@ -9,11 +9,10 @@ import aiohttp
 import pytest
 
 from kvroute.config import Settings, WorkerSpec
-from kvroute.doctor.diagnose import diagnose
+from kvroute.doctor.checks import compare_fleet, diagnose
 from kvroute.doctor.endpoint import EndpointBundle, facts_for_endpoint
 from kvroute.doctor.facts import EngineFacts, MergedFacts
 from kvroute.doctor.finding import Severity
-from kvroute.doctor.fleet import compare_fleet
 from kvroute.doctor.report import TargetReport
 from kvroute.doctor.session import DoctorOptions, run_doctor
 from kvroute.server.app import start_router

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kvroute.doctor.diagnose import diagnose
+from kvroute.doctor.checks import diagnose
 from kvroute.doctor.endpoint import facts_for_endpoint
 from kvroute.doctor.finding import Severity, worst
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from kvroute.doctor.diagnose import diagnose
+from kvroute.doctor.checks import diagnose
 from kvroute.doctor.endpoint import EndpointBundle, facts_for_endpoint
 from kvroute.doctor.finding import Severity, worst
 from kvroute.engine_client.cache_counters import counters_from_samples

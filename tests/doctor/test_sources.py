@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from kvroute.doctor.api_facts import facts_from_models, facts_from_server_info
 from kvroute.doctor.endpoint import EndpointBundle, facts_for_endpoint, facts_from_router_record
 from kvroute.doctor.facts import EngineFacts, Observed, merge_facts
-from kvroute.doctor.metrics_facts import facts_from_metrics
+from kvroute.doctor.sources import facts_from_metrics, facts_from_models, facts_from_server_info
 from kvroute.prometheus_text import MetricsParseError, parse_exposition
 
 HYBRID_METRICS = """\

@@ -14,8 +14,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from kvroute.canary.canary_render import render_summary, summary_json
 from kvroute.canary.run import CanaryError, CanaryOptions, run_canary
+from kvroute.canary.summary import render_summary, summary_json
 
 
 def canary(

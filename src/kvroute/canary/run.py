@@ -10,10 +10,10 @@ import aiohttp
 
 from kvroute.canary.questions import Question, grade, make_questions
 from kvroute.canary.summary import CanaryReply, CanarySummary, excerpt, summarize
-from kvroute.engine_client.cache_counters import CounterChange
+from kvroute.engine_client.cache_counters import CounterChange, read_counters
 from kvroute.engine_client.chat import send_chat
 from kvroute.engine_client.filler_text import filler
-from kvroute.engine_client.http import Target, read_counters, served_model
+from kvroute.engine_client.http import Target, served_model
 
 _SYSTEM = "Answer the question at the very end with the number only."
 

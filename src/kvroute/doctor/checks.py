@@ -1,17 +1,26 @@
-"""Checks that prefix caching is on and able to hit: the seed's three missing arguments.
+"""Facts -> findings: every check the doctor makes, most severe first.
+
+Prefix caching on and able to hit (the three arguments hybrids miss):
 
 1. Hybrid models run with prefix caching off unless asked (``--enable-prefix-caching``).
 2. On a hybrid, caching without ``--mamba-cache-mode align`` has nowhere to keep the recurrent
    state, so nothing is reused.
 3. A hybrid's stretched block (1600 tokens with fp8, 800 without) means short conversations never
    reach a whole block; ``--prefix-match-unit 32`` lets a hit land where the state checkpoint is.
+
+Then the two memory budgets (Mamba state slots, KV cache tokens), what the engine did rather than
+how it is configured (counters, errors, gaps), and the comparison of a fleet's engines.
 """
 
 from __future__ import annotations
 
-from kvroute.doctor.facts import EngineFacts, cite
+import re
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from kvroute.doctor.facts import Conflict, EngineFacts, MergedFacts, Observed, Workload, cite
 from kvroute.doctor.finding import Finding, Severity
-from kvroute.doctor.workload import Workload
 
 ALIGN_FIX = "--enable-prefix-caching --mamba-cache-mode align"
 # Match units at or above this many tokens make ordinary chat turns miss.
@@ -183,3 +192,209 @@ def _caching_can_hit(facts: EngineFacts) -> bool:
     if facts.hybrid and facts.hybrid.value and facts.mamba_cache_mode is not None:
         return facts.mamba_cache_mode.value in _REUSING_MODES
     return True
+
+
+# Round sizes for the capacity note when the typical context is unknown.
+_EXAMPLE_CONTEXTS = (4_000, 16_000)
+
+
+def check_mamba_slots(facts: EngineFacts) -> list[Finding]:
+    """``max_num_seqs`` above the Mamba cache blocks: vLLM refuses to start (one block per sequence)."""
+    slots, seqs = facts.mamba_cache_blocks, facts.max_num_seqs
+    if slots is None or seqs is None or (facts.hybrid is not None and not facts.hybrid.value):
+        return []
+    evidence = cite(seqs, "max_num_seqs") + cite(slots, "mamba_cache_blocks") + cite(
+        facts.cache_dtype, "cache_dtype")
+    if seqs.value > slots.value:
+        fp8_note = ""
+        if facts.cache_dtype is not None and not facts.cache_dtype.value.startswith("fp8"):
+            fp8_note = (" This is what removing --kv-cache-dtype fp8 does: fp8 was freeing exactly the "
+                        "memory those blocks needed.")
+        return [Finding(
+            Severity.ERROR, "mamba-blocks-below-max-num-seqs",
+            f"max_num_seqs ({seqs.value}) exceeds the available Mamba cache blocks ({slots.value})",
+            "Each decode sequence needs one Mamba state block, so the engine refuses to start "
+            "(CUDA graph capture cannot proceed). On a hybrid model memory has two consumers, KV "
+            "blocks and Mamba state blocks, and the error names only one of them." + fp8_note,
+            f"--max-num-seqs {slots.value} (or fewer); or give the Mamba state more memory: "
+            "keep --kv-cache-dtype fp8, raise --gpu-memory-utilization, lower --max-model-len",
+            evidence)]
+    if facts.enable_prefix_caching is None or not facts.enable_prefix_caching.value:
+        return []
+    return [Finding(
+        Severity.INFO, "mamba-slots",
+        f"{slots.value} Mamba state slots for max_num_seqs {seqs.value}",
+        "Cached recurrent states compete for these few slots: live conversations keep their "
+        "cache, dormant ones are evicted (three interleaved conversations were measured evicting "
+        "each other's state). It is a ceiling, not an unlimited cache.", None, evidence)]
+
+
+def check_kv_capacity(facts: EngineFacts, workload: Workload) -> list[Finding]:
+    """Rule of thumb: concurrent sessions × typical context must fit in the KV cache."""
+    total = facts.total_kv_tokens()
+    if total is None or total.value <= 0:
+        return []
+    sessions = workload.sessions(facts)
+    context = workload.prompt_tokens(facts)
+    evidence = cite(total, "kv_cache_tokens") + cite(sessions, "sessions") + cite(context, "context_tokens")
+    if sessions is None or context is None:
+        examples = " or ".join(f"{total.value // c:,} of {c // 1000}k tokens" for c in _EXAMPLE_CONTEXTS)
+        return [Finding(
+            Severity.INFO, "kv-capacity", f"KV cache holds {total.value:,} tokens",
+            f"Enough for about {examples} of live conversations at once. Pass --sessions and "
+            "--context-tokens to check it against your traffic.", None, evidence)]
+    need = round(sessions.value * context.value)
+    if need > total.value:
+        # Told how many sessions run at once: a real shortfall. Assumed max_num_seqs: a caution.
+        told = workload.concurrent_sessions is not None
+        assumed = "" if told else (
+            " This assumes max_num_seqs sessions at once; pass --sessions with your real concurrency.")
+        return [Finding(
+            Severity.WARNING if told else Severity.INFO, "kv-capacity-short",
+            f"{sessions.value} sessions × {context.value:,.0f} tokens = {need:,} > {total.value:,} KV tokens",
+            "Concurrent sessions × typical context should fit in the cache; otherwise sessions evict "
+            "each other's prefixes before their next turn and the hit rate collapses." + assumed,
+            "send fewer concurrent sessions to each replica (more replicas), lower --max-num-seqs, "
+            "or give the KV cache more memory (--gpu-memory-utilization)", evidence)]
+    return [Finding(
+        Severity.OK, "kv-capacity",
+        f"{sessions.value} sessions × {context.value:,.0f} tokens fit in {total.value:,} KV tokens "
+        f"({need / total.value:.0%})",
+        "Concurrent sessions × typical context is below the cache size, so live conversations keep "
+        "their prefixes.", None, evidence)]
+
+
+# Startup errors another check explains in full.
+_EXPLAINED = re.compile(r"exceeds available Mamba cache blocks")
+# vLLM's wrapper around a root cause logged above it: noise when the root cause is known.
+_WRAPPER = re.compile(r"Engine core initialization failed|See root cause above")
+
+
+def check_hit_rate(facts: EngineFacts) -> list[Finding]:
+    """The prefix-cache hit rate measured by the engine's own counters since it started."""
+    queries, hits = facts.prefix_cache_queries, facts.prefix_cache_hits
+    epc = facts.enable_prefix_caching
+    if queries is None or hits is None or (epc is not None and not epc.value):
+        return []
+    evidence = cite(queries, "queries") + cite(hits, "hits")
+    if queries.value <= 0:
+        return [Finding(Severity.INFO, "hit-rate-no-traffic", "No prefix-cache lookups yet",
+                        "The engine has not served a prompt since it started, so there is no hit "
+                        "rate to read.", "kvroute doctor --probe URL", evidence)]
+    rate = hits.value / queries.value
+    if hits.value <= 0:
+        return [Finding(
+            Severity.WARNING, "hit-rate-zero", f"0% of {queries.value:,.0f} prompt tokens hit the cache",
+            "Either the traffic never repeats a prefix, or the cache cannot hit (see the other "
+            "findings). A repeated prompt tells the two apart.", "kvroute doctor --probe URL", evidence)]
+    floor = ""
+    if facts.cache_dtype is not None and facts.cache_dtype.value.startswith("fp8"):
+        floor = " With an fp8 KV cache this is probably a floor."
+    return [Finding(Severity.INFO, "hit-rate",
+                    f"{rate:.1%} of {queries.value:,.0f} prompt tokens were served from the cache",
+                    "Measured by the engine's own counters since it started." + floor, None, evidence)]
+
+
+def check_startup_errors(facts: EngineFacts) -> list[Finding]:
+    """Fatal errors in the startup log that no other check explains.
+
+    vLLM's "Engine core initialization failed" wrapper is only reported when it is all there is.
+    """
+    causes = [e for e in facts.startup_errors if not _WRAPPER.search(e.value)]
+    shown = causes or list(facts.startup_errors)
+    return [
+        Finding(Severity.ERROR, "startup-error", "The engine failed to start",
+                err.value, "read the log lines before this one for the root cause", (err.source,))
+        for err in shown
+        if not _EXPLAINED.search(err.value)
+    ]
+
+
+def check_conflicts(conflicts: list[Conflict]) -> list[Finding]:
+    """Sources that disagree: usually a log from another start, or a proxy in between."""
+    return [
+        Finding(Severity.WARNING, "sources-disagree", f"Sources disagree about {c.name}",
+                f"{c.kept.value} according to {c.kept.source}, {c.other.value} according to "
+                f"{c.other.source}. The first is used. Is the log from another start of the engine?",
+                None, (c.kept.cite(c.name), c.other.cite(c.name)))
+        for c in conflicts
+    ]
+
+
+def check_readable(facts: EngineFacts) -> list[Finding]:
+    """Say so when the caching configuration could not be read at all."""
+    if facts.enable_prefix_caching is not None or facts.startup_errors:
+        return []
+    return [Finding(
+        Severity.WARNING, "config-unknown", "Could not read the engine's caching configuration",
+        "None of /metrics (vllm:cache_config_info), /server_info or a startup log said whether "
+        "prefix caching is on. The engine may not be vLLM, or its metrics may be disabled.",
+        "pass the startup log with --log FILE, or run --probe for evidence from requests",
+        cite(facts.model, "model"))]
+
+
+# Settings that should agree across replicas of one model; a router sends a conversation to any of
+# them, so one odd replica silently loses the cache for every conversation it receives.
+COMPARED = ("model", "enable_prefix_caching", "mamba_cache_mode", "block_size", "prefix_match_unit",
+            "cache_dtype", "max_num_seqs", "max_model_len", "speculative")
+
+
+def _setting(facts: EngineFacts, name: str) -> Observed[Any] | None:
+    # An unset prefix_match_unit (vLLM reports "None") means the block size: compare what applies,
+    # so a replica started without --prefix-match-unit stands out from those started with it.
+    if name == "prefix_match_unit":
+        return facts.match_unit()
+    value: Observed[Any] | None = getattr(facts, name)
+    return value
+
+
+def compare_fleet(engines: Sequence[tuple[str, EngineFacts]]) -> list[Finding]:
+    """One finding per setting on which the named engines disagree (majority value first)."""
+    if len(engines) < 2:
+        return []
+    findings: list[Finding] = []
+    for name in COMPARED:
+        values = {label: _setting(facts, name) for label, facts in engines}
+        known = {label: obs.value for label, obs in values.items() if obs is not None}
+        distinct = Counter(known.values())
+        if len(distinct) < 2:
+            continue
+        majority, _ = distinct.most_common(1)[0]
+        odd = {label: value for label, value in known.items() if value != majority}
+        same = [label for label, value in known.items() if value == majority]
+        detail = "; ".join(f"{label}: {value}" for label, value in odd.items())
+        findings.append(Finding(
+            Severity.WARNING, "fleet-differs",
+            f"{name} differs on {', '.join(odd)} (the rest: {majority})",
+            f"{detail}; {majority} on {', '.join(same)}. Replicas behind one router should be "
+            "configured alike, or conversations placed on the odd ones lose their cache.",
+            f"start {', '.join(odd)} with the same flags as {same[0]}",
+            tuple(obs.cite(f"{label} {name}") for label, obs in values.items() if obs is not None)))
+    unknown = [label for label, facts in engines if all(_setting(facts, n) is None for n in COMPARED)]
+    if not findings:
+        findings.append(Finding(
+            Severity.OK, "fleet-consistent",
+            f"All {len(engines) - len(unknown)} readable engines report the same settings",
+            "Compared: " + ", ".join(COMPARED) + "." + (
+                f" Not readable on {', '.join(unknown)}." if unknown else ""), None))
+    return findings
+
+
+def diagnose(merged: MergedFacts, workload: Workload | None = None) -> list[Finding]:
+    """Every check's findings for one engine, sorted most severe first (stable within a severity)."""
+    facts = merged.facts
+    load = workload or Workload()
+    findings = [
+        *check_startup_errors(facts),
+        *check_mamba_slots(facts),
+        *check_prefix_caching(facts),
+        *check_mamba_mode(facts),
+        *check_match_unit(facts, load),
+        *check_kv_dtype(facts),
+        *check_experimental(facts),
+        *check_hit_rate(facts),
+        *check_kv_capacity(facts, load),
+        *check_conflicts(merged.conflicts),
+        *check_readable(facts),
+    ]
+    return sorted(findings, key=lambda f: -f.severity.rank)

@@ -16,10 +16,10 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from kvroute.doctor.doctor_render import render_report, report_json
+from kvroute.doctor.facts import Workload
 from kvroute.doctor.finding import Severity
+from kvroute.doctor.report import render_report, report_json
 from kvroute.doctor.session import DoctorOptions, run_doctor
-from kvroute.doctor.workload import Workload
 
 
 def doctor(

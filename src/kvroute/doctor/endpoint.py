@@ -1,17 +1,28 @@
-"""What was read from one engine over HTTP (filled in by ``fetch``), and the facts it yields."""
+"""One URL: is it an engine or a kvroute router (and which workers), what it serves, and the facts
+it yields."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from kvroute.doctor.api_facts import facts_from_models, facts_from_server_info
+import aiohttp
+
 from kvroute.doctor.facts import EngineFacts, MergedFacts, Observed, merge_facts
 from kvroute.doctor.finding import Finding, Severity
-from kvroute.doctor.metrics_facts import facts_from_metrics
 from kvroute.doctor.settings import facts_from_settings
-from kvroute.doctor.sources import facts_from_log
+from kvroute.doctor.sources import (
+    facts_from_log,
+    facts_from_metrics,
+    facts_from_models,
+    facts_from_server_info,
+)
+from kvroute.engine_client.http import Reply, Target, request
 from kvroute.prometheus_text import MetricsParseError, parse_exposition
+
+# A second look after a dropped request or a 5xx (see fetch_bundle).
+_RETRY_AFTER_S = 0.5
 
 
 @dataclass(slots=True)
@@ -93,3 +104,81 @@ def _reading_problems(bundle: EndpointBundle) -> list[Finding]:
                         "enable vLLM's metrics endpoint, or pass the startup log with --log FILE",
                         (bundle.url,))]
     return []
+
+
+@dataclass(slots=True)
+class Discovery:
+    """``kind``: ``engine``, ``router`` (workers listed) or ``router-locked`` (the admin API refused
+    the token, or none was given); ``metrics_text`` is the router's ``/metrics`` when locked."""
+
+    kind: str
+    workers: list[Mapping[str, object]] = field(default_factory=list)
+    detail: str = ""
+    metrics_text: str | None = None
+
+
+async def discover(session: aiohttp.ClientSession, target: Target, admin_token: str | None) -> Discovery:
+    """Ask ``GET /admin/workers``; a router answers with its workers or refuses the token."""
+    headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
+    reply = await request(session, "GET", target.url("/admin/workers"), timeout_s=target.timeout_s,
+                          headers=headers)
+    if reply.status == 200:
+        workers = worker_records(reply.json())
+        if workers is not None:
+            return Discovery("router", workers)
+    if reply.status in (401, 403):
+        metrics = await request(session, "GET", target.url("/metrics"), timeout_s=target.timeout_s)
+        text = metrics.body.decode("utf-8", "replace") if metrics.status == 200 else ""
+        if "kvroute_" in text:
+            given = "no --admin-token given" if admin_token is None else "the token was refused"
+            detail = f"HTTP {reply.status}, {given}: {_error_message(reply.json())}"
+            return Discovery("router-locked", detail=detail, metrics_text=text)
+    return Discovery("engine")
+
+
+def worker_records(body: object) -> list[Mapping[str, object]] | None:
+    """The worker list of an ``/admin/workers`` body (a list, or ``{"workers": [...]}``)."""
+    items = body.get("workers") if isinstance(body, Mapping) else body
+    if not isinstance(items, list):
+        return None
+    records = [w for w in items if isinstance(w, Mapping) and isinstance(w.get("url"), str)]
+    return records if len(records) == len(items) else None
+
+
+def _error_message(body: object) -> str:
+    error = body.get("error") if isinstance(body, Mapping) else None
+    message = error.get("message") if isinstance(error, Mapping) else None
+    return str(message) if message else "no reason given"
+
+
+async def fetch_bundle(session: aiohttp.ClientSession, target: Target) -> EndpointBundle:
+    """Read ``/metrics``, ``/v1/models`` and ``/server_info`` concurrently."""
+    paths = ("/metrics", "/v1/models", "/server_info")
+
+    async def get(path: str) -> Reply:
+        reply = await request(session, "GET", target.url(path), timeout_s=target.timeout_s,
+                              headers=target.headers())
+        if reply.status is None or reply.status >= 500:
+            # An engine that has just started (or is busy) can drop one request; a second look
+            # keeps one hiccup from turning into "prefix caching unknown".
+            await asyncio.sleep(_RETRY_AFTER_S)
+            reply = await request(session, "GET", target.url(path), timeout_s=target.timeout_s,
+                                  headers=target.headers())
+        return reply
+
+    replies = await asyncio.gather(*(get(p) for p in paths))
+    bundle = EndpointBundle(target.base_url)
+    bundle.reachable = any(r.status is not None for r in replies)
+    for path, reply in zip(paths, replies, strict=True):
+        if reply.status != 200:
+            bundle.problems.append(f"{path}: {reply.error or f'HTTP {reply.status}'}")
+            continue
+        if path == "/metrics":
+            bundle.metrics_text = reply.body.decode("utf-8", "replace")
+        elif (parsed := reply.json()) is None:
+            bundle.problems.append(f"{path}: not JSON")
+        elif path == "/v1/models":
+            bundle.models = parsed
+        else:
+            bundle.server_info = parsed
+    return bundle

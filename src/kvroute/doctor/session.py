@@ -8,17 +8,13 @@ from dataclasses import dataclass, field, replace
 
 import aiohttp
 
-from kvroute.doctor.diagnose import diagnose
-from kvroute.doctor.discovery import Discovery, discover
-from kvroute.doctor.endpoint import facts_for_endpoint
-from kvroute.doctor.facts import EngineFacts, MergedFacts, Observed, merge_facts
+from kvroute.doctor.checks import compare_fleet, diagnose
+from kvroute.doctor.endpoint import Discovery, discover, facts_for_endpoint, fetch_bundle
+from kvroute.doctor.facts import EngineFacts, MergedFacts, Observed, Workload, merge_facts
 from kvroute.doctor.finding import Finding, Severity
-from kvroute.doctor.fleet import compare_fleet
-from kvroute.doctor.probe import judge_probe
-from kvroute.doctor.probe_run import probe_size, reply_tokens, run_probe
+from kvroute.doctor.probe import judge_probe, probe_size, reply_tokens, run_probe
 from kvroute.doctor.report import DoctorReport, TargetReport
-from kvroute.doctor.workload import Workload
-from kvroute.engine_client.http import Target, fetch_bundle, served_model
+from kvroute.engine_client.http import Target, served_model
 from kvroute.prometheus_text import (
     MetricsParseError,
     Sample,

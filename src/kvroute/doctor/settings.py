@@ -1,17 +1,25 @@
-"""A flat mapping of vLLM setting names to raw values -> partial ``EngineFacts``.
+"""vLLM's settings, whatever shape they were printed in -> partial ``EngineFacts``.
 
-Every source (info-metric labels, ``/server_info``, the config dump, the non-default args) is
-reduced to such a mapping first, so the names vLLM uses are interpreted in one place.
+vLLM prints settings in three shapes: Prometheus info labels (``enable_prefix_caching="True"``,
+``num_cpu_blocks="None"``), the ``str(VllmConfig)`` dump (``model='x', kv_cache_dtype=fp8,
+enable_prefix_caching=False, compilation_config={...}``) in its startup log and ``/server_info``,
+and the ``non-default args: {...}`` Python dict at startup.  Every source is reduced to a flat
+name -> raw value mapping first, so the names vLLM uses are interpreted in one place
+(``facts_from_settings``).
+
+Hybrid models (attention + Mamba / linear-attention layers) change every caching rule the doctor
+checks: vLLM keeps a recurrent state per sequence next to the KV blocks, prefix caching is off
+unless asked for, it needs ``--mamba-cache-mode align``, and the attention block is stretched to
+hundreds or thousands of tokens so that its page is at least as large as the Mamba page.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 from collections.abc import Mapping
 
-from kvroute.doctor.config_text import parse_bool, parse_int, parse_text
 from kvroute.doctor.facts import EngineFacts, Observed
-from kvroute.doctor.hybrid import is_hybrid_architecture
 
 # Setting name -> the names vLLM (and the simulator) use for it, most specific first.
 _ALIASES: dict[str, tuple[str, ...]] = {
@@ -106,3 +114,103 @@ def _hybrid(flat: Mapping[str, object], found: Mapping[str, object], source: str
     if _MAMBA_BLOCK in flat:
         return Observed(False, f"{source} {_MAMBA_BLOCK}={flat[_MAMBA_BLOCK]}")
     return None
+
+
+_OPEN = "([{"
+_CLOSE = ")]}"
+
+
+def parse_bool(raw: object) -> bool | None:
+    """``True``/``true``/``1`` -> True, ``False``/``false``/``0`` -> False, anything else None."""
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).strip().strip("'\"").lower()
+    if text in ("true", "1", "yes", "on"):
+        return True
+    if text in ("false", "0", "no", "off"):
+        return False
+    return None
+
+
+def parse_int(raw: object) -> int | None:
+    """An integer from ``1600``, ``"1,600"``, ``1600.0``; None for ``None``/empty/garbage."""
+    if isinstance(raw, bool):
+        return None
+    if isinstance(raw, int):
+        return raw
+    text = str(raw).strip().strip("'\"").replace(",", "").replace("_", "")
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return int(value) if value.is_integer() else None
+
+
+def parse_text(raw: object) -> str | None:
+    """A setting as text, with vLLM's spellings of "unset" (``None``, ``null``, empty) as None."""
+    if raw is None:
+        return None
+    text = str(raw).strip().strip("'\"")
+    return None if text in ("", "None", "none_", "null") else text
+
+
+def split_config_dump(text: str) -> dict[str, str]:
+    """Top-level ``key=value`` pairs of a ``str(VllmConfig)`` rendering.
+
+    Commas inside brackets or quotes do not split; nested values are returned as raw text.
+    """
+    pairs: dict[str, str] = {}
+    depth = 0
+    quote: str | None = None
+    start = 0
+    for i, ch in enumerate(text):
+        if quote:
+            if ch == quote:
+                quote = None
+        elif ch in "'\"":
+            quote = ch
+        elif ch in _OPEN:
+            depth += 1
+        elif ch in _CLOSE:
+            depth = max(0, depth - 1)
+        elif ch == "," and depth == 0:
+            _add_pair(pairs, text[start:i])
+            start = i + 1
+    _add_pair(pairs, text[start:])
+    return pairs
+
+
+def _add_pair(pairs: dict[str, str], chunk: str) -> None:
+    key, sep, value = chunk.partition("=")
+    key = key.strip()
+    if sep and key.isidentifier():
+        pairs[key] = value.strip()
+
+
+def parse_python_dict(text: str) -> dict[str, object] | None:
+    """A Python dict literal as logged by vLLM (``non-default args: {...}``); None if not one."""
+    try:
+        value = ast.literal_eval(text.strip())
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+# vLLM architectures with Mamba, Gated DeltaNet or other linear-attention layers.
+_HYBRID_ARCH = re.compile(
+    r"Mamba|Jamba|Bamba|Zamba|NemotronH|FalconH1|GraniteMoeHybrid|Qwen3Next|Qwen3_[5-9]|"
+    r"Lfm2|KimiLinear|Plamo2|MiniMaxText01|HunYuanHybrid|Hybrid",
+)
+# Attention-only models in vLLM use power-of-two blocks (16 on GPU, 128 on CPU); hybrids get a
+# block stretched to match the Mamba page, e.g. 800 or 1600 tokens.
+_MIN_STRETCHED_BLOCK = 256
+
+
+def is_hybrid_architecture(architecture: str) -> bool:
+    """Whether a vLLM architecture name (``Qwen3NextForCausalLM``) is a hybrid."""
+    return bool(_HYBRID_ARCH.search(architecture))
+
+
+def looks_like_stretched_block(block_size: int) -> bool:
+    """A block size that only a hybrid's page alignment produces (large, not a power of two)."""
+    return block_size >= _MIN_STRETCHED_BLOCK and block_size & (block_size - 1) != 0

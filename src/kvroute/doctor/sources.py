@@ -1,21 +1,29 @@
-"""A vLLM startup log -> partial ``EngineFacts``.
+"""What each source says about an engine -> partial ``EngineFacts``: ``/metrics``, ``/v1/models``,
+``/server_info`` and a startup log.
 
-Reads the lines vLLM writes while it starts: the ``non-default args`` dict, the
-``Initializing a V1 LLM engine (...) with config: ...`` dump, the hybrid-model lines (Mamba cache
-mode, the stretched attention block, the experimental-align warning), the KV cache size, and fatal
-errors such as ``ValueError: max_num_seqs (128) exceeds available Mamba cache blocks (127)``.
-Only the last start in the file counts: a log that spans restarts describes the latest one.
+The startup log: the ``non-default args`` dict, the ``Initializing a V1 LLM engine (...) with
+config: ...`` dump, the hybrid-model lines (Mamba cache mode, the stretched attention block, the
+experimental-align warning), the KV cache size, and fatal errors such as ``ValueError: max_num_seqs
+(128) exceeds available Mamba cache blocks (127)``.  Only the last start in the file counts: a log
+that spans restarts describes the latest one.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any
 
-from kvroute.doctor.config_text import parse_int, parse_python_dict, split_config_dump
 from kvroute.doctor.facts import EngineFacts, Observed, merge_facts
-from kvroute.doctor.hybrid import is_hybrid_architecture
-from kvroute.doctor.settings import facts_from_settings
+from kvroute.doctor.settings import (
+    facts_from_settings,
+    is_hybrid_architecture,
+    parse_int,
+    parse_python_dict,
+    split_config_dump,
+)
+from kvroute.prometheus_text import Sample, first_total, label_values, total
 
 _START = re.compile(r"non-default args: |vLLM API server version ")
 _NON_DEFAULT = re.compile(r"non-default args: (\{.*\})\s*$")
@@ -137,3 +145,94 @@ _LINE_RULES: tuple[tuple[re.Pattern[str], Callable[[re.Match[str], str], EngineF
     (_KV_TOKENS, lambda m, w: _one("kv_cache_tokens", parse_int(m.group(1)), w)),
     (_MAMBA_BLOCKS, _mamba_blocks),
 )
+
+
+# Nested settings kept whole rather than flattened: their own keys (``method``, ``model``) would
+# otherwise shadow the engine's.
+_KEEP_WHOLE = frozenset({"speculative_config"})
+
+
+def facts_from_models(body: object) -> EngineFacts:
+    """The first served model's id and ``max_model_len`` from an OpenAI ``/v1/models`` body."""
+    data = body.get("data") if isinstance(body, Mapping) else None
+    if not isinstance(data, list) or not data or not isinstance(data[0], Mapping):
+        return EngineFacts()
+    card = data[0]
+    found: dict[str, Observed[object]] = {}
+    if isinstance(card.get("id"), str):
+        found["model"] = Observed(card["id"], "/v1/models id")
+    max_len = parse_int(card.get("max_model_len"))
+    if max_len is not None:
+        found["max_model_len"] = Observed(max_len, "/v1/models max_model_len")
+    return EngineFacts(**found)  # type: ignore[arg-type]
+
+
+def facts_from_server_info(body: object) -> EngineFacts:
+    """Settings from ``/server_info``: vLLM's ``vllm_config`` (text or JSON) or a flat config."""
+    if not isinstance(body, Mapping):
+        return EngineFacts()
+    return facts_from_settings(flatten_settings(body), "/server_info")
+
+
+def flatten_settings(body: Mapping[str, object]) -> dict[str, object]:
+    """Every leaf setting of a nested config, shallowest first; ``str(VllmConfig)`` text expanded."""
+    flat: dict[str, object] = {}
+    queue: deque[Mapping[str, object]] = deque([body])
+    while queue:
+        node = queue.popleft()
+        for key, value in node.items():
+            if isinstance(value, Mapping) and key not in _KEEP_WHOLE:
+                queue.append(value)
+            elif isinstance(value, str) and "enable_prefix_caching=" in value:
+                queue.append(split_config_dump(value))
+            else:
+                flat.setdefault(key, value)
+    return flat
+
+
+_SOURCE = "/metrics"
+# vLLM v1 names first, then the names of older releases.
+_QUERIES = ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")
+_HITS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
+_CACHE_INFO = "vllm:cache_config_info"
+
+
+def facts_from_metrics(samples: list[Sample]) -> EngineFacts:
+    """Settings from the ``*_config_info`` labels, counters, and the model and start time."""
+    parts = [
+        facts_from_settings(s.labels, f"{_SOURCE} {s.name}")
+        for s in sorted(_info_samples(samples), key=lambda s: s.name != _CACHE_INFO)
+    ]
+    found: dict[str, Observed[Any]] = {}
+    models = label_values([s for s in samples if s.name.startswith("vllm:")], "model_name")
+    if models:
+        found["model"] = Observed(models[0], f"{_SOURCE} model_name label")
+    queries = first_total(samples, _QUERIES)
+    hits = first_total(samples, _HITS)
+    if queries is not None and hits is not None:
+        found["prefix_cache_queries"] = Observed(queries[1], f"{_SOURCE} {queries[0]}")
+        found["prefix_cache_hits"] = Observed(hits[1], f"{_SOURCE} {hits[0]}")
+    mean = _mean_prompt_tokens(samples)
+    if mean is not None:
+        found["mean_prompt_tokens"] = mean
+    start = total(samples, "process_start_time_seconds")
+    if start is not None:
+        found["start_time"] = Observed(start, f"{_SOURCE} process_start_time_seconds")
+    parts.append(EngineFacts(**found))  # type: ignore[arg-type]
+    return merge_facts(*parts).facts
+
+
+def _info_samples(samples: list[Sample]) -> list[Sample]:
+    return [s for s in samples if s.name.startswith("vllm:") and s.name.endswith("_config_info")]
+
+
+def _mean_prompt_tokens(samples: list[Sample]) -> Observed[float] | None:
+    """Mean prompt length per finished request, from the histogram, else from the counters."""
+    for numerator, denominator in (
+        ("vllm:request_prompt_tokens_sum", "vllm:request_prompt_tokens_count"),
+        ("vllm:prompt_tokens_total", "vllm:request_success_total"),
+    ):
+        num, den = total(samples, numerator), total(samples, denominator)
+        if num is not None and den:
+            return Observed(num / den, f"{_SOURCE} {numerator} / {denominator}")
+    return None

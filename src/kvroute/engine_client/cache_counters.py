@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvroute.prometheus_text import Sample, first_total
+import aiohttp
+
+from kvroute.engine_client.http import Target, request
+from kvroute.prometheus_text import MetricsParseError, Sample, first_total, parse_exposition
 
 # An engine's own counters (vLLM v1, then older names), then a kvroute router's re-export of its
 # workers' counters (summed over the ``worker`` label).
@@ -64,3 +67,15 @@ def counters_from_samples(samples: list[Sample]) -> CacheCounters | None:
         if hits is not None and queries is not None:
             return CacheCounters(hits[1], queries[1], f"{hits_name} / {queries_name}")
     return None
+
+
+async def read_counters(session: aiohttp.ClientSession, target: Target) -> CacheCounters | None:
+    """The prefix-cache counters from ``/metrics`` now; None if they cannot be read."""
+    reply = await request(session, "GET", target.url("/metrics"), timeout_s=target.timeout_s,
+                          headers=target.headers())
+    if reply.status != 200:
+        return None
+    try:
+        return counters_from_samples(parse_exposition(reply.body.decode("utf-8", "replace")))
+    except MetricsParseError:
+        return None

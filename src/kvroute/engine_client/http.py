@@ -1,8 +1,7 @@
-"""The HTTP edge of the doctor and the canary: reading an engine's endpoints, sending chats."""
+"""Requests to an engine or a router that never raise: a transport failure or timeout is a ``Reply``."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -10,13 +9,8 @@ from dataclasses import dataclass
 import aiohttp
 import orjson
 
-from kvroute.doctor.endpoint import EndpointBundle
-from kvroute.engine_client.cache_counters import CacheCounters, counters_from_samples
-from kvroute.prometheus_text import MetricsParseError, parse_exposition
-
 # Cap on any body we read: a /metrics page is tens of kilobytes, a reply a few.
 _MAX_BODY = 16 * 1024 * 1024
-_RETRY_AFTER_S = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,51 +65,6 @@ async def request(session: aiohttp.ClientSession, method: str, url: str, *, time
         return Reply(None, b"", f"no answer within {timeout_s:g} s", time.perf_counter() - started)
     except aiohttp.ClientError as exc:
         return Reply(None, b"", f"{type(exc).__name__}: {exc}", time.perf_counter() - started)
-
-
-async def fetch_bundle(session: aiohttp.ClientSession, target: Target) -> EndpointBundle:
-    """Read ``/metrics``, ``/v1/models`` and ``/server_info`` concurrently."""
-    paths = ("/metrics", "/v1/models", "/server_info")
-
-    async def get(path: str) -> Reply:
-        reply = await request(session, "GET", target.url(path), timeout_s=target.timeout_s,
-                              headers=target.headers())
-        if reply.status is None or reply.status >= 500:
-            # An engine that has just started (or is busy) can drop one request; a second look
-            # keeps one hiccup from turning into "prefix caching unknown".
-            await asyncio.sleep(_RETRY_AFTER_S)
-            reply = await request(session, "GET", target.url(path), timeout_s=target.timeout_s,
-                                  headers=target.headers())
-        return reply
-
-    replies = await asyncio.gather(*(get(p) for p in paths))
-    bundle = EndpointBundle(target.base_url)
-    bundle.reachable = any(r.status is not None for r in replies)
-    for path, reply in zip(paths, replies, strict=True):
-        if reply.status != 200:
-            bundle.problems.append(f"{path}: {reply.error or f'HTTP {reply.status}'}")
-            continue
-        if path == "/metrics":
-            bundle.metrics_text = reply.body.decode("utf-8", "replace")
-        elif (parsed := reply.json()) is None:
-            bundle.problems.append(f"{path}: not JSON")
-        elif path == "/v1/models":
-            bundle.models = parsed
-        else:
-            bundle.server_info = parsed
-    return bundle
-
-
-async def read_counters(session: aiohttp.ClientSession, target: Target) -> CacheCounters | None:
-    """The prefix-cache counters from ``/metrics`` now; None if they cannot be read."""
-    reply = await request(session, "GET", target.url("/metrics"), timeout_s=target.timeout_s,
-                          headers=target.headers())
-    if reply.status != 200:
-        return None
-    try:
-        return counters_from_samples(parse_exposition(reply.body.decode("utf-8", "replace")))
-    except MetricsParseError:
-        return None
 
 
 async def served_model(session: aiohttp.ClientSession, target: Target) -> str | None:
