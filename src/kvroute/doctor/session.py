@@ -15,6 +15,7 @@ from kvroute.doctor.finding import Finding, Severity
 from kvroute.doctor.probe import judge_probe, probe_size, reply_tokens, run_probe
 from kvroute.doctor.report import DoctorReport, TargetReport
 from kvroute.engine_client.http import Target, served_model
+from kvroute.fleet import metric_names as names
 from kvroute.prometheus_text import (
     MetricsParseError,
     Sample,
@@ -145,8 +146,8 @@ def _workers_from_router_metrics(url: str, text: str, workload: Workload) -> lis
 
 def _router_counters(samples: Sequence[Sample], worker: str) -> EngineFacts:
     found: dict[str, Observed[float]] = {}
-    for name, fact in (("kvroute_worker_prefix_cache_hits_total", "prefix_cache_hits"),
-                       ("kvroute_worker_prefix_cache_queries_total", "prefix_cache_queries")):
+    for name, fact in ((names.ROUTER_WORKER_PREFIX_HITS, "prefix_cache_hits"),
+                       (names.ROUTER_WORKER_PREFIX_QUERIES, "prefix_cache_queries")):
         values = [s.value for s in samples if s.name == name]
         if values:
             found[fact] = Observed(sum(values), f"router /metrics {name}{{worker={worker}}}")

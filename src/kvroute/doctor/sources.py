@@ -23,6 +23,7 @@ from kvroute.doctor.settings import (
     parse_python_dict,
     split_config_dump,
 )
+from kvroute.fleet import metric_names as names
 from kvroute.prometheus_text import Sample, first_total, label_values, total
 
 _START = re.compile(r"non-default args: |vLLM API server version ")
@@ -191,46 +192,43 @@ def flatten_settings(body: Mapping[str, object]) -> dict[str, object]:
 
 
 _SOURCE = "/metrics"
-# vLLM v1 names first, then the names of older releases.
-_QUERIES = ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")
-_HITS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
-_CACHE_INFO = "vllm:cache_config_info"
 
 
 def facts_from_metrics(samples: list[Sample]) -> EngineFacts:
     """Settings from the ``*_config_info`` labels, counters, and the model and start time."""
     parts = [
         facts_from_settings(s.labels, f"{_SOURCE} {s.name}")
-        for s in sorted(_info_samples(samples), key=lambda s: s.name != _CACHE_INFO)
+        for s in sorted(_info_samples(samples), key=lambda s: s.name != names.CACHE_CONFIG_INFO)
     ]
     found: dict[str, Observed[Any]] = {}
-    models = label_values([s for s in samples if s.name.startswith("vllm:")], "model_name")
+    models = label_values([s for s in samples if s.name.startswith(names.VLLM_PREFIX)], "model_name")
     if models:
         found["model"] = Observed(models[0], f"{_SOURCE} model_name label")
-    queries = first_total(samples, _QUERIES)
-    hits = first_total(samples, _HITS)
+    queries = first_total(samples, names.PREFIX_QUERIES)
+    hits = first_total(samples, names.PREFIX_HITS)
     if queries is not None and hits is not None:
         found["prefix_cache_queries"] = Observed(queries[1], f"{_SOURCE} {queries[0]}")
         found["prefix_cache_hits"] = Observed(hits[1], f"{_SOURCE} {hits[0]}")
     mean = _mean_prompt_tokens(samples)
     if mean is not None:
         found["mean_prompt_tokens"] = mean
-    start = total(samples, "process_start_time_seconds")
+    start = total(samples, names.START_TIME)
     if start is not None:
-        found["start_time"] = Observed(start, f"{_SOURCE} process_start_time_seconds")
+        found["start_time"] = Observed(start, f"{_SOURCE} {names.START_TIME}")
     parts.append(EngineFacts(**found))  # type: ignore[arg-type]
     return merge_facts(*parts).facts
 
 
 def _info_samples(samples: list[Sample]) -> list[Sample]:
-    return [s for s in samples if s.name.startswith("vllm:") and s.name.endswith("_config_info")]
+    return [s for s in samples
+            if s.name.startswith(names.VLLM_PREFIX) and s.name.endswith(names.CONFIG_INFO_SUFFIX)]
 
 
 def _mean_prompt_tokens(samples: list[Sample]) -> Observed[float] | None:
     """Mean prompt length per finished request, from the histogram, else from the counters."""
     for numerator, denominator in (
-        ("vllm:request_prompt_tokens_sum", "vllm:request_prompt_tokens_count"),
-        ("vllm:prompt_tokens_total", "vllm:request_success_total"),
+        (names.REQUEST_PROMPT_TOKENS_SUM, names.REQUEST_PROMPT_TOKENS_COUNT),
+        (names.PROMPT_TOKENS[0], names.REQUEST_SUCCESS),
     ):
         num, den = total(samples, numerator), total(samples, denominator)
         if num is not None and den:

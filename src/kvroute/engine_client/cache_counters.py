@@ -7,14 +7,13 @@ from dataclasses import dataclass
 import aiohttp
 
 from kvroute.engine_client.http import Target, request
+from kvroute.fleet import metric_names as names
 from kvroute.prometheus_text import MetricsParseError, Sample, first_total, parse_exposition
 
 # An engine's own counters (vLLM v1, then older names), then a kvroute router's re-export of its
 # workers' counters (summed over the ``worker`` label).
-_HITS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total",
-         "kvroute_worker_prefix_cache_hits_total")
-_QUERIES = ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total",
-            "kvroute_worker_prefix_cache_queries_total")
+_HITS = (*names.PREFIX_HITS, names.ROUTER_WORKER_PREFIX_HITS)
+_QUERIES = (*names.PREFIX_QUERIES, names.ROUTER_WORKER_PREFIX_QUERIES)
 
 
 @dataclass(frozen=True, slots=True)
