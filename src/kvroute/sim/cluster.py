@@ -44,7 +44,7 @@ from kvroute.sim.answers import filler
 from kvroute.sim.engine import EngineConfig, EngineModel, EventKind, SimRequest
 from kvroute.sim.engine import StepResult as EngineStep
 from kvroute.sim.presets import build_config
-from kvroute.sim.protocol import parse_request as sim_request
+from kvroute.sim.protocol import parse_generation_request as sim_request
 
 # The scheduler's clock is wall-clock seconds (epochs and entry ages travel between routers); the
 # virtual run starts at this fixed instant so that nothing depends on when it ran.
