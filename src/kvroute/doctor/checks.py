@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from kvroute.doctor.facts import Conflict, EngineFacts, MergedFacts, Observed, Workload, cite
+from kvroute.doctor.facts import Conflict, EngineFacts, MergedFacts, Observed, TrafficAssumptions, cite
 from kvroute.doctor.finding import Finding, Severity
 
 ALIGN_FIX = "--enable-prefix-caching --mamba-cache-mode align"
@@ -87,7 +87,7 @@ def check_mamba_mode(facts: EngineFacts) -> list[Finding]:
         "--mamba-cache-mode align", evidence)]
 
 
-def check_match_unit(facts: EngineFacts, workload: Workload) -> list[Finding]:
+def check_match_unit(facts: EngineFacts, traffic: TrafficAssumptions) -> list[Finding]:
     """Where a hit may land: every ``prefix_match_unit`` tokens (default: every block)."""
     if not _caching_can_hit(facts) or facts.block_size is None:
         return []
@@ -106,7 +106,7 @@ def check_match_unit(facts: EngineFacts, workload: Workload) -> list[Finding]:
     if unit < COARSE_UNIT:
         return [Finding(Severity.OK, "match-unit-fine", f"Hits can land on any multiple of {unit} tokens",
                         f"Physical block {block.value} tokens.", None, evidence)]
-    prompt = workload.prompt_tokens(facts)
+    prompt = traffic.prompt_tokens(facts)
     evidence += cite(prompt, "typical_prompt_tokens")
     short = prompt is None or prompt.value < BLOCKS_FOR_GAIN * unit
     typical = "Typical prompt length is unknown. " if prompt is None else (
@@ -229,13 +229,13 @@ def check_mamba_slots(facts: EngineFacts) -> list[Finding]:
         "each other's state). It is a ceiling, not an unlimited cache.", None, evidence)]
 
 
-def check_kv_capacity(facts: EngineFacts, workload: Workload) -> list[Finding]:
+def check_kv_capacity(facts: EngineFacts, traffic: TrafficAssumptions) -> list[Finding]:
     """Rule of thumb: concurrent sessions × typical context must fit in the KV cache."""
     total = facts.total_kv_tokens()
     if total is None or total.value <= 0:
         return []
-    sessions = workload.sessions(facts)
-    context = workload.prompt_tokens(facts)
+    sessions = traffic.sessions(facts)
+    context = traffic.prompt_tokens(facts)
     evidence = cite(total, "kv_cache_tokens") + cite(sessions, "sessions") + cite(context, "context_tokens")
     if sessions is None or context is None:
         examples = " or ".join(f"{total.value // c:,} of {c // 1000}k tokens" for c in _EXAMPLE_CONTEXTS)
@@ -246,7 +246,7 @@ def check_kv_capacity(facts: EngineFacts, workload: Workload) -> list[Finding]:
     need = round(sessions.value * context.value)
     if need > total.value:
         # Told how many sessions run at once: a real shortfall. Assumed max_num_seqs: a caution.
-        told = workload.concurrent_sessions is not None
+        told = traffic.concurrent_sessions is not None
         assumed = "" if told else (
             " This assumes max_num_seqs sessions at once; pass --sessions with your real concurrency.")
         return [Finding(
@@ -380,20 +380,20 @@ def compare_fleet(engines: Sequence[tuple[str, EngineFacts]]) -> list[Finding]:
     return findings
 
 
-def diagnose(merged: MergedFacts, workload: Workload | None = None) -> list[Finding]:
+def diagnose(merged: MergedFacts, traffic: TrafficAssumptions | None = None) -> list[Finding]:
     """Every check's findings for one engine, sorted most severe first (stable within a severity)."""
     facts = merged.facts
-    load = workload or Workload()
+    assumed = traffic or TrafficAssumptions()
     findings = [
         *check_startup_errors(facts),
         *check_mamba_slots(facts),
         *check_prefix_caching(facts),
         *check_mamba_mode(facts),
-        *check_match_unit(facts, load),
+        *check_match_unit(facts, assumed),
         *check_kv_dtype(facts),
         *check_experimental(facts),
         *check_hit_rate(facts),
-        *check_kv_capacity(facts, load),
+        *check_kv_capacity(facts, assumed),
         *check_conflicts(merged.conflicts),
         *check_readable(facts),
     ]

@@ -16,7 +16,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from kvroute.doctor.facts import Workload
+from kvroute.doctor.facts import TrafficAssumptions
 from kvroute.doctor.finding import Severity
 from kvroute.doctor.report import render_report, report_json
 from kvroute.doctor.session import DoctorOptions, run_doctor
@@ -58,7 +58,7 @@ def doctor(
     options = DoctorOptions(
         urls=tuple(urls or ()), logs=logs, probe=probe, probe_tokens=probe_tokens, admin_token=admin_token,
         api_key=api_key, timeout_s=timeout,
-        workload=Workload(typical_prompt_tokens=context_tokens, concurrent_sessions=sessions),
+        traffic=TrafficAssumptions(typical_prompt_tokens=context_tokens, concurrent_sessions=sessions),
     )
     try:
         report = asyncio.run(run_doctor(options))

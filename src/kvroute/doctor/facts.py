@@ -140,7 +140,7 @@ def _normal(value: object) -> object:
 
 
 @dataclass(frozen=True, slots=True)
-class Workload:
+class TrafficAssumptions:
     """Traffic assumptions; None means "use what the engine measured, if anything".
 
     ``typical_prompt_tokens``: the prompt length a cache hit matters for (default: the mean

@@ -16,7 +16,7 @@ import aiohttp
 
 from kvroute.doctor.checks import COARSE_UNIT, suggest_match_unit
 from kvroute.doctor.finding import Finding, Severity
-from kvroute.engine_client.cache_counters import CacheCounters, read_counters
+from kvroute.engine_client.cache_counters import PrefixCacheReading, read_counters
 from kvroute.engine_client.chat import ChatOutcome, send_chat
 from kvroute.engine_client.filler_text import filler
 from kvroute.engine_client.http import Target
@@ -199,8 +199,8 @@ async def run_probe(session: aiohttp.ClientSession, target: Target, model: str, 
     return steps
 
 
-def _step(label: str, outcome: ChatOutcome, before: CacheCounters | None,
-          after: CacheCounters | None) -> ProbeStep:
+def _step(label: str, outcome: ChatOutcome, before: PrefixCacheReading | None,
+          after: PrefixCacheReading | None) -> ProbeStep:
     moved = before is not None and after is not None
     return ProbeStep(
         label=label,

@@ -10,7 +10,7 @@ import aiohttp
 
 from kvroute.doctor.checks import compare_fleet, diagnose
 from kvroute.doctor.endpoint import Discovery, discover, facts_for_endpoint, fetch_bundle
-from kvroute.doctor.facts import EngineFacts, MergedFacts, Observed, Workload, merge_facts
+from kvroute.doctor.facts import EngineFacts, MergedFacts, Observed, TrafficAssumptions, merge_facts
 from kvroute.doctor.finding import Finding, Severity
 from kvroute.doctor.probe import judge_probe, probe_size, reply_tokens, run_probe
 from kvroute.doctor.report import DoctorReport, TargetReport
@@ -37,7 +37,7 @@ class DoctorOptions:
     admin_token: str | None = None
     api_key: str | None = None
     timeout_s: float = 10.0
-    workload: Workload = field(default_factory=Workload)
+    traffic: TrafficAssumptions = field(default_factory=TrafficAssumptions)
 
 
 async def run_doctor(options: DoctorOptions) -> DoctorReport:
@@ -49,7 +49,7 @@ async def run_doctor(options: DoctorOptions) -> DoctorReport:
     if not options.urls:
         for name, text in options.logs:
             merged, _ = facts_for_endpoint(None, text)
-            report.targets.append(TargetReport(name, "log", merged, diagnose(merged, options.workload)))
+            report.targets.append(TargetReport(name, "log", merged, diagnose(merged, options.traffic)))
         return report
     logs: list[str | None] = [text for _, text in options.logs] or [None] * len(options.urls)
     async with aiohttp.ClientSession() as session:
@@ -61,7 +61,7 @@ async def run_doctor(options: DoctorOptions) -> DoctorReport:
             elif found.kind == "router-locked":
                 report.fleet.append(_locked_finding(url, found))
                 report.targets += _workers_from_router_metrics(
-                    url, found.metrics_text or "", options.workload)
+                    url, found.metrics_text or "", options.traffic)
             else:
                 report.targets.append(await _engine(session, options, target, log_text, "engine"))
     engines = [(t.name, t.merged.facts) for t in report.targets if t.kind != "log"]
@@ -88,7 +88,7 @@ async def _engine(session: aiohttp.ClientSession, options: DoctorOptions, target
         reading = [Finding(Severity.INFO, "read-through-router", "Read through the router only",
                            f"{target.base_url} is not reachable from here; its settings come from "
                            "the router's /admin/workers.", None, ())]
-    findings = [*reading, *diagnose(report.merged, options.workload), *probe_findings]
+    findings = [*reading, *diagnose(report.merged, options.traffic), *probe_findings]
     report.findings = sorted(findings, key=lambda f: -f.severity.rank)
     return report
 
@@ -130,7 +130,7 @@ def _locked_finding(url: str, found: Discovery) -> Finding:
         (f"{url}/admin/workers",))
 
 
-def _workers_from_router_metrics(url: str, text: str, workload: Workload) -> list[TargetReport]:
+def _workers_from_router_metrics(url: str, text: str, traffic: TrafficAssumptions) -> list[TargetReport]:
     """Per-worker hit counters from a router's ``/metrics`` (``kvroute_worker_prefix_cache_*``)."""
     try:
         samples = parse_exposition(text)
@@ -140,7 +140,7 @@ def _workers_from_router_metrics(url: str, text: str, workload: Workload) -> lis
     for worker in label_values(samples, "worker"):
         facts = _router_counters(where(samples, "worker", worker), worker)
         merged = MergedFacts(facts)
-        reports.append(TargetReport(worker, "worker", merged, diagnose(merged, workload), via=url))
+        reports.append(TargetReport(worker, "worker", merged, diagnose(merged, traffic), via=url))
     return reports
 
 

@@ -17,7 +17,7 @@ _QUERIES = (*names.PREFIX_QUERIES, names.ROUTER_WORKER_PREFIX_QUERIES)
 
 
 @dataclass(frozen=True, slots=True)
-class CacheCounters:
+class PrefixCacheReading:
     """Cumulative prefix-cache hits and queries (tokens) at one moment, and where they came from."""
 
     hits: float
@@ -34,8 +34,8 @@ class CacheCounters:
 class CounterChange:
     """How the counters moved between two readings."""
 
-    before: CacheCounters
-    after: CacheCounters
+    before: PrefixCacheReading
+    after: PrefixCacheReading
 
     @property
     def hits(self) -> float:
@@ -58,17 +58,17 @@ class CounterChange:
                 "rate": self.rate, "rate_before": self.before.rate, "rate_after": self.after.rate}
 
 
-def counters_from_samples(samples: list[Sample]) -> CacheCounters | None:
+def counters_from_samples(samples: list[Sample]) -> PrefixCacheReading | None:
     """The first family of counters present (engine names before the router's); None if none."""
     for hits_name, queries_name in zip(_HITS, _QUERIES, strict=True):
         hits = first_total(samples, (hits_name,))
         queries = first_total(samples, (queries_name,))
         if hits is not None and queries is not None:
-            return CacheCounters(hits[1], queries[1], f"{hits_name} / {queries_name}")
+            return PrefixCacheReading(hits[1], queries[1], f"{hits_name} / {queries_name}")
     return None
 
 
-async def read_counters(session: aiohttp.ClientSession, target: Target) -> CacheCounters | None:
+async def read_counters(session: aiohttp.ClientSession, target: Target) -> PrefixCacheReading | None:
     """The prefix-cache counters from ``/metrics`` now; None if they cannot be read."""
     reply = await request(session, "GET", target.url("/metrics"), timeout_s=target.timeout_s,
                           headers=target.headers())

@@ -38,7 +38,7 @@ from kvroute.server.context import ROUTER, Router, RouteSync
 from kvroute.server.front import FrontRequest, FrontServer, Handler, ResponseWriter
 from kvroute.server.metrics import RouterMetrics
 from kvroute.server.proxy import JSON_HEADERS, Proxy, header_lines
-from kvroute.server.routes import ROUTES
+from kvroute.server.routes import HTTP_ROUTES as ROUTES
 from kvroute.server.upstream import Origin, UpstreamError, UpstreamPool
 from kvroute.sync.redis_bus import RedisBus
 

@@ -19,7 +19,7 @@ from kvroute.api.errors import error_body
 from kvroute.routing.decision import Decision
 from kvroute.routing.key import RoutingKey
 from kvroute.routing.worker import WorkerState
-from kvroute.server.activity import RequestRecord
+from kvroute.server.activity import RoutedRequest as RequestRecord
 from kvroute.server.context import Router
 from kvroute.server.front import FrontRequest, ResponseWriter
 from kvroute.server.routes import Route

@@ -41,8 +41,7 @@ from kvroute.routing.key import RoutingKey
 from kvroute.routing.scheduler import Scheduler
 from kvroute.routing.worker import WorkerState
 from kvroute.sim.answers import filler
-from kvroute.sim.engine import EngineConfig, EngineModel, EventKind, SimRequest
-from kvroute.sim.engine import StepResult as EngineStep
+from kvroute.sim.engine import EngineConfig, EngineModel, EngineStep, EventKind, SimRequest
 from kvroute.sim.presets import build_config
 from kvroute.sim.protocol import parse_generation_request as sim_request
 

@@ -14,7 +14,7 @@ from typing import Any
 from kvroute.fleet.registry import WorkerRecord
 from kvroute.routing.config import ModelPolicy, RoutingConfig
 from kvroute.routing.decision import DecisionKind
-from kvroute.server.activity import RequestRecord
+from kvroute.server.activity import RoutedRequest
 from kvroute.server.dashboard.series import Window, choose_window, latency_percentiles, token_rates
 
 # Workers whose /v1/models has not been read yet (and that declared none) are listed under this.
@@ -29,7 +29,7 @@ class FleetView:
     records: list[WorkerRecord]
     scheduler_stats: Mapping[str, Any]
     routing: RoutingConfig
-    requests: Iterable[RequestRecord]
+    requests: Iterable[RoutedRequest]
     ttfb: Iterable[tuple[float, float]]
 
 
@@ -182,7 +182,7 @@ def _share(part: float | None, whole: float | None) -> float | None:
     return part / whole
 
 
-def _decision(r: RequestRecord) -> dict[str, Any]:
+def _decision(r: RoutedRequest) -> dict[str, Any]:
     return {
         "time": r.time,
         "route": r.route,
