@@ -1,4 +1,4 @@
-"""Statistics of a load step: percentiles, Prometheus counter deltas and the seed-2 table figures."""
+"""Statistics of a load step: percentiles, Prometheus counter deltas and the A/B table's figures."""
 
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ def stayed_share(records: Iterable[RequestRecord]) -> float | None:
 
 def summarize_step(policy: str, sessions: int, duration_s: float, records: Sequence[RequestRecord],
                    busy_samples: Sequence[int], cache: CacheCounters | None) -> StepResult:
-    """Seed 2's figures for one step.
+    """The A/B table's figures for one step.
 
     ``records`` are the requests started during the step's window of ``duration_s`` seconds; each
     ran to its end (or was cut off after the drain).  Throughput counts what completed inside the

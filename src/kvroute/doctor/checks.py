@@ -126,7 +126,7 @@ def check_match_unit(facts: EngineFacts, traffic: TrafficAssumptions) -> list[Fi
 
 
 def suggest_match_unit(block_size: int) -> int:
-    """The match unit to suggest: 32 (the seed's), else the largest power of two dividing the block."""
+    """The match unit to suggest: 32, else the largest power of two dividing the block."""
     for unit in (32, 16, 8, 4, 2):
         if block_size % unit == 0:
             return unit

@@ -1,10 +1,10 @@
 """``kvroute doctor``: read what engines say about themselves and say what stops their prefix cache.
 
-Seed 1's lesson is that a 0% hit rate can be a default rather than a limit of the architecture:
-hybrid models run with prefix caching off, ``--enable-prefix-caching`` needs
-``--mamba-cache-mode align``, and short chats gain nothing until ``--prefix-match-unit`` lets a
-hit land where the state is.  The doctor reads ``/metrics``, ``/v1/models``, ``/server_info`` and
-startup logs, and reports each problem with its exact fix (see docs/doctor.md).
+A 0% hit rate can be a default rather than a limit of the architecture: hybrid models run with
+prefix caching off, ``--enable-prefix-caching`` needs ``--mamba-cache-mode align``, and short chats
+gain nothing until ``--prefix-match-unit`` lets a hit land where the state is.  The doctor reads
+``/metrics``, ``/v1/models``, ``/server_info`` and startup logs, and reports each problem with its
+exact fix (see docs/doctor.md).
 """
 
 from __future__ import annotations
