@@ -111,6 +111,8 @@ def excerpt(text: str) -> str:
     return text if len(text) <= _EXCERPT else text[:_EXCERPT] + "…"
 
 
+# --- as readable text (rich) and as JSON ----------------------------------------------------------
+
 def summary_json(summary: CanarySummary, target: str) -> bytes:
     """The summary as indented JSON."""
     return orjson.dumps({"target": target, **summary.as_dict()}, option=orjson.OPT_INDENT_2)

@@ -22,10 +22,13 @@ from typing import Any
 from kvroute.doctor.facts import Conflict, EngineFacts, MergedFacts, Observed, TrafficAssumptions, cite
 from kvroute.doctor.finding import Finding, Severity
 
+# --- prefix caching on, and able to hit -----------------------------------------------------------
+
 ALIGN_FIX = "--enable-prefix-caching --mamba-cache-mode align"
 # Match units at or above this many tokens make ordinary chat turns miss.
 COARSE_UNIT = 256
-# Below this many blocks per prompt the seed measured no gain at all (1600-token blocks, gain from ~6k).
+# Below this many blocks per prompt the prefix-hashing design measured no gain at all (1600-token
+# blocks, gain from ~6k).
 BLOCKS_FOR_GAIN = 4
 _REUSING_MODES = ("align", "all")
 
@@ -194,6 +197,8 @@ def _caching_can_hit(facts: EngineFacts) -> bool:
     return True
 
 
+# --- the two memory budgets: Mamba state slots and KV cache tokens --------------------------------
+
 # Round sizes for the capacity note when the typical context is unknown.
 _EXAMPLE_CONTEXTS = (4_000, 16_000)
 
@@ -264,6 +269,8 @@ def check_kv_capacity(facts: EngineFacts, traffic: TrafficAssumptions) -> list[F
         "their prefixes.", None, evidence)]
 
 
+# --- what the engine did rather than how it is configured: counters, errors, gaps -----------------
+
 # Startup errors another check explains in full.
 _EXPLAINED = re.compile(r"exceeds available Mamba cache blocks")
 # vLLM's wrapper around a root cause logged above it: noise when the root cause is known.
@@ -333,6 +340,8 @@ def check_readable(facts: EngineFacts) -> list[Finding]:
         cite(facts.model, "model"))]
 
 
+# --- the engines of one fleet: which differ from the rest, and in what ----------------------------
+
 # Settings that should agree across replicas of one model; a router sends a conversation to any of
 # them, so one odd replica silently loses the cache for every conversation it receives.
 COMPARED = ("model", "enable_prefix_caching", "mamba_cache_mode", "block_size", "prefix_match_unit",
@@ -379,6 +388,8 @@ def compare_fleet(engines: Sequence[tuple[str, EngineFacts]]) -> list[Finding]:
                 f" Not readable on {', '.join(unknown)}." if unknown else ""), None))
     return findings
 
+
+# --- one engine's facts -> every check's findings -------------------------------------------------
 
 def diagnose(merged: MergedFacts, traffic: TrafficAssumptions | None = None) -> list[Finding]:
     """Every check's findings for one engine, sorted most severe first (stable within a severity)."""

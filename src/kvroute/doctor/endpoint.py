@@ -106,6 +106,8 @@ def _reading_problems(bundle: EndpointBundle) -> list[Finding]:
     return []
 
 
+# --- is a URL an engine or a kvroute router, and which workers does it have? ----------------------
+
 @dataclass(slots=True)
 class Discovery:
     """``kind``: ``engine``, ``router`` (workers listed) or ``router-locked`` (the admin API refused
@@ -150,6 +152,8 @@ def _error_message(body: object) -> str:
     message = error.get("message") if isinstance(error, Mapping) else None
     return str(message) if message else "no reason given"
 
+
+# --- reading an engine's endpoints ----------------------------------------------------------------
 
 async def fetch_bundle(session: aiohttp.ClientSession, target: Target) -> EndpointBundle:
     """Read ``/metrics``, ``/v1/models`` and ``/server_info`` concurrently."""

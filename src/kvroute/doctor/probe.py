@@ -21,6 +21,8 @@ from kvroute.engine_client.chat import ChatOutcome, send_chat
 from kvroute.engine_client.filler_text import filler
 from kvroute.engine_client.http import Target
 
+# --- judging what the probe's requests showed -----------------------------------------------------
+
 # A repeat this much faster than the cold request counts as a visible hit when nothing else tells.
 _VISIBLE_SPEEDUP = 1.5
 # A follow-up turn "reuses the previous turn" when at least this share of that turn's prompt hit.
@@ -149,6 +151,8 @@ def _describe(step: ProbeStep) -> str:
         parts.append(f"error {step.error}")
     return ", ".join(parts)
 
+
+# --- sending the probe's requests (the I/O half) --------------------------------------------------
 
 # New text per conversation turn, like a user's next message.
 _TURN_TOKENS = 150

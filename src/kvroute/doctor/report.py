@@ -66,6 +66,8 @@ class DoctorReport:
         }
 
 
+# --- as readable text (rich) and as JSON ----------------------------------------------------------
+
 _STYLE = {
     Severity.OK: "green",
     Severity.INFO: "cyan",

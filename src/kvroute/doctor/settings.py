@@ -116,6 +116,8 @@ def _hybrid(flat: Mapping[str, object], found: Mapping[str, object], source: str
     return None
 
 
+# --- vLLM's textual renderings: info labels, the config dump, the args dict -----------------------
+
 _OPEN = "([{"
 _CLOSE = ")]}"
 
@@ -195,6 +197,8 @@ def parse_python_dict(text: str) -> dict[str, object] | None:
         return None
     return value if isinstance(value, dict) else None
 
+
+# --- recognising hybrid (attention + Mamba / linear-attention) models -----------------------------
 
 # vLLM architectures with Mamba, Gated DeltaNet or other linear-attention layers.
 _HYBRID_ARCH = re.compile(

@@ -26,6 +26,8 @@ from kvroute.doctor.settings import (
 from kvroute.fleet import metric_names as names
 from kvroute.prometheus_text import Sample, first_total, label_values, total
 
+# --- a startup log (the last start in it) ---------------------------------------------------------
+
 _START = re.compile(r"non-default args: |vLLM API server version ")
 _NON_DEFAULT = re.compile(r"non-default args: (\{.*\})\s*$")
 _CONFIG_DUMP = re.compile(r"Initializing a \S+ LLM engine \(([^)]*)\) with config: (.*)$")
@@ -148,6 +150,8 @@ _LINE_RULES: tuple[tuple[re.Pattern[str], Callable[[re.Match[str], str], EngineF
 )
 
 
+# --- /v1/models and /server_info bodies -----------------------------------------------------------
+
 # Nested settings kept whole rather than flattened: their own keys (``method``, ``model``) would
 # otherwise shadow the engine's.
 _KEEP_WHOLE = frozenset({"speculative_config"})
@@ -190,6 +194,8 @@ def flatten_settings(body: Mapping[str, object]) -> dict[str, object]:
                 flat.setdefault(key, value)
     return flat
 
+
+# --- /metrics (vLLM names, fleet.metric_names) ----------------------------------------------------
 
 _SOURCE = "/metrics"
 
