@@ -4,8 +4,8 @@
     python -m kvroute_dev.vllm_env_cli check     # exit 0 when prepared, 1 (with the reason) when not
     python -m kvroute_dev.vllm_env_cli up        # start replicas and print their URLs until Ctrl-C
 
-It lives apart from ``vllm_env`` because ``up`` starts replicas, and ``vllm_replicas`` needs
-``vllm_env``: one module holding both would make the two import each other.
+It is not part of ``vllm_env`` because ``up`` starts replicas: ``vllm_replicas`` imports
+``vllm_env``, so ``vllm_env`` must not import ``vllm_replicas``.
 """
 
 from __future__ import annotations
