@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -117,3 +118,6 @@ def test_the_wheel_never_imports_developer_tooling() -> None:
         names = set(_imported_names(path, _module_name(path)))
         assert not {n for n in names if n.split(".")[0] == "kvroute_dev"}, path
     assert not (SRC / PACKAGE / "dev").exists()
+    pyproject = tomllib.loads((SRC.parent / "pyproject.toml").read_text(encoding="utf-8"))
+    assert pyproject["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"] == ["src/kvroute"]
+    assert "tools" in pyproject["tool"]["pytest"]["ini_options"]["pythonpath"]
