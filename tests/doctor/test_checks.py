@@ -1,4 +1,5 @@
-"""Facts -> findings: each of seed 1's configurations gets the right finding and the exact fix."""
+"""Facts -> findings: each configuration the prefix-hashing design hit gets the right finding and
+the exact fix."""
 
 from __future__ import annotations
 

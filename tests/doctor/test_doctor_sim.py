@@ -1,4 +1,5 @@
-"""The doctor against simulated replicas configured each way seed 1 describes, over loopback HTTP."""
+"""The doctor against simulated replicas configured each way the prefix-hashing
+design describes, over loopback HTTP."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Sample startup logs: the doctor gives the right top finding and fix for each (seed 1's cases)."""
+"""Sample startup logs: the doctor gives the right top finding and fix for each case the prefix-hashing
+design hit."""
 
 from __future__ import annotations
 
