@@ -1,4 +1,4 @@
-"""Reports of a benchmark: A/B tables of the policies (terminal and Markdown), JSON and PNG plots."""
+"""Reports of a benchmark: seed-2-style tables (terminal and Markdown), JSON and PNG plots."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def _cell(col: Column, step: StepResult | None) -> str:
 
 
 def ab_rows(result: BenchResult, off: str, on: str) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the A/B table: each figure as ``off → on``, one row per step."""
+    """Header and rows of seed 2's table: each figure as ``off → on``, one row per step."""
     header = ["Sessions"] + [f"{c.header} off → on{c.unit}" for c in COLUMNS]
     rows = []
     for n in result.step_sizes():
@@ -184,7 +184,7 @@ def write_report(result: BenchResult, out_dir: Path, *, plots: bool = True) -> l
 
 
 def chat_markdown(rows: Sequence[tuple[str, str, int, float]]) -> str:
-    """The growing-chat table: turn | worker | prompt tokens | time."""
+    """Seed 1's growing-chat table: turn | worker | prompt tokens | time."""
     lines = ["| turn | worker | prompt tokens | time |", "|---|---|---|---|"]
     lines += [f"| {t} | {w} | {p:,} | {s:.2f} s |" for t, w, p, s in rows]
     return "\n".join(lines) + "\n"
