@@ -112,18 +112,47 @@ def index_memory(n_blocks: int, owners: int) -> float:
     return used / len(index) + 32
 
 
+def scheduler_memory(n_blocks: int, n_sessions: int, n_workers: int) -> float:
+    """MiB a scheduler holds with ``n_blocks`` indexed blocks and ``n_sessions`` bound sessions
+    over ``n_workers`` workers (index, session table with its active counts, learned figures)."""
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    now = [1_700_000_000.0]
+    sched = Scheduler(RoutingConfig(index_max_blocks=n_blocks), clock=lambda: now[0])
+    dispatch = Dispatcher(sched)
+    ws = _fleet(n_workers, random.Random(0))
+    per_request = 64  # a 32 KB prompt: 64 blocks
+    for j in range(max(n_sessions, n_blocks // per_request)):
+        k = RoutingKey(model="m", prefix=_text(j, per_request * 512).encode(), est_prompt_tokens=8192,
+                       session_id=f"s{j % n_sessions}")
+        flight, _ = dispatch.sent(k, dispatch.route(k, ws), ws[j % n_workers])
+        dispatch.finished(flight, ok=True, prompt_tokens=8192, cached_tokens=0)
+        now[0] += 0.001
+    sched.decide(k, ws)  # the active-session counts are built on the first decision
+    used = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    stats = sched.stats()
+    assert stats["index_blocks"] >= n_blocks * 0.99 and stats["sessions"] == n_sessions, stats
+    return used / 2**20
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
     parser.add_argument("--policy", default="auto")
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("--sizes", default=",".join(SIZES), help="prompt sizes to run (of %(default)s)")
+    parser.add_argument("--memory-only", action="store_true",
+                        help="only the scheduler's memory at 200k index blocks + 10k sessions")
     parser.add_argument("--workers", default=",".join(map(str, WORKERS)), help="fleet sizes to run")
     args = parser.parse_args()
     sizes = {label: SIZES[label] for label in args.sizes.split(",")}
     fleets = [int(n) for n in args.workers.split(",")]
     reps_for = {8 << 10: 2000, 32 << 10: 2000, 128 << 10: 500, 1 << 20: 100}
     rows = []
+    if args.memory_only:
+        sizes = {}
     print("| prompt | workers | blocks | decide p50 µs | decide p99 µs | parse p50 µs | commit p50 µs |")
     print("|---|---|---|---|---|---|---|")
     for label, size in sizes.items():
@@ -133,6 +162,10 @@ def main() -> None:
             rows.append(r)
             print(f"| {label} | {n} | {r['blocks']} | {r['decide_us_p50']:.1f} | {r['decide_us_p99']:.1f} | "
                   f"{r['parse_us_p50']:.1f} | {r['commit_us_p50']:.1f} |", flush=True)
+    if args.memory_only:
+        print(f"scheduler with 200k index blocks + 10k sessions over 1000 workers: "
+              f"{scheduler_memory(200_000, 10_000, 1000):.1f} MiB")
+        return
     memory = {owners: index_memory(100_000, owners) for owners in (1, 4)}
     for owners, per_block in memory.items():
         print(f"index memory, {owners} owner(s) per block: {per_block:.0f} B/block = "

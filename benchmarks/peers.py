@@ -26,7 +26,6 @@ at their real speed on the machine's cores, which is what the router-cost part m
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import dataclasses
 import os
@@ -61,6 +60,7 @@ from kvroute.bench.results import BenchResult, PolicyRun, RequestRecord
 from kvroute.bench.runner import HttpTarget, StepPlan, run_policy
 from kvroute.bench.stats import stayed_share
 from kvroute.bench.workloads import AgentWorkload, AgentWorkloadConfig
+from kvroute.event_loop import run_event_loop
 from kvroute.sync.local_redis import free_port
 
 # Router cost is about the router's own work per request, so kvroute probes at its default rate
@@ -369,12 +369,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if report is not None:
         print(write_outputs(orjson.loads(report.read_bytes()), opts.out, plots_dir))
         return
-    try:
-        import uvloop
-        runner: Any = uvloop.run
-    except ImportError:
-        runner = asyncio.run
-    doc = runner(run_all(opts))
+    doc = run_event_loop(run_all(opts))
     print(write_outputs(doc, opts.out, plots_dir))
     _log(f"done in {doc['meta']['wall_s']:.0f} s; wrote {opts.out / 'peers.json'}, {opts.out / 'peers.md'}")
 

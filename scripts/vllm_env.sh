@@ -4,5 +4,5 @@
 # Usage: scripts/vllm_env.sh prepare | check | up [--replicas N]
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-export PYTHONPATH="$repo/src${PYTHONPATH:+:$PYTHONPATH}"
-exec "${PYTHON:-python3}" -m kvroute.dev.vllm_env "$@"
+export PYTHONPATH="$repo/src:$repo/tools${PYTHONPATH:+:$PYTHONPATH}"
+exec "${PYTHON:-python3}" -m kvroute_dev.vllm_env_cli "$@"

@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from kvroute.event_loop import run_event_loop
 from kvroute.sim.presets import build_config
 from kvroute.sim.server import ReplyOptions, SimReplica
 from peers.placements import Placement, identify
@@ -117,12 +118,7 @@ def main(argv: list[str] | None = None) -> None:
         if not sep:
             parser.error(f"--sim-opt expects NAME=VALUE, got {item!r}")
         overrides[key.strip().replace("-", "_")] = parse_value(raw)
-    try:
-        import uvloop
-        runner: Any = uvloop.run
-    except ImportError:
-        runner = asyncio.run
-    runner(serve(args.preset, args.replicas, args.port, args.speed, overrides))
+    run_event_loop(serve(args.preset, args.replicas, args.port, args.speed, overrides))
 
 
 if __name__ == "__main__":

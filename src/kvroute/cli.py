@@ -21,8 +21,8 @@ _COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("sim", "kvroute.sim.cli", "sim"),
     ("bench", "kvroute.bench.cli", "bench"),
     ("demo", "kvroute.bench.cli", "demo"),
-    ("doctor", "kvroute.doctor", "doctor"),
-    ("canary", "kvroute.canary", "canary"),
+    ("doctor", "kvroute.doctor.command", "doctor"),
+    ("canary", "kvroute.canary.command", "canary"),
 )
 
 for _name, _module, _func in _COMMANDS:

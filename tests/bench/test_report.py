@@ -1,4 +1,4 @@
-"""Reports: the seed-2 table (off → on), the wide table, JSON round trip and the plots."""
+"""Reports: the A/B table (off → on), the wide table, JSON round trip and the plots."""
 
 from __future__ import annotations
 

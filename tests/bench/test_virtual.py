@@ -1,4 +1,5 @@
-"""Virtual-time cluster: deterministic for a seed, and seed 2's direction on the a4000 preset."""
+"""Virtual-time cluster: deterministic for a seed, and the session-stickiness benchmark's
+direction on the a4000 preset."""
 
 from __future__ import annotations
 
@@ -38,10 +39,10 @@ def test_router_view_and_accounting() -> None:
         cluster.run(AgentWorkload(SMALL, 1), [1], 0.0)
 
 
-def test_seed_two_direction_at_four_to_sixteen_sessions() -> None:
+def test_stickiness_direction_at_four_to_sixteen_sessions() -> None:
     """At 4-16 sessions on four a4000-qwen3-4b replicas, keeping a session on its replica (session)
     and the default (auto) serve more of the prompt from cache and start answering sooner than
-    vLLM's least-loaded balancing, as seed 2 measured."""
+    vLLM's least-loaded balancing, as the session-stickiness benchmark measured."""
     policies = ["least-loaded", "session", "auto"]
     result = run_virtual_bench(ClusterConfig(), policies, AgentWorkload(seed=0), [4, 8, 16], 120.0, {})
     for n in (4, 8, 16):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvroute.diagnostics.arithmetic import Verdict, grade, make_questions
+from kvroute.canary.questions import Verdict, grade, make_questions
 from kvroute.sim.answers import arithmetic_answer
 
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvroute.diagnostics.binomial_bound import binomial_cdf, rule_of_three, upper_bound
+from kvroute.canary.binomial_bound import binomial_cdf, rule_of_three, upper_bound
 
 
 def test_seed_sample_of_150_clean_replies_bounds_the_rate_below_two_percent() -> None:

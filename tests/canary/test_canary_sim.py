@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator
 import orjson
 import pytest
 
+from kvroute.canary.questions import Verdict
+from kvroute.canary.run import CanaryError, CanaryOptions, run_canary
 from kvroute.config import Settings, WorkerSpec
-from kvroute.diagnostics.arithmetic import Verdict
-from kvroute.diagnostics.canary_run import CanaryError, CanaryOptions, run_canary
 from kvroute.server.app import start_router
 from kvroute.sim.server import SimFleet, start_sim_fleet
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from kvroute.diagnostics.arithmetic import Verdict
-from kvroute.diagnostics.canary_summary import CanaryReply, excerpt, summarize
-from kvroute.diagnostics.counters import CacheCounters, CounterChange
+from kvroute.canary.questions import Verdict
+from kvroute.canary.summary import CanaryReply, excerpt, summarize
+from kvroute.engine_client.cache_counters import CounterChange, PrefixCacheReading
 
 
 def reply(i: int, verdict: Verdict = Verdict.CORRECT, seconds: float = 1.0) -> CanaryReply:
@@ -14,7 +14,7 @@ def reply(i: int, verdict: Verdict = Verdict.CORRECT, seconds: float = 1.0) -> C
 
 
 def test_clean_run() -> None:
-    change = CounterChange(CacheCounters(0, 0, "s"), CacheCounters(1900, 2000, "s"))
+    change = CounterChange(PrefixCacheReading(0, 0, "s"), PrefixCacheReading(1900, 2000, "s"))
     summary = summarize([reply(i, seconds=0.5 + i / 100) for i in range(150)], change)
     assert summary.passed
     assert summary.counts == {"correct": 150, "wrong": 0, "empty": 0, "malformed": 0, "truncated": 0,
@@ -51,7 +51,7 @@ def test_empty_run_is_refused() -> None:
 
 
 def test_restarted_engine_gives_no_interval_rate() -> None:
-    change = CounterChange(CacheCounters(500, 1000, "s"), CacheCounters(10, 20, "s"))
+    change = CounterChange(PrefixCacheReading(500, 1000, "s"), PrefixCacheReading(10, 20, "s"))
     assert change.rate is None
 
 

@@ -10,7 +10,7 @@ import pytest
 from kvroute.fleet.registry import ProbeResult, Registry
 from kvroute.fleet.vllm_metrics import EngineMetrics
 from kvroute.routing.config import ModelPolicy, RoutingConfig
-from kvroute.server.activity import Activity, RequestRecord
+from kvroute.server.activity import Activity, RoutedRequest
 from kvroute.server.dashboard.snapshot import UNKNOWN_MODEL, FleetView, build_snapshot
 
 
@@ -29,8 +29,8 @@ def probe(registry: Registry, wid: str, *, hits: float, queries: float, prompt: 
     registry.apply_probe(wid, ProbeResult(reachable=True, healthy=True, metrics=metrics))
 
 
-def request(t: float, worker: str, kind: str, ttfb: float, model: str = "m") -> RequestRecord:
-    return RequestRecord(time=t, route="chat", model=model, worker=worker, kind=kind,
+def request(t: float, worker: str, kind: str, ttfb: float, model: str = "m") -> RoutedRequest:
+    return RoutedRequest(time=t, route="chat", model=model, worker=worker, kind=kind,
                          reason=f"[AUTO] {kind}: {worker}", matched_blocks=3, total_blocks=4, attempts=1,
                          status=200, ttfb_s=ttfb, duration_s=ttfb * 2)
 

@@ -1,4 +1,5 @@
-"""Facts -> findings: each of seed 1's configurations gets the right finding and the exact fix."""
+"""Facts -> findings: each configuration the prefix-hashing design hit gets the right finding and
+the exact fix."""
 
 from __future__ import annotations
 
@@ -8,20 +9,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvroute.diagnostics.checks_caching import suggest_match_unit
-from kvroute.diagnostics.diagnose import diagnose
-from kvroute.diagnostics.facts import Conflict, EngineFacts, MergedFacts, Observed
-from kvroute.diagnostics.finding import Finding, Severity, worst
-from kvroute.diagnostics.workload import Workload
+from kvroute.doctor.checks import diagnose, suggest_match_unit
+from kvroute.doctor.facts import Conflict, EngineFacts, MergedFacts, Observed, TrafficAssumptions
+from kvroute.doctor.finding import Finding, Severity, worst
 
 
 def facts(**values: Any) -> EngineFacts:
     return EngineFacts(**{k: Observed(v, "test") for k, v in values.items()})
 
 
-def run(merged: EngineFacts | MergedFacts, workload: Workload | None = None) -> dict[str, Finding]:
+def run(merged: EngineFacts | MergedFacts, traffic: TrafficAssumptions | None = None) -> dict[str, Finding]:
     m = merged if isinstance(merged, MergedFacts) else MergedFacts(merged)
-    return {f.code: f for f in diagnose(m, workload)}
+    return {f.code: f for f in diagnose(m, traffic)}
 
 
 HYBRID = {"hybrid": True, "block_size": 1600, "cache_dtype": "fp8", "max_num_seqs": 128}
@@ -71,8 +70,10 @@ def test_simulator_reports_match_unit_equal_to_block() -> None:
 
 def test_long_typical_prompts_make_the_coarse_block_a_note() -> None:
     f = facts(enable_prefix_caching=True, mamba_cache_mode="align", **HYBRID)
-    assert run(f, Workload(typical_prompt_tokens=20_000))["match-unit-coarse"].severity is Severity.INFO
-    assert run(f, Workload(typical_prompt_tokens=3_100))["match-unit-coarse"].severity is Severity.WARNING
+    long, short = TrafficAssumptions(typical_prompt_tokens=20_000), TrafficAssumptions(
+        typical_prompt_tokens=3_100)
+    assert run(f, long)["match-unit-coarse"].severity is Severity.INFO
+    assert run(f, short)["match-unit-coarse"].severity is Severity.WARNING
 
 
 def test_match_unit_that_does_not_divide_the_block() -> None:
@@ -150,10 +151,10 @@ def test_no_hit_rate_finding_while_caching_is_off() -> None:
 
 def test_kv_capacity_rule_of_thumb() -> None:
     base = {"enable_prefix_caching": True, "hybrid": False, "block_size": 16, "num_gpu_blocks": 2500}
-    short = run(facts(**base), Workload(typical_prompt_tokens=10_000, concurrent_sessions=8))
+    short = run(facts(**base), TrafficAssumptions(typical_prompt_tokens=10_000, concurrent_sessions=8))
     assert short["kv-capacity-short"].severity is Severity.WARNING
     assert "80,000 > 40,000" in short["kv-capacity-short"].title
-    fits = run(facts(**base), Workload(typical_prompt_tokens=4_000, concurrent_sessions=8))
+    fits = run(facts(**base), TrafficAssumptions(typical_prompt_tokens=4_000, concurrent_sessions=8))
     assert fits["kv-capacity"].severity is Severity.OK
     unknown = run(facts(**base))
     assert unknown["kv-capacity"].severity is Severity.INFO

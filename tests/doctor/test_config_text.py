@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvroute.diagnostics.config_text import (
+from kvroute.doctor.settings import (
     parse_bool,
     parse_int,
     parse_python_dict,

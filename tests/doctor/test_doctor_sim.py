@@ -1,4 +1,5 @@
-"""The doctor against simulated replicas configured each way seed 1 describes, over loopback HTTP."""
+"""The doctor against simulated replicas configured each way the prefix-hashing
+design describes, over loopback HTTP."""
 
 from __future__ import annotations
 
@@ -9,13 +10,12 @@ import aiohttp
 import pytest
 
 from kvroute.config import Settings, WorkerSpec
-from kvroute.diagnostics.diagnose import diagnose
-from kvroute.diagnostics.doctor_report import TargetReport
-from kvroute.diagnostics.doctor_session import DoctorOptions, run_doctor
-from kvroute.diagnostics.endpoint import EndpointBundle, facts_for_endpoint
-from kvroute.diagnostics.facts import EngineFacts, MergedFacts
-from kvroute.diagnostics.finding import Severity
-from kvroute.diagnostics.fleet import compare_fleet
+from kvroute.doctor.checks import compare_fleet, diagnose
+from kvroute.doctor.endpoint import EndpointBundle, facts_for_endpoint
+from kvroute.doctor.facts import EngineFacts, MergedFacts
+from kvroute.doctor.finding import Severity
+from kvroute.doctor.report import TargetReport
+from kvroute.doctor.session import DoctorOptions, run_doctor
 from kvroute.server.app import start_router
 from kvroute.sim.server import SimFleet, start_sim_fleet
 

@@ -1,4 +1,5 @@
-"""Sample startup logs: the doctor gives the right top finding and fix for each (seed 1's cases)."""
+"""Sample startup logs: the doctor gives the right top finding and fix for each case the prefix-hashing
+design hit."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from kvroute.diagnostics.diagnose import diagnose
-from kvroute.diagnostics.endpoint import facts_for_endpoint
-from kvroute.diagnostics.finding import Severity, worst
+from kvroute.doctor.checks import diagnose
+from kvroute.doctor.endpoint import facts_for_endpoint
+from kvroute.doctor.finding import Severity, worst
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

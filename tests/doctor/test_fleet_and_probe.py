@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from kvroute.diagnostics.facts import EngineFacts, Observed
-from kvroute.diagnostics.finding import Severity
-from kvroute.diagnostics.fleet import compare_fleet
-from kvroute.diagnostics.probe_evidence import ProbeStep, judge_probe
-from kvroute.diagnostics.probe_run import probe_size
+from kvroute.doctor.checks import compare_fleet
+from kvroute.doctor.facts import EngineFacts, Observed
+from kvroute.doctor.finding import Severity
+from kvroute.doctor.probe import ProbeStep, judge_probe, probe_size
 
 
 def facts(**values: object) -> EngineFacts:

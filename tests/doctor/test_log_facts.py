@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvroute.diagnostics.log_facts import facts_from_log
+from kvroute.doctor.sources import facts_from_log
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

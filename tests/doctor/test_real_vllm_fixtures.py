@@ -7,11 +7,11 @@ from pathlib import Path
 import orjson
 import pytest
 
-from kvroute.diagnostics.counters import counters_from_samples
-from kvroute.diagnostics.diagnose import diagnose
-from kvroute.diagnostics.endpoint import EndpointBundle, facts_for_endpoint
-from kvroute.diagnostics.finding import Severity, worst
-from kvroute.diagnostics.prometheus_text import parse_exposition
+from kvroute.doctor.checks import diagnose
+from kvroute.doctor.endpoint import EndpointBundle, facts_for_endpoint
+from kvroute.doctor.finding import Severity, worst
+from kvroute.engine_client.cache_counters import counters_from_samples
+from kvroute.prometheus_text import parse_exposition
 
 REAL = Path(__file__).parents[1] / "vllm" / "fixtures"
 pytestmark = pytest.mark.skipif(not (REAL / "metrics_after_chat.prom").exists(),

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from kvroute.diagnostics.api_facts import facts_from_models, facts_from_server_info
-from kvroute.diagnostics.endpoint import EndpointBundle, facts_for_endpoint, facts_from_router_record
-from kvroute.diagnostics.facts import EngineFacts, Observed, merge_facts
-from kvroute.diagnostics.metrics_facts import facts_from_metrics
-from kvroute.diagnostics.prometheus_text import MetricsParseError, parse_exposition
+from kvroute.doctor.endpoint import EndpointBundle, facts_for_endpoint, facts_from_router_record
+from kvroute.doctor.facts import EngineFacts, Observed, merge_facts
+from kvroute.doctor.sources import facts_from_metrics, facts_from_models, facts_from_server_info
+from kvroute.prometheus_text import MetricsParseError, parse_exposition
 
 HYBRID_METRICS = """\
 # TYPE vllm:prefix_cache_queries counter

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import aiohttp
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvroute.fleet.vllm_metrics import parse_labels, parse_vllm_metrics
+from kvroute.fleet.vllm_metrics import parse_vllm_metrics
+from kvroute.prometheus_text import MetricsParseError, parse_exposition, parse_labels
 from kvroute.sim.server import start_sim_fleet
 
 # Shaped like vLLM 0.10+ with two data-parallel engines: HELP/TYPE lines, histograms, _created.
@@ -120,3 +123,25 @@ async def test_agrees_with_prometheus_client_on_the_simulator():
     assert ours.kv_usage == reference["vllm:kv_cache_usage_perc"]
     assert ours.process_start_time == reference["process_start_time_seconds"]
     assert ours.cache_config == config and config["enable_prefix_caching"] == "True"
+
+
+def test_the_reader_agrees_with_prometheus_client_on_real_vllm() -> None:
+    """kvroute's one Prometheus-text reader against prometheus-client's, on recorded real answers."""
+    fixtures = Path(__file__).resolve().parents[1] / "vllm" / "fixtures"
+    for path in sorted(fixtures.glob("metrics_*.prom")):
+        text = path.read_text()
+        ours = [(s.name, dict(s.labels), s.value) for s in parse_exposition(text)]
+        reference = [(s.name, dict(s.labels), float(s.value))
+                     for family in text_string_to_metric_families(text) for s in family.samples]
+        assert len(ours) == len(reference) > 400, path.name
+        for mine, theirs in zip(ours, reference, strict=True):
+            assert mine[:2] == theirs[:2]
+            assert mine[2] == theirs[2] or (math.isnan(mine[2]) and math.isnan(theirs[2]))
+
+
+def test_only_the_names_asked_for_and_strictness() -> None:
+    wanted = parse_exposition(VLLM_DP2, ("vllm:num_requests_running", "process_start_time_seconds"))
+    assert [s.name for s in wanted] == ["vllm:num_requests_running"] * 2 + ["process_start_time_seconds"]
+    with pytest.raises(MetricsParseError):
+        parse_exposition("vllm:num_requests_running garbage\n")
+    assert parse_exposition("vllm:num_requests_running garbage\n", skip_unreadable=True) == []

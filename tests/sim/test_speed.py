@@ -16,7 +16,7 @@ from sim_helpers import prose
 from kvroute.sim.answers import filler
 from kvroute.sim.engine import EngineModel, EventKind, SimRequest
 from kvroute.sim.presets import build_config
-from kvroute.sim.protocol import parse_request
+from kvroute.sim.protocol import parse_generation_request
 from kvroute.sim.server import start_sim_fleet
 
 PRESET, MODEL = "a4000-qwen3-4b", "qwen3-4b"
@@ -49,7 +49,7 @@ def virtual_run() -> Timing:
     """The workload on the engine model itself, every request arriving at time 0."""
     engine = EngineModel(build_config(PRESET), 0.0)
     for i in range(BATCH + 1):
-        g = parse_request("chat", body(i), MODEL)
+        g = parse_generation_request("chat", body(i), MODEL)
         engine.add_request(SimRequest(str(i), g.prompt, filler(g.prompt, OUTPUT_TOKENS), OUTPUT_TOKENS), 0.0)
     now = 0.0
     firsts: list[float] = []

@@ -8,10 +8,8 @@ from hypothesis import strategies as st
 
 from kvroute.sim.tokenizer import (
     RenderError,
-    block_hashes,
     count_tokens,
     detokenize,
-    hash_seed,
     render_anthropic,
     render_chat,
     render_completion,
@@ -86,13 +84,3 @@ def test_token_ids_round_trip_and_completion_prompts() -> None:
     assert render_completion("x") == b"x"
     with pytest.raises(RenderError):
         render_completion({"not": "a prompt"})
-
-
-def test_block_hashes_chain_and_scope() -> None:
-    data = b"a" * 64 * 3 + b"tail"
-    seed = hash_seed("m")
-    hashes = block_hashes(data, 16, seed)
-    assert len(hashes) == 3 and len(set(hashes)) == 3      # chained: equal blocks, different hashes
-    assert block_hashes(data + b"more", 16, seed) == hashes
-    assert block_hashes(data, 16, hash_seed("m", "salt")) != hashes
-    assert block_hashes(data, 16, seed, limit=2) == hashes[:2]

@@ -13,9 +13,9 @@ import pytest
 from vllm_helpers import ADMIN_TOKEN
 
 from kvroute.config import Settings, WorkerSpec
-from kvroute.dev.vllm_env import VllmEnv, default_home, problems
-from kvroute.dev.vllm_replicas import ReplicaFleet, start_replicas
 from kvroute.server.app import RunningRouter, start_router
+from kvroute_dev.vllm_env import VllmEnv, default_home, problems
+from kvroute_dev.vllm_replicas import ReplicaFleet, start_replicas
 
 _SKIP_PREFIX = "REAL vLLM ENVIRONMENT NOT PREPARED"
 

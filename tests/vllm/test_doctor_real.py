@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from vllm_helpers import ADMIN_TOKEN, FIXTURES
 
-from kvroute.dev.vllm_replicas import ReplicaFleet
 from kvroute.server.app import RunningRouter
+from kvroute_dev.vllm_replicas import ReplicaFleet
 
 DOCTOR = [sys.executable, "-c", "from kvroute.cli import main; main()", "doctor"]
 

@@ -10,9 +10,9 @@ import aiohttp
 import pytest
 from vllm_helpers import block_size, engine_metrics, replica_serving
 
-from kvroute.dev.growing_chat import GrowingChat, send_chat
-from kvroute.dev.vllm_replicas import ReplicaFleet
 from kvroute.server.app import RunningRouter
+from kvroute_dev.growing_chat import GrowingChat, send_chat
+from kvroute_dev.vllm_replicas import ReplicaFleet
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(420)]
 TURNS = 4

@@ -6,8 +6,8 @@ import pytest
 from openai import AsyncOpenAI
 from vllm_helpers import replica_serving
 
-from kvroute.dev.vllm_replicas import ReplicaFleet
 from kvroute.server.app import RunningRouter
+from kvroute_dev.vllm_replicas import ReplicaFleet
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(420)]
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]

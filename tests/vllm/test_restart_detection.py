@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
-from kvroute.dev.vllm_replicas import ReplicaFleet
 from kvroute.fleet.registry import worker_id_for
 from kvroute.server.app import RunningRouter
+from kvroute_dev.vllm_replicas import ReplicaFleet
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(420)]
 

@@ -11,10 +11,10 @@ import aiohttp
 import pytest
 from vllm_helpers import block_size, get_text
 
-from kvroute.dev.growing_chat import filler
-from kvroute.dev.vllm_replicas import ReplicaFleet
 from kvroute.fleet.registry import worker_id_for
 from kvroute.server.app import RunningRouter
+from kvroute_dev.growing_chat import filler
+from kvroute_dev.vllm_replicas import ReplicaFleet
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(420)]
 

@@ -23,9 +23,9 @@ from vllm_shape import (
     used_metric_names,
 )
 
-from kvroute.dev.vllm_env import SERVED_MODEL_NAME
-from kvroute.dev.vllm_replicas import ReplicaFleet
 from kvroute.sim.server import start_sim_fleet
+from kvroute_dev.vllm_env import SERVED_MODEL_NAME
+from kvroute_dev.vllm_replicas import ReplicaFleet
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2] / "src" / "kvroute"
 

@@ -6,9 +6,9 @@ import json
 import urllib.request
 from pathlib import Path
 
-from kvroute.dev.vllm_replicas import Replica, ReplicaFleet
 from kvroute.fleet.registry import worker_id_for
 from kvroute.fleet.vllm_metrics import EngineMetrics, parse_vllm_metrics
+from kvroute_dev.vllm_replicas import Replica, ReplicaFleet
 
 FIXTURES = Path(__file__).parent / "fixtures"
 ADMIN_TOKEN = "vllm-tests"

@@ -14,7 +14,7 @@ _LABEL_KEY = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="(?:[^"\\]|\\.)*"')
 # Names of engine metrics as consumers write them in source: "vllm:..." and the process start time.
 _USED = re.compile(r"[\"'](vllm:[a-z0-9_:]+|process_start_time_seconds)[\"']")
 # Producers of expositions, not consumers: their names are what is being checked.
-_PRODUCERS = ("sim", "dev")
+_PRODUCERS = ("sim",)
 
 
 @dataclass(frozen=True)

@@ -105,7 +105,7 @@ class _Progress:
 
 def _print_result(console: Console, result: BenchResult, out: Path, plots: bool) -> None:
     if console.is_terminal:
-        # Seed 2's headers are long; a narrow terminal wraps the rows rather than the numbers.
+        # The A/B table's headers are long; a narrow terminal wraps the rows rather than the numbers.
         Console(width=max(console.width, 170)).print(rich_table(result))
     else:
         console.print(f"{title(result)}\n\n{markdown_table(result)}", markup=False, highlight=False)
@@ -149,7 +149,7 @@ def bench(
     scrape_interval: Annotated[float, typer.Option(
         min=0.01, help="The router's probe interval (how stale its load view is), simulated seconds.")] = 1.0,
     seed: Annotated[int, typer.Option(help="Workload seed: the same seed, the same prompts.")] = 0,
-    workload: Annotated[str, typer.Option(help="agent (seed 2's sessions) or chat (seed 1's table).")]
+    workload: Annotated[str, typer.Option(help="agent (agent sessions) or chat (the growing-chat table).")]
         = "agent",
     trace: Annotated[Path | None, typer.Option(help="Replay sessions from a JSONL trace.")] = None,
     write_trace_to: Annotated[Path | None, typer.Option(
@@ -184,7 +184,7 @@ def bench(
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write PNG plots.")] = True,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars.")] = False,
 ) -> None:
-    """Closed-loop benchmark of router policies: seed 2's agent sessions or seed 1's growing chat."""
+    """Closed-loop benchmark of router policies: agent sessions or a growing chat."""
     console = Console()
     if api not in ("openai", "anthropic"):
         raise typer.BadParameter("expected openai or anthropic", param_hint="--api")
@@ -247,7 +247,7 @@ def bench(
                 caches_reset_between_policies=spec.sim is not None)
     if replica and len(names) > 1:
         console.print("[yellow]note: given replicas keep their caches between policies; each policy after "
-                      "the first starts warm (as in seed 2). Use simulated replicas for a fair A/B.[/yellow]")
+                      "the first starts warm. Use simulated replicas for a fair A/B.[/yellow]")
     plan = StepPlan(step_sizes, duration, drain_timeout, poll_interval)
     try:
         with progress.progress:

@@ -25,6 +25,7 @@ engine ``request_overhead_s`` (the preset's fixed per-request cost) after the de
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 from collections.abc import Callable, Mapping, Sequence
@@ -42,10 +43,9 @@ from kvroute.routing.key import RoutingKey
 from kvroute.routing.scheduler import Scheduler
 from kvroute.routing.worker import WorkerState
 from kvroute.sim.answers import filler
-from kvroute.sim.engine import EngineConfig, EngineModel, EventKind, SimRequest
-from kvroute.sim.engine import StepResult as EngineStep
+from kvroute.sim.engine import EngineConfig, EngineModel, EngineStep, EventKind, SimRequest
 from kvroute.sim.presets import build_config
-from kvroute.sim.protocol import parse_request as sim_request
+from kvroute.sim.protocol import parse_generation_request as sim_request
 
 # The scheduler's clock is wall-clock seconds (epochs and entry ages travel between routers); the
 # virtual run starts at this fixed instant so that nothing depends on when it ran.
@@ -300,7 +300,7 @@ class VirtualCluster:
                                      [_Loop() for _ in range(sessions)])
         before = [e.snapshot().stats for e in self.engines]
         for i in range(sessions):
-            self._at(self.now, lambda i=i: self._issue(i))
+            self._at(self.now, functools.partial(self._issue, i))
         self._at(self.now + self._poll_interval, self._poll)
         if self._next_scrape <= self.now:
             self._scrape()

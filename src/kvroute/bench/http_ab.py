@@ -3,10 +3,11 @@
 Three kinds of target:
 
 * simulated replicas (``kvroute sim`` in-process): for each policy a fresh fleet and a fresh router,
-  so every policy starts from empty caches.  Seed 2 did *not* do that (its second variant began
-  with a warm prefix cache); a fresh fleet per policy removes that bias.
+  so every policy starts from empty caches.  The session-stickiness benchmark did *not* do that (its
+  second variant began with a warm prefix cache); a fresh fleet per policy removes that bias.
 * given replica URLs: a kvroute router is started in front of them for each policy.  Their caches
-  cannot be reset from here, so each policy after the first starts warm, as in seed 2.
+  cannot be reset from here, so each policy after the first starts warm, as in the session-stickiness
+  benchmark.
 * an external URL (a router or engine already running): measured as is, under one label.
 """
 
@@ -146,7 +147,7 @@ async def run_http_bench(spec: HttpBenchSpec, policies: Sequence[str], workload:
 
 @dataclass(frozen=True, slots=True)
 class ChatRow:
-    """One row of seed 1's table."""
+    """One row of the growing-chat table."""
 
     label: str
     worker: str

@@ -29,7 +29,7 @@ class RequestRecord:
 
 @dataclass(slots=True)
 class StepResult:
-    """The summary of one load step (seed 2's table row for one policy)."""
+    """The summary of one load step (one policy's row of the A/B table)."""
 
     policy: str
     sessions: int

@@ -141,13 +141,13 @@ async def send_request(http: aiohttp.ClientSession, target: HttpTarget, req: Pla
                 if event.get("type") == "error" or "error" in event:
                     rec.error = f"stream error: {orjson.dumps(event.get('error'))[:300].decode()}"
                     return
-                text = _content_of(event)
-                if text is not None:
+                content = _content_of(event)
+                if content is not None:
                     # The first event carrying a choice: vLLM sends it (role chunk included) once
                     # the first token exists.
                     if rec.ttfb_s is None:
                         rec.ttfb_s = clock() - rec.start_s
-                    chunks += 1 if text else 0
+                    chunks += 1 if content else 0
                 _apply_usage(event, rec)
         if rec.output_tokens == 0:
             rec.output_tokens = chunks

@@ -1,4 +1,4 @@
-"""Statistics of a load step: percentiles, Prometheus counter deltas and the seed-2 table figures."""
+"""Statistics of a load step: percentiles, Prometheus counter deltas and the A/B table's figures."""
 
 from __future__ import annotations
 
@@ -6,16 +6,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from kvroute.bench.results import RequestRecord, StepResult
+from kvroute.fleet import metric_names as names
+from kvroute.prometheus_text import parse_exposition
 from kvroute.quantiles import percentile
-
-HITS = "vllm:prefix_cache_hits_total"
-QUERIES = "vllm:prefix_cache_queries_total"
-PREEMPTIONS = "vllm:num_preemptions_total"
-RUNNING = "vllm:num_requests_running"
-WAITING = "vllm:num_requests_waiting"
 
 SeriesKey = tuple[str, tuple[tuple[str, str], ...]]
 Samples = dict[SeriesKey, float]
@@ -23,11 +17,7 @@ Samples = dict[SeriesKey, float]
 
 def parse_samples(text: str) -> Samples:
     """Every sample of a Prometheus text exposition, keyed by sample name and sorted labels."""
-    samples: Samples = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples[(sample.name, tuple(sorted(sample.labels.items())))] = float(sample.value)
-    return samples
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for s in parse_exposition(text)}
 
 
 def gauge_sum(samples: Mapping[SeriesKey, float], name: str) -> float | None:
@@ -68,13 +58,13 @@ class CacheCounters:
 def cache_delta(before: Sequence[Mapping[SeriesKey, float]],
                 after: Sequence[Mapping[SeriesKey, float]]) -> CacheCounters:
     """Prefix-cache and preemption counter deltas summed over replicas (``before[i]``/``after[i]``:
-    replica ``i``)."""
+    replica ``i``), by vLLM v1's names: the benchmarks run against vLLM and the simulator."""
     if len(before) != len(after):
         raise ValueError("before and after must list the same replicas")
     pairs = list(zip(before, after, strict=True))
-    return CacheCounters(sum(counter_delta(b, a, HITS) for b, a in pairs),
-                         sum(counter_delta(b, a, QUERIES) for b, a in pairs),
-                         sum(counter_delta(b, a, PREEMPTIONS) for b, a in pairs))
+    return CacheCounters(sum(counter_delta(b, a, names.PREFIX_HITS[0]) for b, a in pairs),
+                         sum(counter_delta(b, a, names.PREFIX_QUERIES[0]) for b, a in pairs),
+                         sum(counter_delta(b, a, names.PREEMPTIONS[0]) for b, a in pairs))
 
 
 def busy_count(scrapes: Iterable[Mapping[SeriesKey, float] | None]) -> int:
@@ -83,7 +73,7 @@ def busy_count(scrapes: Iterable[Mapping[SeriesKey, float] | None]) -> int:
     for samples in scrapes:
         if samples is None:
             continue
-        if (gauge_sum(samples, RUNNING) or 0.0) + (gauge_sum(samples, WAITING) or 0.0) > 0:
+        if (gauge_sum(samples, names.RUNNING[0]) or 0.0) + (gauge_sum(samples, names.WAITING[0]) or 0.0) > 0:
             busy += 1
     return busy
 
@@ -110,7 +100,7 @@ def stayed_share(records: Iterable[RequestRecord]) -> float | None:
 
 def summarize_step(policy: str, sessions: int, duration_s: float, records: Sequence[RequestRecord],
                    busy_samples: Sequence[int], cache: CacheCounters | None) -> StepResult:
-    """Seed 2's figures for one step.
+    """The A/B table's figures for one step.
 
     ``records`` are the requests started during the step's window of ``duration_s`` seconds; each
     ran to its end (or was cut off after the drain).  Throughput counts what completed inside the

@@ -1,4 +1,4 @@
-"""Benchmark workloads: agent sessions (seed 2) and a growing chat (seed 1), fully determined by a seed.
+"""Benchmark workloads: agent sessions and a growing chat, fully determined by a seed.
 
 Sizes are given in tokens of the simulator's pseudo-tokenizer, where a token is four bytes of the
 rendered prompt; the generated text is ASCII made of four-byte words, so a message of ``n`` tokens is
@@ -104,13 +104,13 @@ class Workload(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class AgentWorkloadConfig:
-    """Seed 2's synthetic Claude-Code-style sessions.
+    """Synthetic Claude-Code-style agent sessions, as the session-stickiness benchmark sent them.
 
     A system prompt shared by every session (``system_prompts`` distinct ones, sessions drawn among
     them, model the share of the prefix), a first message unique to the session, then ``rounds``
     follow-ups that each append the previous answer and ``round_tokens`` new tokens.  Every input
     size varies by up to ``jitter`` (a fraction) around its nominal value; each answer is between
-    ``min_output_tokens`` and ``max_output_tokens`` long (by default always seed 2's maximum, 256).
+    ``min_output_tokens`` and ``max_output_tokens`` long (by default always that benchmark's maximum, 256).
     Between rounds the agent pauses for its tools: uniformly between 0 and twice ``think_time_s``
     (drawn from a separate stream, so the pause never changes the prompts).
     """
@@ -123,9 +123,9 @@ class AgentWorkloadConfig:
     min_output_tokens: int = 256
     system_prompts: int = 1
     jitter: float = 0.1
-    # Seed 2 measured 2.71-2.83 of 4 replicas busy at 4 sessions: each session's replica idled ~30 %
-    # of a ~10 s round, i.e. ~3 s between a response's end and the next request (see
-    # docs/benchmarks.md).  0 gives a strict closed loop.
+    # The session-stickiness benchmark measured 2.71-2.83 of 4 replicas busy at 4 sessions: each
+    # session's replica idled ~30 % of a ~10 s round, i.e. ~3 s between a response's end and the next
+    # request (see docs/benchmarks.md).  0 gives a strict closed loop.
     think_time_s: float = 3.0
 
     def __post_init__(self) -> None:
@@ -219,9 +219,9 @@ class AgentWorkload:
 
 @dataclass(frozen=True, slots=True)
 class GrowingChatConfig:
-    """Seed 1's measurement: one conversation of ``first_tokens`` grown by ``turn_tokens`` per turn,
-    one token of output each, with an unrelated conversation of ``other_tokens`` sent after turn
-    ``other_after`` (0 to leave it out)."""
+    """The prefix-hashing design's measurement: one conversation of ``first_tokens`` grown by
+    ``turn_tokens`` per turn, one token of output each, with an unrelated conversation of
+    ``other_tokens`` sent after turn ``other_after`` (0 to leave it out)."""
 
     first_tokens: int = 5600
     turn_tokens: int = 190
@@ -246,8 +246,9 @@ class ChatStep:
 
 
 def growing_chat(config: GrowingChatConfig, seed: int = 0) -> list[ChatStep]:
-    """The requests of seed 1's table in the order they are sent.  Like seed 1's API calls they carry
-    no session id: only the prompt itself can keep a turn where its prefix is cached."""
+    """The requests of the growing-chat table in the order they are sent.  Like the prefix-hashing
+    design's API calls they carry no session id: only the prompt itself can keep a turn where its
+    prefix is cached."""
     rng = random.Random(f"kvroute-chat:{seed}")
     history: list[Message] = []
     steps: list[ChatStep] = []

@@ -1,32 +1,21 @@
 """Reading an engine's Prometheus exposition (vLLM names first) into the few figures routing uses.
 
 The probe scrapes ``/metrics`` every second on the router's own event loop, and a vLLM exposition
-is tens of kilobytes of histograms we do not need, so this is a single pass over the lines that
-looks only at the names below instead of a full Prometheus parse.
+is tens of kilobytes of histograms we do not need, so only the samples named in
+``fleet.metric_names`` are read.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
-# Each figure lists the names that carry it, preferred first: vLLM v1, older vLLM, then SGLang.
-_RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs")
-_WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs")
-_KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")
-_PREFIX_HITS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
-_PREFIX_QUERIES = ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")
-_PROMPT_TOKENS = ("vllm:prompt_tokens_total", "sglang:prompt_tokens_total")
-_GENERATION_TOKENS = ("vllm:generation_tokens_total", "sglang:generation_tokens_total")
-_START_TIME = ("process_start_time_seconds",)
-_CACHE_CONFIG = "vllm:cache_config_info"
+from kvroute.fleet import metric_names as names
+from kvroute.prometheus_text import parse_exposition
 
 _WANTED = frozenset(
-    (*_RUNNING, *_WAITING, *_KV_USAGE, *_PREFIX_HITS, *_PREFIX_QUERIES, *_PROMPT_TOKENS,
-     *_GENERATION_TOKENS, *_START_TIME, _CACHE_CONFIG)
+    (*names.RUNNING, *names.WAITING, *names.KV_USAGE, *names.PREFIX_HITS, *names.PREFIX_QUERIES,
+     *names.PROMPT_TOKENS, *names.GENERATION_TOKENS, names.START_TIME, names.CACHE_CONFIG_INFO)
 )
-_PREFIXES = tuple(sorted({name.split(":", 1)[0] for name in _WANTED}))
-_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,78 +43,42 @@ class EngineMetrics:
         return self.running is not None or self.waiting is not None
 
 
-def _sample(line: str) -> tuple[str, str, float] | None:
-    """Split ``name{labels} value [timestamp]`` into its parts; None for a line we cannot read."""
-    space = line.find(" ")
-    brace = line.find("{")
-    if brace != -1 and (space == -1 or brace < space):
-        close = line.rfind("}")
-        if close < brace:
-            return None
-        name, labels, rest = line[:brace], line[brace + 1 : close], line[close + 1 :]
-    elif space != -1:
-        name, labels, rest = line[:space], "", line[space:]
-    else:
-        return None
-    parts = rest.split()
-    if not parts:
-        return None
-    try:
-        return name, labels, float(parts[0])
-    except ValueError:
-        return None
-
-
-def parse_labels(labels: str) -> dict[str, str]:
-    """Parse the inside of ``{a="1",b="x"}`` into a dict, undoing Prometheus escapes."""
-    return {
-        k: v.replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\")
-        for k, v in _LABEL.findall(labels)
-    }
-
-
 def parse_vllm_metrics(text: str) -> EngineMetrics:
     """Read the figures routing needs from a Prometheus text exposition (vLLM, SGLang or any)."""
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
     cache_config: dict[str, str] = {}
-    for line in text.splitlines():
-        if not line.startswith(_PREFIXES):
+    for sample in parse_exposition(text, _WANTED, skip_unreadable=True):
+        name, value = sample.name, sample.value
+        if value != value:  # NaN carries no information
             continue
-        sample = _sample(line)
-        if sample is None:
-            continue
-        name, labels, value = sample
-        if name not in _WANTED or value != value:  # value != value: NaN carries no information
-            continue
-        if name == _CACHE_CONFIG:
-            cache_config.update(parse_labels(labels))
+        if name == names.CACHE_CONFIG_INFO:
+            cache_config.update(sample.labels)
             continue
         sums[name] = sums.get(name, 0.0) + value
         counts[name] = counts.get(name, 0) + 1
 
-    def first(names: tuple[str, ...]) -> float | None:
-        for name in names:
+    def first(figure: tuple[str, ...]) -> float | None:
+        for name in figure:
             if name in sums:
                 return sums[name]
         return None
 
-    def mean(names: tuple[str, ...]) -> float | None:
-        for name in names:
+    def mean(figure: tuple[str, ...]) -> float | None:
+        for name in figure:
             if name in sums:
                 return sums[name] / counts[name]
         return None
 
-    running, waiting = first(_RUNNING), first(_WAITING)
-    start = _START_TIME[0]
+    running, waiting = first(names.RUNNING), first(names.WAITING)
     return EngineMetrics(
         running=None if running is None else round(running),
         waiting=None if waiting is None else round(waiting),
-        kv_usage=mean(_KV_USAGE),
-        prefix_hits=first(_PREFIX_HITS),
-        prefix_queries=first(_PREFIX_QUERIES),
-        prompt_tokens=first(_PROMPT_TOKENS),
-        generation_tokens=first(_GENERATION_TOKENS),
-        process_start_time=sums[start] / counts[start] if start in sums else None,
+        kv_usage=mean(names.KV_USAGE),
+        prefix_hits=first(names.PREFIX_HITS),
+        prefix_queries=first(names.PREFIX_QUERIES),
+        prompt_tokens=first(names.PROMPT_TOKENS),
+        generation_tokens=first(names.GENERATION_TOKENS),
+        process_start_time=mean((names.START_TIME,)),
         cache_config=cache_config,
     )

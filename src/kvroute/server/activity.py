@@ -12,7 +12,7 @@ from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
-class RequestRecord:
+class RoutedRequest:
     """One finished (or failed) request as the router saw it."""
 
     time: float
@@ -37,10 +37,10 @@ class Activity:
     """Two bounded rings: recent requests (with their decision) and (time, ttfb) samples."""
 
     def __init__(self, *, max_requests: int = 200, max_ttfb_samples: int = 20_000) -> None:
-        self.requests: deque[RequestRecord] = deque(maxlen=max_requests)
+        self.requests: deque[RoutedRequest] = deque(maxlen=max_requests)
         self.ttfb: deque[tuple[float, float]] = deque(maxlen=max_ttfb_samples)
 
-    def record(self, request: RequestRecord) -> None:
+    def record(self, request: RoutedRequest) -> None:
         """Remember a finished request and its time to first byte."""
         self.requests.append(request)
         if request.ttfb_s is not None:

@@ -39,7 +39,7 @@ from kvroute.server.context import ROUTER, Router, RouteSync
 from kvroute.server.front import FrontRequest, FrontServer, Handler, ResponseWriter
 from kvroute.server.metrics import RouterMetrics
 from kvroute.server.proxy import JSON_HEADERS, Proxy, header_lines
-from kvroute.server.routes import ROUTES
+from kvroute.server.routes import HTTP_ROUTES
 from kvroute.server.upstream import Origin, UpstreamError, UpstreamPool
 from kvroute.sync.redis_bus import RedisBus
 
@@ -70,7 +70,7 @@ def _json(doc: Any, status: int = 200) -> web.Response:
 def front_handler(router: Router, proxy: Proxy, app_origin: Origin) -> Handler:
     """What the listening side does with each request: the inference routes are served here,
     everything else goes to the aiohttp application at ``app_origin``."""
-    routes = {route.path: route for route in ROUTES}
+    routes = {route.path: route for route in HTTP_ROUTES}
     failures = router.metrics.failures
     limit = router.settings.max_body_bytes
     too_large = f"request body larger than {limit} bytes"
@@ -213,7 +213,7 @@ async def _metrics(request: web.Request) -> web.Response:
 
 async def _not_found(request: web.Request) -> web.Response:
     """Anything else under /v1: 404 (405 for a known path with the wrong method), API-styled."""
-    for route in ROUTES:
+    for route in HTTP_ROUTES:
         if request.path == route.path:
             return _app_error(route.style, 405, f"{request.method} is not allowed on {route.path}; use POST")
     style: ApiStyle = "anthropic" if request.path.startswith("/v1/messages") else "openai"

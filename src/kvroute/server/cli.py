@@ -6,12 +6,12 @@ import asyncio
 import logging
 import shutil
 import signal
-from collections.abc import Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from kvroute.event_loop import run_event_loop
 from kvroute.routing.config import policies_help, settings_help
 
 if TYPE_CHECKING:
@@ -99,17 +99,6 @@ def serve(
             raise typer.Exit(code)
         return
     run_event_loop(_serve(settings))
-
-
-def run_event_loop(main: Coroutine[Any, Any, None]) -> None:
-    """Run ``main`` on uvloop when it is installed."""
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(main)
-        return
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(main)
 
 
 async def _serve(settings: Settings) -> None:

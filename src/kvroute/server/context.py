@@ -31,11 +31,6 @@ class RouteSync(Protocol):
 
     async def start(self, apply: Callable[[SyncRecord], None]) -> None: ...
 
-    @property
-    def scheduler(self) -> Scheduler:
-        """The routing scheduler behind the dispatch path."""
-        return self.dispatch.scheduler
-
     def publish(self, records: Sequence[SyncRecord]) -> None: ...
 
     async def stop(self) -> None: ...

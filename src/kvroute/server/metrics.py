@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
+from kvroute.fleet.metric_names import ROUTER_WORKER_PREFIX_HITS, ROUTER_WORKER_PREFIX_QUERIES
 from kvroute.fleet.registry import Registry
 
 TTFB_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -82,9 +83,10 @@ class _StateCollector(Collector):
                                     labels=["worker"])
         kv = GaugeMetricFamily("kvroute_worker_kv_cache_usage",
                                "vllm:kv_cache_usage_perc of the worker (fraction, 0-1)", labels=["worker"])
-        hits = CounterMetricFamily("kvroute_worker_prefix_cache_hits",
+        # CounterMetricFamily drops the names' "_total"; the samples get it back.
+        hits = CounterMetricFamily(ROUTER_WORKER_PREFIX_HITS,
                                    "vllm:prefix_cache_hits_total of the worker (tokens)", labels=["worker"])
-        queries = CounterMetricFamily("kvroute_worker_prefix_cache_queries",
+        queries = CounterMetricFamily(ROUTER_WORKER_PREFIX_QUERIES,
                                       "vllm:prefix_cache_queries_total of the worker (tokens)",
                                       labels=["worker"])
         for record in self._registry.records():

@@ -40,6 +40,7 @@ from typing import Any
 import orjson
 
 from kvroute.config import Settings
+from kvroute.event_loop import run_event_loop
 from kvroute.sync.private_redis import PrivateRedis, exit_with_parent
 from kvroute.sync.redis_bus import redact_url
 
@@ -286,8 +287,6 @@ def child_main(argv: list[str]) -> None:
     logging.basicConfig(level=str(spec["log_level"]).upper(),
                         format=f"%(asctime)s %(levelname)s %(name)s[{index}]: %(message)s")
     settings = Settings.from_dict(spec["settings"])
-    from kvroute.server.cli import run_event_loop
-
     run_event_loop(_serve_child(settings, run_dir, index, int(spec["processes"]), restarted))
 
 

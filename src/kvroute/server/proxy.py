@@ -20,7 +20,7 @@ from kvroute.routing.decision import Decision
 from kvroute.routing.dispatch import InFlight
 from kvroute.routing.key import RoutingKey
 from kvroute.routing.worker import WorkerState
-from kvroute.server.activity import RequestRecord
+from kvroute.server.activity import RoutedRequest
 from kvroute.server.context import Router
 from kvroute.server.front import FrontRequest, ResponseWriter
 from kvroute.server.routes import Route
@@ -251,7 +251,7 @@ class Proxy:
                 message = f"every worker tried failed ({attempts} attempts, last: {failure})"
             writer.respond(status, JSON_HEADERS + b"retry-after: 1\r\n",
                            error_body(route.style, status, message))
-        r.activity.record(RequestRecord(
+        r.activity.record(RoutedRequest(
             time=time.time(), route=route.name, model=key.model, worker=worker,
             kind=decision.kind.value if decision is not None else "no_worker",
             reason=decision.reason if decision is not None else "", matched_blocks=0,
@@ -334,7 +334,7 @@ class Proxy:
             usage.finish()
         r.dispatch.finished(flight, ok=ok, prompt_tokens=usage.prompt_tokens if ok else None,
                             cached_tokens=usage.cached_tokens if ok else None, streamed=sse)
-        r.activity.record(RequestRecord(
+        r.activity.record(RoutedRequest(
             time=time.time(), route=route.name, model=key.model, worker=state.id,
             kind=decision.kind.value, reason=decision.reason, matched_blocks=decision.matched_blocks,
             total_blocks=decision.total_blocks, attempts=attempts, status=status,

@@ -22,7 +22,7 @@ class Route:
         return self.style == "anthropic" or self.name == "responses"
 
 
-ROUTES: tuple[Route, ...] = (
+HTTP_ROUTES: tuple[Route, ...] = (
     Route("chat", "/v1/chat/completions", "openai"),
     Route("completions", "/v1/completions", "openai"),
     Route("messages", "/v1/messages", "anthropic"),

@@ -32,7 +32,8 @@ _TAIL_BYTES = 512
 
 
 class Corruption(Enum):
-    """The silent failure modes seed 1 warns about: empty content, or a run of ``!``."""
+    """The silent failure modes upstream vLLM has shown with experimental prefix caching: empty content,
+    or a run of ``!``."""
 
     EMPTY = "empty"
     BANGS = "bangs"

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
+from kvroute.event_loop import run_event_loop
 from kvroute.sim.faults import Fault
 from kvroute.sim.presets import PRESETS
 
@@ -99,13 +100,8 @@ def sim(
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--fault") from None
     try:
-        import uvloop
-        runner: Any = uvloop.run
-    except ImportError:
-        runner = asyncio.run
-    try:
         with contextlib.suppress(KeyboardInterrupt):
-            runner(_serve(preset, replicas, host, port, speed, served_model_name, faults, overrides))
+            run_event_loop(_serve(preset, replicas, host, port, speed, served_model_name, faults, overrides))
     except (ValueError, TypeError, KeyError) as exc:
         typer.echo(f"error: {exc.args[0] if exc.args else exc}", err=True)
         raise typer.Exit(2) from None

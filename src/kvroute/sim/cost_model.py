@@ -9,8 +9,8 @@
   produce one token, reading ``decode_context`` cached tokens in total.
 
 ``request_overhead_s`` is not engine time: it is the fixed per-request cost that a client measures
-on top of the engine (API gateway, network, tokenization), which seed 1's end-to-end timings
-include.  Callers add it before handing a request to the engine.
+on top of the engine (API gateway, network, tokenization), which the prefix-hashing design's
+end-to-end timings include.  Callers add it before handing a request to the engine.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ The caller owns time.  API::
     engine.add_request(req: SimRequest, now: float) -> None          # raises ValueError if it can't fit
     engine.abort(request_id: str, now: float) -> bool                 # True if it was in the engine
     engine.has_work() -> bool                                         # anything running or waiting
-    engine.step(now: float) -> StepResult                             # one scheduler iteration
+    engine.step(now: float) -> EngineStep                             # one scheduler iteration
     engine.restart(now: float) -> list[str]                           # ids of requests dropped
     engine.snapshot() -> EngineSnapshot                               # counters and gauges
 
@@ -169,7 +169,7 @@ class EngineEvent:
 
 
 @dataclass(frozen=True, slots=True)
-class StepResult:
+class EngineStep:
     """One scheduler iteration: its model-time duration and what the caller must deliver after it."""
 
     duration_s: float
@@ -309,7 +309,7 @@ class EngineModel:
 
     # ------------------------------------------------------------------------------ the step
 
-    def step(self, now: float) -> StepResult:
+    def step(self, now: float) -> EngineStep:
         """Schedule and run one iteration starting at model time ``now``."""
         cfg = self.config
         events: list[EngineEvent] = []
@@ -340,7 +340,7 @@ class EngineModel:
         work = self._work(scheduled)
         duration = cfg.cost.step_seconds(work)
         self._apply(scheduled, now + duration, events)
-        return StepResult(duration, events, work)
+        return EngineStep(duration, events, work)
 
     def _admit(self, budget: int, scheduled: list[tuple[_Seq, int]], events: list[EngineEvent],
                now: float) -> int:

@@ -4,7 +4,8 @@ A preset is a recipe rather than a fixed config: the KV pool (``num_gpu_blocks``
 memory budget, the KV bytes per token for the chosen ``kv_cache_dtype`` and the block size, so that
 overriding the dtype or the block size changes the pool the way it would on the real card.  For the
 hybrid preset the block size itself follows from the dtype (vLLM sizes the attention page to match
-the Mamba state page: 1600 tokens with fp8, 800 without, as seed 1's workers reported), and so does
+the Mamba state page: 1600 tokens with fp8, 800 without, as the prefix-hashing design's hybrid
+workers reported), and so does
 the number of Mamba state blocks.
 """
 
@@ -28,7 +29,6 @@ class Preset:
 
     name: str
     model: str
-    description: str
     kv_budget_bytes: int
     kv_bytes_per_token: int          # with kv_cache_dtype "auto" (bf16); fp8 halves it
     cost: CostModel
@@ -70,7 +70,8 @@ PRESETS: dict[str, Preset] = {
         Preset(
             name="a4000-qwen3-4b",
             model="qwen3-4b",
-            description="Qwen3-4B-Instruct-2507 bf16 on one 16 GiB RTX A4000 (seed 2's replicas)",
+            # Qwen3-4B-Instruct-2507 bf16 on one 16 GiB RTX A4000 (the session-stickiness benchmark's
+            # replicas).
             # ~6 GB left for KV after weights and activations; 36 layers x 8 KV heads x 128 dims
             # x 2 (K,V) x 2 bytes = 144 KiB per token -> ~40k tokens.
             kv_budget_bytes=6 * 10**9,
@@ -82,7 +83,7 @@ PRESETS: dict[str, Preset] = {
         Preset(
             name="dense-3b",
             model="qwen3-3b",
-            description="seed 1's dense 3B model (enable_prefix_caching=True by default)",
+            # The prefix-hashing design's dense 3B model (enable_prefix_caching=True by default).
             # 36 layers x 2 KV heads x 128 dims x 2 x 2 bytes = 36 KiB per token, ~10 GiB of KV.
             kv_budget_bytes=10 * _GIB,
             kv_bytes_per_token=36_864,
@@ -93,8 +94,8 @@ PRESETS: dict[str, Preset] = {
         Preset(
             name="hybrid-27b",
             model="qwen3.8-27b",
-            description="seed 1's hybrid 27B (16 attention + 48 Gated DeltaNet layers); prefix "
-                        "caching off by default, as vLLM does for hybrid models",
+            # The prefix-hashing design's hybrid 27B (16 attention + 48 Gated DeltaNet layers); prefix
+            # caching off by default, as vLLM does for hybrid models.
             # 16 attention layers x 4 KV heads x 256 dims x 2 x 2 bytes = 64 KiB per token (bf16).
             kv_budget_bytes=8 * _GIB,
             kv_bytes_per_token=65_536,

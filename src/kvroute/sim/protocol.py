@@ -1,7 +1,7 @@
 """Request parsing and response bodies of the simulator's vLLM-compatible endpoints.
 
 Three APIs share one engine: OpenAI chat completions, OpenAI completions and Anthropic messages.
-:func:`parse_request` turns a body into a :class:`GenerationRequest` (raising ``ApiError`` with
+:func:`parse_generation_request` turns a body into a :class:`GenerationRequest` (raising ``ApiError`` with
 vLLM's messages for bad input); :class:`Reply` renders the final JSON or the stream events of each
 API from the engine's token stream.
 """
@@ -50,7 +50,7 @@ def _positive_int(body: Mapping[str, Any], *names: str) -> int | None:
     return None
 
 
-def parse_request(api: Api, body: Any, served_model: str) -> GenerationRequest:
+def parse_generation_request(api: Api, body: Any, served_model: str) -> GenerationRequest:
     """Validate a request body and render its prompt; ``ApiError`` (400/404) on bad input."""
     if not isinstance(body, dict):
         raise ApiError(400, "The request body must be a JSON object.")

@@ -42,7 +42,7 @@ from kvroute.sim.engine import EngineConfig, EngineEvent, EngineModel, EventKind
 from kvroute.sim.faults import Fault, FaultSet
 from kvroute.sim.metrics import render_metrics
 from kvroute.sim.presets import build_config
-from kvroute.sim.protocol import Api, GenerationRequest, Reply, parse_request
+from kvroute.sim.protocol import Api, GenerationRequest, Reply, parse_generation_request
 from kvroute.sim.tokenizer import (
     RenderError,
     count_tokens,
@@ -215,7 +215,7 @@ class SimReplica:
             body = await _read_json(request)
             if self.down:
                 raise ApiError(503, "The engine is restarting.")
-            g = parse_request(api, body, self.served_model)
+            g = parse_generation_request(api, body, self.served_model)
             limit = g.max_tokens if g.max_tokens is not None else self.config.max_model_len - g.prompt_tokens
             message = self.config.context_error(g.prompt_tokens, g.max_tokens or 0)
             if message or limit < 1:

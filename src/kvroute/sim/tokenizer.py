@@ -11,9 +11,9 @@ assistant message.  The assistant header is padded with spaces so that the assis
 starts on a 4-byte (token) boundary; generated text therefore tokenizes the same way in the reply
 and when the client sends it back in the next turn, and its KV blocks can be reused like vLLM's.
 
-Block hashes are computed straight from byte slices (block ``i`` is
-``data[i*T*4:(i+1)*T*4]`` for ``T`` tokens per block), chained with xxh3_64 and seeded by the
-model name and ``cache_salt`` — no per-token Python objects on the hot path.
+The engine hashes blocks straight from byte slices (block ``i`` is ``data[i*T*4:(i+1)*T*4]`` for
+``T`` tokens per block), chained with xxh3_64 from ``hash_seed`` (model name and ``cache_salt``) —
+no per-token Python objects on the hot path.
 """
 
 from __future__ import annotations
@@ -43,26 +43,6 @@ def count_tokens(data: bytes) -> int:
 def hash_seed(model: str, cache_salt: str | None = None) -> int:
     """Seed of the block-hash chain: requests that may not share a cache never share a hash."""
     return xxhash.xxh3_64_intdigest(f"{model}\x00{cache_salt or ''}".encode())
-
-
-def block_hashes(data: bytes, block_tokens: int, seed: int, limit: int | None = None) -> list[int]:
-    """Chained xxh3_64 hashes of the full blocks of ``data`` (``block_tokens`` tokens each).
-
-    ``h(i) = xxh3_64(block i, seed=h(i-1))`` with ``h(-1) = seed``; a partial last block is not
-    hashed.  ``limit`` caps the number of blocks hashed.
-    """
-    width = block_tokens * BYTES_PER_TOKEN
-    n = len(data) // width
-    if limit is not None:
-        n = min(n, limit)
-    out: list[int] = []
-    h = seed
-    view = memoryview(data)
-    digest = xxhash.xxh3_64_intdigest
-    for i in range(n):
-        h = digest(view[i * width:(i + 1) * width], seed=h)
-        out.append(h)
-    return out
 
 
 def token_ids(data: bytes) -> list[int]:

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from itertools import chain
 from typing import Any
 
-from kvroute.server.activity import RequestRecord
+from kvroute.server.activity import RoutedRequest
 from kvroute.server.context import Router
 from kvroute.server.dashboard.snapshot import FleetView
 
@@ -35,7 +35,7 @@ def activity_json(router: Router) -> dict[str, Any]:
 
 @dataclasses.dataclass(slots=True)
 class _Activity:
-    requests: list[RequestRecord]
+    requests: list[RoutedRequest]
     ttfb: list[tuple[float, float]]
     inflight: dict[str, int]
     counts: dict[str, Counter[str]]
@@ -46,7 +46,7 @@ def _parse(doc: Mapping[str, Any]) -> _Activity:
     workers = doc["workers"]
     counts = {str(w): Counter({str(k): int(n) for k, n in v["requests"].items()}) for w, v in workers.items()}
     return _Activity(
-        requests=[RequestRecord(**r) for r in doc["requests"]],
+        requests=[RoutedRequest(**r) for r in doc["requests"]],
         ttfb=[(float(t), float(v)) for t, v in doc["ttfb"]],
         inflight={str(w): int(v["inflight"]) for w, v in workers.items()},
         counts=counts,

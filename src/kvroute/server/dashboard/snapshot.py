@@ -16,7 +16,7 @@ from kvroute.routing.config import ModelPolicy, RoutingConfig
 from kvroute.routing.decision import DecisionKind
 from kvroute.routing.policies import policy_named
 from kvroute.routing.view import Signal
-from kvroute.server.activity import RequestRecord
+from kvroute.server.activity import RoutedRequest
 from kvroute.server.dashboard.series import Window, choose_window, latency_percentiles, token_rates
 
 # Workers whose /v1/models has not been read yet (and that declared none) are listed under this.
@@ -31,7 +31,7 @@ class FleetView:
     records: list[WorkerRecord]
     scheduler_stats: Mapping[str, Any]
     routing: RoutingConfig
-    requests: Iterable[RequestRecord]
+    requests: Iterable[RoutedRequest]
     ttfb: Iterable[tuple[float, float]]
 
 
@@ -184,7 +184,7 @@ def _share(part: float | None, whole: float | None) -> float | None:
     return part / whole
 
 
-def _decision(r: RequestRecord) -> dict[str, Any]:
+def _decision(r: RoutedRequest) -> dict[str, Any]:
     return {
         "time": r.time,
         "route": r.route,

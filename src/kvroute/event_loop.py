@@ -1,0 +1,22 @@
+"""Running kvroute's long-lived coroutines: one place decides which event loop they get."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def run_event_loop(main: Coroutine[Any, Any, T]) -> T:
+    """Run ``main`` to completion on uvloop when it is installed, else on asyncio's default loop.
+
+    uvloop is the faster loop, but it is not installed on Windows (see pyproject's dependencies).
+    """
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(main)
