@@ -90,3 +90,8 @@ async def run_claude(binary: Path, args: list[str], *, base_url: str, home: Path
         await proc.wait()
         raise
     return Turn(proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace"))
+
+
+if __name__ == "__main__":
+    # `.ci/run` calls this before the tests, so that the test itself finds the CLI ready.
+    print(find_claude() or install_claude())
