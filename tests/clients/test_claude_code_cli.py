@@ -10,6 +10,7 @@ counters, never timing.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from claude_cli import run_claude
@@ -29,7 +30,7 @@ def engine_counts(fleet: SimFleet) -> list[tuple[int, int, int]]:
 
 
 async def test_claude_code_two_turns_on_one_replica_with_the_second_from_cache(
-        sim_fleet, claude_bin: Path, tmp_path: Path) -> None:
+        sim_fleet: Callable[..., Awaitable[SimFleet]], claude_bin: Path, tmp_path: Path) -> None:
     fleet = await sim_fleet(4, speed=50.0, model=MODEL)
     settings = Settings.from_dict({"probe_interval_s": 0.2}).replace(
         workers=tuple(parse_worker_spec(u) for u in fleet.urls))

@@ -4,10 +4,16 @@ and keeps every follow-up at home (`api/requests.py`, docs/routing.md)."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import openai
 import pytest
 
 from kvroute.server.app import RunningRouter
+from kvroute.sim.server import SimFleet
+
+MakeFleet = Callable[..., Awaitable[SimFleet]]
+MakeRouter = Callable[..., Awaitable[RunningRouter]]
 
 MODEL = "qwen3-4b"
 SYSTEM = "You are a careful assistant for a team of engineers. Follow the house style. " * 30
@@ -19,8 +25,8 @@ TOOLS = [{"type": "function", "function": {"name": f"tool_{i}", "description": "
 
 async def ask(client: openai.AsyncOpenAI, messages: list[dict[str, str]], **extra: object) -> tuple[str, str]:
     """One chat turn; the reply and the replica that served it (``x-kvroute-worker``)."""
-    raw = await client.chat.completions.with_raw_response.create(
-        model=MODEL, messages=messages, max_tokens=8, **extra)  # type: ignore[arg-type]
+    raw = await client.chat.completions.with_raw_response.create(  # type: ignore[call-overload]
+        model=MODEL, messages=messages, max_tokens=8, **extra)
     return raw.parse().choices[0].message.content or "", raw.headers["x-kvroute-worker"]
 
 
@@ -43,8 +49,8 @@ async def conversations(r: RunningRouter, n: int, *, system: str, **extra: objec
 
 
 @pytest.mark.parametrize(("n", "tools"), [(4, False), (8, True)])
-async def test_new_conversations_without_ids_spread_and_follow_ups_stay(sim_fleet, router, n: int,
-                                                                       tools: bool) -> None:
+async def test_new_conversations_without_ids_spread_and_follow_ups_stay(
+        sim_fleet: MakeFleet, router: MakeRouter, n: int, tools: bool) -> None:
     fleet = await sim_fleet(4, speed=50.0)
     r = await router(fleet.urls)
     placed = await conversations(r, n, system=SYSTEM, **({"tools": TOOLS} if tools else {}))
@@ -54,7 +60,7 @@ async def test_new_conversations_without_ids_spread_and_follow_ups_stay(sim_flee
     assert r.scheduler.stats()["sessions"] == n
 
 
-async def test_the_derived_identity_can_be_switched_off(sim_fleet, router) -> None:
+async def test_the_derived_identity_can_be_switched_off(sim_fleet: MakeFleet, router: MakeRouter) -> None:
     """``[requests] derive_conversation_id = false``: requests without an id are placements again
     (before this switch existed, these four all landed on the first replica)."""
     fleet = await sim_fleet(4, speed=50.0)
