@@ -67,3 +67,18 @@ async def test_the_derived_identity_can_be_switched_off(sim_fleet: MakeFleet, ro
     r = await router(fleet.urls, requests={"derive_conversation_id": False})
     placed = await conversations(r, 4, system=SYSTEM)
     assert len(placed) == 4 and r.scheduler.stats()["sessions"] == 0
+
+
+@pytest.mark.parametrize("header", ["session_id", "session-id", "x-session-id"])
+async def test_agent_session_headers_pass_the_listening_side(sim_fleet: MakeFleet, router: MakeRouter,
+                                                             header: str) -> None:
+    """Codex's ``session_id`` (an underscore: some proxies drop such headers, the router must not),
+    its ``session-id`` spelling and OpenCode's ``x-session-id`` bind prompts that share nothing."""
+    fleet = await sim_fleet(4, speed=50.0)
+    r = await router(fleet.urls, policy="session")
+    client = openai.AsyncOpenAI(base_url=r.url + "/v1", api_key="sk-test", max_retries=0,
+                                default_headers={header: "codex-0f4c2b1e"})
+    async with client:
+        homes = {(await ask(client, [{"role": "user", "content": f"unrelated prompt {i} " * 50}]))[1]
+                 for i in range(4)}
+    assert len(homes) == 1 and r.scheduler.stats()["sessions"] == 1
