@@ -17,7 +17,7 @@ MakeRouter = Callable[..., Awaitable[RunningRouter]]
 
 MODEL = "qwen3-4b"
 SYSTEM = "You are a careful assistant for a team of engineers. Follow the house style. " * 30
-# Claude-Code-sized shared head: ~27 KB of system prompt and ~82 KB of tools (docs/routing.md).
+# ~82 KB of tool definitions: with SYSTEM * 12, a Claude-Code-sized shared head (docs/routing.md).
 TOOLS = [{"type": "function", "function": {"name": f"tool_{i}", "description": "Does one thing. " * 320,
                                            "parameters": {"type": "object", "properties": {}}}}
          for i in range(16)]
@@ -53,7 +53,9 @@ async def test_new_conversations_without_ids_spread_and_follow_ups_stay(
         sim_fleet: MakeFleet, router: MakeRouter, n: int, tools: bool) -> None:
     fleet = await sim_fleet(4, speed=50.0)
     r = await router(fleet.urls)
-    placed = await conversations(r, n, system=SYSTEM, **({"tools": TOOLS} if tools else {}))
+    # With tools, a Claude-Code-sized head: ~28 KB of system prompt and ~82 KB of tools.
+    system, extra = (SYSTEM * 12, {"tools": TOOLS}) if tools else (SYSTEM, {})
+    placed = await conversations(r, n, system=system, **extra)
     assert len({first for first, _ in placed}) >= 3, placed
     assert all(first == again for first, again in placed), placed
     # The dashboard's and the metrics' session counts see them too.
