@@ -5,6 +5,7 @@
     python benchmarks/ab_seeds.py --policies auto --set backlog_weight=1 --set session_spread=0
     python benchmarks/ab_seeds.py --policies auto,vllm-sll --versus vllm-sll --steps 4,8,16,32
     python benchmarks/ab_seeds.py --policies auto,vllm-sll --versus vllm-sll --router-clock 0.1
+    python benchmarks/ab_seeds.py --policies auto,auto/no-id --versus auto --steps 4,8,16
 
 One seed's table (benchmarks/ab_policies.py) moves by a few tenths of a second between seeds at
 16-32 sessions, more than most differences between policies there; this averages them.  Each
@@ -15,6 +16,8 @@ and in how many seeds it was lower), which is what tells a real gap from seed no
 prints every seed's p50 / p95.  ``--router-clock 0.1`` runs the router's clock (and the TTFTs it
 is told) at a tenth of the engines' model time, which is what kvroute sees behind replicas simulated
 at ``--speed 10`` over HTTP (benchmarks/peers.py): engines ten times faster than its clock.
+A policy written ``P/no-id`` runs ``P`` on the same sessions sent without any session header (the
+router then derives each conversation's identity from its prompt).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from peer_policies import cluster_for
+from peers.workload import KeyedWorkload
 
 from kvroute.bench.cluster import EPOCH, ClusterConfig, VirtualCluster
 from kvroute.bench.results import StepResult
@@ -57,10 +61,12 @@ def _slow_router_clock(cluster: VirtualCluster, scale: float) -> None:
 
 def _run(job: tuple[str, dict[str, Any], int, float, list[int], float, float]) -> list[StepResult]:
     policy, fields, seed, think, steps, duration, clock = job
-    cluster = cluster_for(ClusterConfig(policy=fields), policy)
+    name, _, variant = policy.partition("/")
+    cluster = cluster_for(ClusterConfig(policy=fields), name)
     if clock != 1.0:
         _slow_router_clock(cluster, clock)
-    workload = AgentWorkload(AgentWorkloadConfig(think_time_s=think), seed)
+    agents = AgentWorkload(AgentWorkloadConfig(think_time_s=think), seed)
+    workload = KeyedWorkload(agents, with_ids=False) if variant == "no-id" else agents
     return cluster.run(workload, steps, duration).steps
 
 
@@ -92,6 +98,8 @@ def main() -> int:
     policies = [p for p in args.policies.split(",") if p]
     if args.versus is not None and args.versus not in policies:
         parser.error("--versus must be one of --policies")
+    if any(p.partition("/")[2] not in ("", "no-id") for p in policies):
+        parser.error("a policy's only variant is P/no-id")
     seeds, steps = _seeds(args.seeds), [int(s) for s in args.steps.split(",")]
     if not args.router_clock > 0:
         parser.error("--router-clock must be positive")

@@ -164,12 +164,29 @@ def user_id_json(session: str) -> str:
         ({}, {"metadata": {"user_id": "{not json"}}, None),
         ({}, {"metadata": {"user_id": 42}}, None),
         ({"x-session-id": "  "}, {}, None),
+        ({"session_id": "codex"}, {"prompt_cache_key": "pck"}, "codex"),
+        ({"Session-Id": "codex2"}, {"prompt_cache_key": "pck"}, "codex2"),
+        ({"x-session-id": "xs", "session_id": "codex"}, {}, "xs"),
         ({}, {}, None),
     ],
 )
 def test_session_id_order(headers: dict[str, str], body_extra: dict[str, Any], expected: str | None) -> None:
     body = anthropic({"role": "user", "content": "x"}, **body_extra)
-    assert parse_request("messages", body, headers).session_id == expected
+    sent_only = RequestOptions(derive_conversation_id=False)
+    assert parse_request("messages", body, headers, sent_only).session_id == expected
+    derived = parse_request("messages", body, headers).session_id
+    assert derived == expected if expected is not None else derived.startswith("conv:")
+
+
+def test_a_claude_code_subagent_is_a_conversation_of_its_own() -> None:
+    body = anthropic({"role": "user", "content": "x"})
+    parent = {"X-Claude-Code-Session-Id": SID}
+    sub = {**parent, "x-claude-code-agent-id": "a1e3e86d28fbf4fcf",
+           "x-claude-code-parent-agent-id": "p0"}
+    assert parse_request("messages", body, parent).session_id == SID
+    assert parse_request("messages", body, sub).session_id == f"{SID}/agent:a1e3e86d28fbf4fcf"
+    with_parent = RequestOptions(agent_headers=())
+    assert parse_request("messages", body, sub, with_parent).session_id == SID
 
 
 def test_session_headers_are_case_insensitive_in_every_mapping() -> None:
@@ -186,10 +203,100 @@ def test_extra_session_sources_are_configurable() -> None:
     assert parse_request("chat", body, {"x-conversation": "conv"}, options).session_id == "conv"
     assert parse_request("chat", body, {}, options).session_id == "th"
     assert parse_request("chat", {**body, "user": "u1"}, {}, options).session_id == "u1"
-    only = RequestOptions(session_sources=("field:prompt_cache_key",))
+    only = RequestOptions(session_sources=("field:prompt_cache_key",), derive_conversation_id=False)
     assert parse_request("chat", body, {"x-session-id": "ignored"}, only).session_id is None
     with pytest.raises(ValueError):
         RequestOptions(session_sources=("cookie:sid",))
+
+
+# --- a conversation's identity without a session id -------------------------------------------
+
+@pytest.mark.parametrize("route", ["chat", "messages", "responses"])
+def test_derived_identity_is_the_same_on_every_turn(route: str) -> None:
+    a, b = grown(route)
+    ka, kb = parse_request(route, a, {}), parse_request(route, b, {})
+    assert ka.session_id is not None and ka.session_id.startswith("conv:")
+    assert ka.session_id == kb.session_id
+
+
+def test_derived_identity_tells_conversations_apart_by_their_first_own_message() -> None:
+    system = {"role": "system", "content": "You are a coding agent. " * 200}
+
+    def first(text: str, head: dict[str, Any] = system) -> str | None:
+        return parse_request("chat", chat(head, {"role": "user", "content": text}, tools=TOOLS_OPENAI),
+                             {}).session_id
+
+    # A first message shorter than one 512-byte block still tells two conversations apart.
+    assert first("fix the parser") != first("fix the lexer")
+    # The same first message under another app's head is another conversation...
+    assert first("hi") != first("hi", {"role": "system", "content": "Another app."})
+    # ...and under the same head the same conversation (the documented limit).
+    assert first("hi") == first("hi")
+    # Leading system messages are head; the first non-system message is the conversation's own.
+    assert parse_request("chat", chat(system), {}).session_id is None
+    two_systems = chat(system, {"role": "developer", "content": "d"}, {"role": "user", "content": "q"})
+    grown_two = chat(*two_systems["messages"], {"role": "assistant", "content": "a"},
+                     {"role": "user", "content": "q2"})
+    same = parse_request("chat", grown_two, {}).session_id
+    assert parse_request("chat", two_systems, {}).session_id == same
+
+
+def test_a_sent_session_id_wins_and_derivation_can_be_switched_off() -> None:
+    body = chat({"role": "user", "content": "x"})
+    assert parse_request("chat", body, {"x-session-id": "s"}).session_id == "s"
+    off = RequestOptions(derive_conversation_id=False)
+    assert parse_request("chat", body, {}, off).session_id is None
+    with pytest.raises(ValueError):
+        RequestOptions(derive_conversation_id="yes")  # type: ignore[arg-type]
+
+
+def test_requests_without_conversation_structure_get_no_derived_identity() -> None:
+    assert parse_request("completions", {"model": "m", "prompt": "Once"}, {}).session_id is None
+    assert parse_request("embeddings", {"model": "e", "input": "a"}, {}).session_id is None
+    count = {"model": "claude", "messages": [{"role": "user", "content": "x"}]}
+    assert parse_request("count_tokens", count, {}).session_id is None
+    assert parse_request("responses", {"model": "m", "input": "q"}, {}).session_id is not None
+
+
+# --- Claude Code's request shape (2.1.x): inline system messages, attribution block ----------
+
+def claude_code_turns() -> tuple[dict[str, Any], dict[str, Any]]:
+    """Turn 1 and turn 2 shaped as Claude Code 2.1.332 sends them in ``-p`` / ``-p --continue``."""
+    def system(cch: str) -> list[dict[str, Any]]:
+        return [{"type": "text", "text": f"x-anthropic-billing-header: cc_version=2.1.332; cch={cch};"},
+                {"type": "text", "text": "You are a Claude agent.", "cache_control": {"type": "ephemeral"}},
+                {"type": "text", "text": "Instructions. " * 400, "cache_control": {"type": "ephemeral"}}]
+    env = "# Environment\nPrimary working directory: /tmp/p\n" * 20
+    extra = {"thinking": {"type": "adaptive", "display": "omitted"}, "output_config": {"effort": "high"},
+             "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}}
+    first_user = {"role": "user", "content": [
+        {"type": "text", "text": "<system-reminder>ctx</system-reminder>"},
+        {"type": "text", "text": "say hi"}]}
+    one = anthropic(first_user, {"role": "system", "content": [
+        {"type": "text", "text": env, "cache_control": {"type": "ephemeral"}}]},
+        system=system("aaaa1"), tools=TOOLS_ANTHROPIC, **extra)
+    two = anthropic(first_user, {"role": "system", "content": env},
+                    {"role": "assistant", "content": [{"type": "text", "text": "hi there"}]},
+                    {"role": "user", "content": [{"type": "text", "text": "and now bye",
+                                                  "cache_control": {"type": "ephemeral"}}]},
+                    system=system("bbbb2"), tools=TOOLS_ANTHROPIC, **extra)
+    return one, two
+
+
+def test_claude_code_turns_are_prefix_stable_and_one_conversation() -> None:
+    one, two = claude_code_turns()
+    k1, k2 = parse_request("messages", one, {}), parse_request("messages", two, {})
+    # The per-request attribution hash is not part of the prompt...
+    assert b"billing" not in k1.prefix and b"aaaa1" not in k1.prefix
+    # ...the mid-conversation system message stays where it was sent...
+    assert k1.prefix.index(b"say hi") < k1.prefix.index(b"# Environment")
+    # ...so turn 2 starts with turn 1's bytes, and both are one conversation.
+    assert k2.prefix.startswith(k1.prefix) and len(k2.prefix) > len(k1.prefix)
+    assert k1.session_id == k2.session_id and k1.session_id is not None
+    # A new system message in a later turn changes nothing before it.
+    three = copy.deepcopy(two)
+    three["messages"].append({"role": "system", "content": "reminder"})
+    assert parse_request("messages", three, {}).prefix.startswith(k2.prefix)
 
 
 # --- bad input ---------------------------------------------------------------------------------

@@ -110,6 +110,39 @@ async def test_anthropic_sdk_messages_and_event_sequence(fleet: SimFleet,
     assert events[-3:] == ["content_block_stop", "message_delta", "message_stop"]
 
 
+async def test_messages_accept_what_vllm_accepts_from_claude_code(fleet: SimFleet) -> None:
+    """Claude Code 2.1.x: a system message after the first user turn, fields vLLM's model does not
+    declare (ignored), max_tokens beyond the context (capped), an attribution block per request."""
+    client = anthropic.AsyncAnthropic(base_url=fleet.urls[0], api_key="sk-sim", max_retries=0)
+    env = prose(1500, 7)
+
+    def system(cch: str) -> list[dict[str, Any]]:
+        return [{"type": "text", "text": f"x-anthropic-billing-header: cc_version=2.1.332; cch={cch};"},
+                {"type": "text", "text": prose(2000, 5), "cache_control": {"type": "ephemeral"}}]
+    extra = {"thinking": {"type": "adaptive", "display": "omitted"}, "output_config": {"effort": "high"},
+             "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}}
+    first = {"role": "user", "content": [{"type": "text", "text": prose(400, 9)}]}
+
+    async def send(cch: str, messages: list[dict[str, Any]]) -> anthropic.types.Message:
+        # Claude Code streams; the SDK refuses max_tokens=32000 without streaming.
+        async with client.messages.stream(model=MODEL, max_tokens=32000, system=system(cch),  # type: ignore[arg-type]
+                                          extra_body=extra, messages=messages) as stream:  # type: ignore[arg-type]
+            return await stream.get_final_message()
+
+    one = await send("a1", [first, {"role": "system", "content": [
+        {"type": "text", "text": env, "cache_control": {"type": "ephemeral"}}]}])
+    reply = one.content[0].text  # type: ignore[union-attr]
+    assert reply and one.usage.input_tokens > 900
+    two = await send("b2", [first, {"role": "system", "content": env},
+                            {"role": "assistant", "content": reply}, {"role": "user", "content": "and now?"},
+                            {"role": "system", "content": "a new reminder"}])
+    # The second turn renders as the first turn, its reply and more: all of turn 1 is cached
+    # (up to the last partial block), although the attribution hash and the system message's
+    # shape changed.
+    prompt_two = two.usage.input_tokens + (two.usage.cache_read_input_tokens or 0)
+    assert (two.usage.cache_read_input_tokens or 0) >= 0.9 * prompt_two
+
+
 async def test_metrics_parse_and_agree_with_usage(fleet: SimFleet, http: aiohttp.ClientSession) -> None:
     url = fleet.urls[1]
     client = oai(url)
@@ -155,8 +188,16 @@ async def test_metrics_parse_and_agree_with_usage(fleet: SimFleet, http: aiohttp
     ("/v1/chat/completions", b'{"model": "qwen3-3b"}', 400, "messages"),
     ("/v1/chat/completions", b'{"model": "other", "messages": [{"role": "user", "content": "x"}]}', 404,
      "does not exist"),
-    ("/v1/completions", b'{"model": "qwen3-3b", "prompt": "x", "max_tokens": 40000}', 400,
+    ("/v1/completions", b'{"model": "qwen3-3b", "prompt": "' + b"x" * 140_000 + b'", "max_tokens": 4}', 400,
      "maximum context length is 32768 tokens"),
+    ("/v1/messages", b'{"model": "qwen3-3b", "max_tokens": 9, "messages": [{"role": "tool", '
+     b'"content": "x"}]}', 400, "role must be 'user', 'assistant' or 'system'"),
+    ("/v1/messages", b'{"model": "qwen3-3b", "max_tokens": 2000, "thinking": {"type": "enabled", '
+     b'"budget_tokens": 4096}, "messages": [{"role": "user", "content": "x"}]}', 400,
+     "budget_tokens must be less than max_tokens"),
+    ("/v1/messages", b'{"model": "qwen3-3b", "max_tokens": 9, "messages": [{"role": "user", "content": '
+     b'[{"type": "tool_addition", "tool": {"type": "tool_reference", "name": "x"}}]}]}', 400,
+     'only allowed in messages with role "system"'),
     ("/v1/messages", b'{"model": "qwen3-3b", "messages": [{"role": "user", "content": "x"}]}', 400,
      "max_tokens"),
 ])

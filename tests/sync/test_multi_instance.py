@@ -93,6 +93,22 @@ async def test_a_session_placed_by_one_instance_is_honoured_by_another(
     assert metric(b, "kvroute_sync_applied_total", {"kind": "session"}) >= 4
 
 
+async def test_a_conversation_without_a_session_id_is_shared_like_one(
+        redis_server: LocalRedis, instances: Instances, http: aiohttp.ClientSession) -> None:
+    """The identity derived from the prompt travels through Redis as any session binding does:
+    under the session policy (no prefix index), only that binding can bring a follow-up home."""
+    a = await instances(redis_server.url, policy="session")
+    b = await instances(redis_server.url, policy="session")
+    convs = [Conversation(300 + i) for i in range(4)]
+    homes = [await c.turn(http, a.url) for c in convs]
+    assert len(set(homes)) > 1
+    await synced([a, b], redis_server.url)
+    for c in convs:
+        await c.turn(http, b.url)
+        assert c.follow_ups_home() == (1, 1), c.workers
+    assert metric(b, "kvroute_sync_applied_total", {"kind": "session"}) >= 4
+
+
 async def test_redis_killed_and_restarted_costs_no_request_and_sync_resumes(
         redis_server: LocalRedis, instances: Instances, http: aiohttp.ClientSession,
         caplog: pytest.LogCaptureFixture) -> None:

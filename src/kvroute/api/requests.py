@@ -13,8 +13,16 @@ fit and predicted prefill, where being off by tens of percent is harmless.
 
 Session id, first found wins (configurable, see ``RequestOptions``): the ``X-Claude-Code-Session-Id``
 header; the ``session_id`` inside Anthropic ``metadata.user_id`` (a JSON string, or the older
-``user_<hash>_account_<uuid>_session_<uuid>`` form); the ``x-session-id`` header; OpenAI
-``prompt_cache_key``; then the configured extra headers and body fields.
+``user_<hash>_account_<uuid>_session_<uuid>`` form); the ``x-session-id`` header (OpenCode); Codex's
+``session_id`` / ``session-id`` header; OpenAI ``prompt_cache_key``; then the configured extra
+headers and body fields.  A Claude Code subagent (``x-claude-code-agent-id``) sends its parent's
+session id; the agent id is appended to it, so each subagent is a conversation of its own.
+
+Without any of these, the conversation's identity is derived from the prompt itself: a digest of
+the canonical bytes of the shared head (system prompt, tools, leading system messages) followed by
+the conversation's first own message, which every later turn repeats unchanged.  It is returned as
+``session_id = "conv:<32 hex>"``, so placement, stickiness, overflow, the session table, the
+dashboard and Redis sharing treat it exactly like a session id.
 """
 
 from __future__ import annotations
@@ -37,8 +45,22 @@ DEFAULT_SESSION_SOURCES: tuple[str, ...] = (
     "header:x-claude-code-session-id",
     "anthropic-user-id",
     "header:x-session-id",
+    "header:session_id",
+    "header:session-id",
     "field:prompt_cache_key",
 )
+# Claude Code sends a subagent's requests with its parent's session id plus this header.
+DEFAULT_AGENT_HEADERS: tuple[str, ...] = ("x-claude-code-agent-id",)
+# Prefix of a session id derived from the prompt (no client-sent id); see ``conversation_id``.
+DERIVED_SESSION_PREFIX = "conv:"
+# Claude Code's first system block carries a per-request attribution hash in some versions; vLLM
+# drops it before rendering (``x-anthropic-billing-header``), and so do we, or no two requests of
+# a conversation would share a prefix.
+_BILLING_HEADER = "x-anthropic-billing-header"
+
+# Roles whose leading messages belong to the shared head (the app's instructions), not to one
+# conversation.
+_HEAD_ROLES = frozenset(("system", "developer"))
 
 _SECTION = b"\x1e"
 _PART = b"\x1f"
@@ -52,13 +74,18 @@ class RequestOptions:
     ``session_sources`` is the ordered list of places a session id is looked for:
     ``header:<name>``, ``field:<dotted.path>`` in the body, or ``anthropic-user-id`` (the
     ``session_id`` inside ``metadata.user_id``).  ``extra_session_headers`` and
-    ``extra_session_fields`` are appended after them.  Only the first ``max_prefix_bytes`` of the
-    canonical prompt are kept.
+    ``extra_session_fields`` are appended after them.  ``agent_headers`` name headers whose value
+    is appended to a found session id (a subagent sharing its parent's id becomes a conversation
+    of its own; ``()`` keeps subagents with their parent).  ``derive_conversation_id`` (on by
+    default) gives requests without any session id one derived from their prompt.  Only the first
+    ``max_prefix_bytes`` of the canonical prompt are kept.
     """
 
     session_sources: tuple[str, ...] = DEFAULT_SESSION_SOURCES
     extra_session_headers: tuple[str, ...] = ()
     extra_session_fields: tuple[str, ...] = ()
+    agent_headers: tuple[str, ...] = DEFAULT_AGENT_HEADERS
+    derive_conversation_id: bool = True
     max_prefix_bytes: int = 4 * 1024 * 1024
     image_tokens: int = 1024
 
@@ -70,6 +97,10 @@ class RequestOptions:
                                  "or anthropic-user-id")
         if self.max_prefix_bytes <= 0 or self.image_tokens < 0:
             raise ValueError("max_prefix_bytes must be positive and image_tokens non-negative")
+        if not isinstance(self.derive_conversation_id, bool):
+            raise ValueError("derive_conversation_id must be true or false")
+        if not all(isinstance(h, str) and h for h in self.agent_headers):
+            raise ValueError("agent_headers must be a list of header names")
 
     def sources(self) -> tuple[str, ...]:
         """Every session source in lookup order."""
@@ -81,14 +112,25 @@ _DEFAULT_OPTIONS = RequestOptions()
 
 
 class _Canon:
-    """Collects canonical byte parts; joined once at the end."""
+    """Collects canonical byte parts; joined once at the end.
 
-    __slots__ = ("extra_tokens", "image_tokens", "parts")
+    ``first_turn_parts`` is the number of parts that make up the shared head and the
+    conversation's first own message (0 until a renderer finds that message): the bytes a
+    conversation's identity is derived from.
+    """
+
+    __slots__ = ("extra_tokens", "first_turn_parts", "image_tokens", "parts")
 
     def __init__(self, image_tokens: int) -> None:
         self.parts: list[bytes] = []
         self.extra_tokens = 0
         self.image_tokens = image_tokens
+        self.first_turn_parts = 0
+
+    def end_of_first_own_message(self) -> None:
+        """Called after each message that is not part of the shared head; the first call counts."""
+        if not self.first_turn_parts:
+            self.first_turn_parts = len(self.parts)
 
     def section(self, role: str) -> None:
         self.parts.append(_SECTION + role.encode())
@@ -243,9 +285,11 @@ def _render_chat(c: _Canon, body: Mapping[str, Any]) -> None:
     messages = _messages(body)
     _tools(c, body, "tools", anthropic=False)
     _tools(c, body, "functions", anthropic=False)
+    in_head = True
     for i, m in enumerate(messages):
         param = f"messages[{i}]"
-        c.section(_role(m, param))
+        role = _role(m, param)
+        c.section(role)
         _openai_content(c, m.get("content"), f"{param}.content")
         calls = m.get("tool_calls")
         if isinstance(calls, list):
@@ -256,6 +300,21 @@ def _render_chat(c: _Canon, body: Mapping[str, Any]) -> None:
                     c.value(fn.get("arguments"))
         if isinstance(m.get("tool_call_id"), str):
             c.text(f"tool_call_id:{m['tool_call_id']}")
+        # Leading system/developer messages are the app's shared head, not the conversation's own.
+        in_head = in_head and role in _HEAD_ROLES
+        if not in_head:
+            c.end_of_first_own_message()
+
+
+def _without_billing_header(content: Any) -> Any:
+    """System content minus Claude Code's per-request attribution block (vLLM drops it too)."""
+    if isinstance(content, str):
+        return "" if content.startswith(_BILLING_HEADER) else content
+    if isinstance(content, list):
+        return [b for b in content if not (isinstance(b, dict) and b.get("type") == "text"
+                                           and isinstance(b.get("text"), str)
+                                           and b["text"].startswith(_BILLING_HEADER))]
+    return content
 
 
 def _render_messages(c: _Canon, body: Mapping[str, Any]) -> None:
@@ -263,12 +322,21 @@ def _render_messages(c: _Canon, body: Mapping[str, Any]) -> None:
     system = body.get("system")
     if system is not None:
         c.section("system")
-        _anthropic_content(c, system, "system")
+        _anthropic_content(c, _without_billing_header(system), "system")
     _tools(c, body, "tools", anthropic=True)
+    in_head = True
     for i, m in enumerate(messages):
         param = f"messages[{i}]"
-        c.section(_role(m, param))
-        _anthropic_content(c, m.get("content"), f"{param}.content")
+        role = _role(m, param)
+        c.section(role)
+        content = m.get("content")
+        # A system message inside ``messages`` (Claude Code sends one after the first user turn)
+        # stays where it is: hoisting it into the head would change every earlier turn's bytes.
+        _anthropic_content(c, _without_billing_header(content) if role == "system" else content,
+                           f"{param}.content")
+        in_head = in_head and role in _HEAD_ROLES
+        if not in_head:
+            c.end_of_first_own_message()
 
 
 def _render_prompt(c: _Canon, prompt: Any, param: str) -> None:
@@ -307,16 +375,20 @@ def _render_responses(c: _Canon, body: Mapping[str, Any]) -> None:
     if isinstance(items, str):
         c.section("user")
         c.text(items)
+        c.end_of_first_own_message()
         return
     if not isinstance(items, list):
         raise _bad("input must be a string or a list of items", "input")
+    in_head = True
     for i, item in enumerate(items):
         param = f"input[{i}]"
         if not isinstance(item, dict):
             raise _bad(f"{param} must be an object", param)
         kind = item.get("type", "message")
+        role = _role(item, param) if kind == "message" else str(kind)
+        in_head = in_head and role in _HEAD_ROLES
         if kind == "message":
-            c.section(_role(item, param))
+            c.section(role)
             _openai_content(c, item.get("content"), f"{param}.content")
         elif kind == "function_call":
             c.section("function_call")
@@ -329,6 +401,8 @@ def _render_responses(c: _Canon, body: Mapping[str, Any]) -> None:
         else:
             c.section(str(kind))
             c.json(item)
+        if not in_head:
+            c.end_of_first_own_message()
 
 
 def _render_embeddings(c: _Canon, body: Mapping[str, Any]) -> None:
@@ -385,17 +459,38 @@ def _from_user_id(body: Mapping[str, Any]) -> str | None:
     return sid if found else None
 
 
+def _usable(value: Any) -> str | None:
+    if isinstance(value, str) and 0 < len(value) <= _MAX_SESSION_ID and value.strip():
+        return value.strip()
+    return None
+
+
 def session_id_of(body: Mapping[str, Any], headers: Mapping[str, str], options: RequestOptions) -> str | None:
-    """The request's session id from the first configured source that has one."""
+    """The request's session id from the first configured source that has one.
+
+    A subagent's agent id (``options.agent_headers``) is appended, so a subagent that sends its
+    parent's session id is a conversation of its own.
+    """
     for spec in options.sources():
         if spec == "anthropic-user-id":
             value: Any = _from_user_id(body)
         else:
             kind, _, name = spec.partition(":")
             value = _header(headers, name) if kind == "header" else _field(body, name)
-        if isinstance(value, str) and 0 < len(value) <= _MAX_SESSION_ID and value.strip():
-            return value.strip()
+        found = _usable(value)
+        if found is not None:
+            for name in options.agent_headers:
+                agent = _usable(_header(headers, name))
+                if agent is not None:
+                    return f"{found}/agent:{agent}"
+            return found
     return None
+
+
+def conversation_id(first_turn: bytes) -> str:
+    """The identity of a conversation that sent no session id, from the canonical bytes of its
+    shared head and its first own message (``conv:`` and a 128-bit digest, never the text)."""
+    return DERIVED_SESSION_PREFIX + xxhash.xxh3_128_hexdigest(first_turn)
 
 
 def _max_tokens(body: Mapping[str, Any], route: str) -> int:
@@ -436,13 +531,17 @@ def parse_request(route: str, body: Any, headers: Mapping[str, str],
     renderer(canon, body)
     prefix = b"".join(canon.parts)
     est = len(prefix) // EST_BYTES_PER_TOKEN + canon.extra_tokens
+    cacheable = route not in _NOT_CACHED
+    session_id = session_id_of(body, headers, opts)
+    if session_id is None and opts.derive_conversation_id and cacheable and canon.first_turn_parts:
+        first_turn_bytes = sum(len(p) for p in canon.parts[:canon.first_turn_parts])
+        session_id = conversation_id(prefix[:first_turn_bytes])
     if len(prefix) > opts.max_prefix_bytes:
         prefix = prefix[:opts.max_prefix_bytes]
-    cacheable = route not in _NOT_CACHED
     return RoutingKey(
         model=model,
         prefix=prefix if cacheable else b"",
-        session_id=session_id_of(body, headers, opts),
+        session_id=session_id,
         est_prompt_tokens=est,
         max_tokens=_max_tokens(body, route),
         cache_salt=salt,

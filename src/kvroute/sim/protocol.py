@@ -50,6 +50,37 @@ def _positive_int(body: Mapping[str, Any], *names: str) -> int | None:
     return None
 
 
+# vLLM 0.32's AnthropicThinkingConfig / AnthropicOutputConfig literals.
+_THINKING_TYPES = ("enabled", "disabled", "adaptive")
+_THINKING_DISPLAYS = (None, "summarized", "omitted", "updates")
+_EFFORTS = (None, "low", "medium", "high", "xhigh", "max")
+
+
+def _check_anthropic_options(body: Mapping[str, Any], max_tokens: int) -> None:
+    """The fields of vLLM 0.32's ``AnthropicMessagesRequest`` that it validates beyond their type;
+    fields it does not declare (``context_management``, ...) are ignored, as pydantic does."""
+    thinking = body.get("thinking")
+    if thinking is not None:
+        kind = thinking.get("type") if isinstance(thinking, dict) else None
+        if kind not in _THINKING_TYPES:
+            raise ApiError(400, "thinking.type must be one of 'enabled', 'disabled', 'adaptive'.",
+                           param="thinking")
+        if kind != "disabled" and thinking.get("display") not in _THINKING_DISPLAYS:
+            raise ApiError(400, "thinking.display must be 'summarized', 'omitted' or 'updates'.",
+                           param="thinking")
+        if kind == "enabled":
+            budget = thinking.get("budget_tokens")
+            if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1024:
+                raise ApiError(400, "thinking.budget_tokens must be an integer of at least 1024.",
+                               param="thinking")
+            if budget >= max_tokens:
+                raise ApiError(400, "thinking.budget_tokens must be less than max_tokens", param="thinking")
+    output = body.get("output_config")
+    if output is not None and (not isinstance(output, dict) or output.get("effort") not in _EFFORTS):
+        raise ApiError(400, "output_config.effort must be one of low, medium, high, xhigh, max.",
+                       param="output_config")
+
+
 def parse_generation_request(api: Api, body: Any, served_model: str) -> GenerationRequest:
     """Validate a request body and render its prompt; ``ApiError`` (400/404) on bad input."""
     if not isinstance(body, dict):
@@ -78,6 +109,7 @@ def parse_generation_request(api: Api, body: Any, served_model: str) -> Generati
         max_tokens = _positive_int(body, "max_tokens")
         if max_tokens is None:
             raise ApiError(400, "max_tokens: Field required", param="max_tokens")
+        _check_anthropic_options(body, max_tokens)
     if body.get("n", 1) != 1:
         raise ApiError(400, "Only n=1 is supported by the simulator.", param="n")
     options = body.get("stream_options")

@@ -216,8 +216,11 @@ class SimReplica:
             if self.down:
                 raise ApiError(503, "The engine is restarting.")
             g = parse_generation_request(api, body, self.served_model)
-            limit = g.max_tokens if g.max_tokens is not None else self.config.max_model_len - g.prompt_tokens
-            message = self.config.context_error(g.prompt_tokens, g.max_tokens or 0)
+            # vLLM 0.32 caps max_tokens at what the context leaves (Claude Code asks for 32000
+            # whatever the model) and rejects only a prompt that does not fit by itself.
+            room = self.config.max_model_len - g.prompt_tokens
+            limit = min(g.max_tokens, room) if g.max_tokens is not None else room
+            message = self.config.context_error(g.prompt_tokens, 0)
             if message or limit < 1:
                 raise ApiError(400, message or "The prompt leaves no room for the completion.",
                                param="messages" if api != "completions" else "prompt")

@@ -188,15 +188,48 @@ def render_completion(prompt: Any) -> bytes:
     raise RenderError("'prompt' must be a string or a list of token ids")
 
 
-def _anthropic_blocks(buf: _Buffer, content: Any, field: str) -> None:
+# Claude Code's per-request attribution block; vLLM 0.32 drops it from system text before rendering.
+_BILLING_HEADER = "x-anthropic-billing-header"
+# vLLM 0.32's ``AnthropicContentBlock.type``; tool_addition/tool_removal only in system messages.
+_ANTHROPIC_BLOCK_TYPES = frozenset(("text", "image", "tool_use", "tool_result", "tool_reference", "thinking",
+                                    "redacted_thinking", "tool_addition", "tool_removal"))
+_TOOL_CHANGES = frozenset(("tool_addition", "tool_removal"))
+
+
+def _check_blocks(content: Any, field: str, system_role: bool) -> list[Mapping[str, Any]] | None:
+    """Validate content blocks as vLLM 0.32's pydantic models do; None for string content."""
     if isinstance(content, str):
-        buf.text(content)
-        return
+        return None
     if not isinstance(content, list):
         raise RenderError(f"{field}.content must be a string or a list of content blocks")
     for i, block in enumerate(content):
         if not isinstance(block, Mapping):
             raise RenderError(f"{field}.content[{i}] must be an object")
+        kind = block.get("type")
+        if kind not in _ANTHROPIC_BLOCK_TYPES:
+            raise RenderError(f"{field}.content[{i}]: unsupported content block type {kind!r}")
+        if kind in _TOOL_CHANGES and not system_role:
+            raise RenderError(f'{kind} blocks are only allowed in messages with role "system"')
+    return content
+
+
+def _system_text(content: Any, field: str, inline: bool) -> str:
+    """The text vLLM 0.32 keeps of a system prompt (``inline`` False) or a system message: text
+    blocks joined without a separator, Claude Code's attribution block left out (a plain string
+    is kept as sent, except an inline one that is only the attribution)."""
+    blocks = _check_blocks(content, field, system_role=True)
+    if blocks is None:
+        return "" if inline and str(content).startswith(_BILLING_HEADER) else str(content)
+    return "".join(b["text"] for b in blocks if b.get("type") == "text" and isinstance(b.get("text"), str)
+                   and b["text"] and not b["text"].startswith(_BILLING_HEADER))
+
+
+def _anthropic_blocks(buf: _Buffer, content: Any, field: str) -> None:
+    blocks = _check_blocks(content, field, system_role=False)
+    if blocks is None:
+        buf.text(content)
+        return
+    for i, block in enumerate(blocks):
         kind = block.get("type")
         if kind == "text":
             text = block.get("text")
@@ -218,21 +251,28 @@ def _anthropic_blocks(buf: _Buffer, content: Any, field: str) -> None:
             buf.add(b"</think>")
         elif kind in ("image", "document"):
             buf.add(b"<media:" + xxhash.xxh3_64_hexdigest(_dumps(block)).encode() + b">")
-        else:
-            raise RenderError(f"{field}.content[{i}]: unsupported content block type {kind!r}")
+        # tool_reference: vLLM expands it only inside tool results; alone it renders nothing.
 
 
 def render_anthropic(body: Mapping[str, Any], add_generation_prompt: bool = True) -> bytes:
-    """Render an Anthropic messages body: ``system``, ``tools``, then the messages' content blocks."""
+    """Render an Anthropic messages body: ``system``, ``tools``, then the messages' content blocks.
+
+    As vLLM 0.32 does with a chat template that accepts system messages after the first one: a
+    ``system`` message inside ``messages`` (Claude Code sends one after the first user turn) is
+    rendered where it stands, as a system turn of its text, so a later one never changes the
+    bytes of earlier turns; Claude Code's attribution block is left out of every system text.
+    """
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RenderError("messages: field required (a non-empty list)")
     buf = _Buffer()
     system = body.get("system")
     if system:
-        buf.header("system")
-        _anthropic_blocks(buf, system, "system")
-        buf.add(_END)
+        text = _system_text(system, "system", inline=False)
+        if text:
+            buf.header("system")
+            buf.text(text)
+            buf.add(_END)
     tools = body.get("tools")
     if tools:
         buf.header("tools")
@@ -243,12 +283,18 @@ def render_anthropic(body: Mapping[str, Any], add_generation_prompt: bool = True
         if not isinstance(msg, Mapping):
             raise RenderError(f"{field} must be an object")
         role = msg.get("role")
-        if role not in ("user", "assistant"):
-            raise RenderError(f"{field}.role must be 'user' or 'assistant'")
+        if role not in ("user", "assistant", "system"):
+            raise RenderError(f"{field}.role must be 'user', 'assistant' or 'system'")
+        if role == "system":
+            text = _system_text(msg.get("content"), field, inline=True)
+            if text:
+                buf.header("system")
+                buf.text(text)
+                buf.add(_END)
+            continue
         buf.header(role)
         _anthropic_blocks(buf, msg.get("content"), field)
         buf.add(_END)
     if add_generation_prompt:
         buf.assistant_header()
     return buf.result()
-
