@@ -124,9 +124,12 @@ def scheduler_memory(n_blocks: int, n_sessions: int, n_workers: int) -> float:
     ws = _fleet(n_workers, random.Random(0))
     per_request = 64  # a 32 KB prompt: 64 blocks
     for j in range(max(n_sessions, n_blocks // per_request)):
-        k = RoutingKey(model="m", prefix=_text(j, per_request * 512).encode(), est_prompt_tokens=8192,
-                       session_id=f"s{j % n_sessions}")
-        flight, _ = dispatch.sent(k, dispatch.route(k, ws), ws[j % n_workers])
+        k = RoutingKey(model="m", prefix=(f"{j:09d}" * (per_request * 512 // 9 + 1)).encode(),
+                       est_prompt_tokens=8192, session_id=f"s{j % n_sessions}")
+        # Decided among four workers: what is measured is what the decisions leave behind.
+        home = j % n_workers
+        decision = dispatch.route(k, ws[home:home + 1])
+        flight, _ = dispatch.sent(k, decision, ws[home])
         dispatch.finished(flight, ok=True, prompt_tokens=8192, cached_tokens=0)
         now[0] += 0.001
     sched.decide(k, ws)  # the active-session counts are built on the first decision

@@ -27,6 +27,7 @@ dashboard and Redis sharing treat it exactly like a session id.
 
 from __future__ import annotations
 
+import functools
 from array import array
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -106,6 +107,19 @@ class RequestOptions:
         """Every session source in lookup order."""
         return (*self.session_sources, *(f"header:{h}" for h in self.extra_session_headers),
                 *(f"field:{f}" for f in self.extra_session_fields))
+
+    def parsed_sources(self) -> tuple[tuple[str, str], ...]:
+        """``sources()`` as (kind, name) pairs, split once per options object."""
+        return _parsed_sources(self)
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed_sources(options: RequestOptions) -> tuple[tuple[str, str], ...]:
+    out: list[tuple[str, str]] = []
+    for spec in options.sources():
+        kind, _, name = spec.partition(":")
+        out.append((spec, "") if spec == "anthropic-user-id" else (kind, name))
+    return tuple(out)
 
 
 _DEFAULT_OPTIONS = RequestOptions()
@@ -471,11 +485,10 @@ def session_id_of(body: Mapping[str, Any], headers: Mapping[str, str], options: 
     A subagent's agent id (``options.agent_headers``) is appended, so a subagent that sends its
     parent's session id is a conversation of its own.
     """
-    for spec in options.sources():
-        if spec == "anthropic-user-id":
+    for kind, name in options.parsed_sources():
+        if kind == "anthropic-user-id":
             value: Any = _from_user_id(body)
         else:
-            kind, _, name = spec.partition(":")
             value = _header(headers, name) if kind == "header" else _field(body, name)
         found = _usable(value)
         if found is not None:

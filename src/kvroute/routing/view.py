@@ -8,12 +8,16 @@ explainers only read them and return values.  A stage declares the signals it re
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any, TypeVar
 
 from kvroute.routing.key import RoutingKey
 from kvroute.routing.settings import B, Blocks, PlacementSettings
 from kvroute.routing.worker import WorkerState
+
+T = TypeVar("T")
 
 
 class Signal(StrEnum):
@@ -80,6 +84,16 @@ class View:
     block_tokens: float
     session: int | None = None
     bound: str | None = None
+    _memo: dict[Callable[[View], Any], Any] = field(default_factory=dict, repr=False)
+
+    def derived(self, fn: Callable[[View], T]) -> T:
+        """``fn(self)``, computed once per decision: for figures several parts derive from the view
+        alone (a policy's cost terms), never for passing values between stages."""
+        memo = self._memo
+        if fn in memo:
+            return memo[fn]  # type: ignore[no-any-return]
+        value = memo[fn] = fn(self)
+        return value
 
     def block(self, kind: type[B]) -> B:
         """The request's settings block ``kind`` (``view.block(AutoSettings).stay_tokens``)."""

@@ -105,11 +105,14 @@ class _Prices:
         matched = min(float(self.est), c.matched_blocks * self.block_tokens)
         return matched * (1.0 - self.trust * (1.0 - c.realisation))
 
-    def queue(self, c: Candidate) -> float:
-        """Prefill-token equivalents queued ahead of a new request on ``c``."""
-        s = self.s
-        backlog = s.backlog_weight * c.backlog_tokens * (1.0 + s.eviction_weight * (1.0 - c.realisation))
-        return backlog + s.inflight_tokens * c.busy + s.waiting_tokens * (c.worker.waiting or 0)
+    def queue_and_held(self, c: Candidate) -> tuple[float, float]:
+        """Prefill-token equivalents queued ahead of a new request on ``c``, and ``held(c)`` (one
+        call per candidate: the scorer runs for every worker of every decision)."""
+        s, realisation = self.s, c.realisation
+        backlog = s.backlog_weight * c.backlog_tokens * (1.0 + s.eviction_weight * (1.0 - realisation))
+        queue = backlog + s.inflight_tokens * c.busy + s.waiting_tokens * (c.worker.waiting or 0)
+        matched = min(float(self.est), c.matched_blocks * self.block_tokens)
+        return queue, matched * (1.0 - self.trust * (1.0 - realisation))
 
     def sessions(self, c: Candidate) -> float:
         """Token-equivalents of future load on ``c`` from the other sessions active there (0 for
@@ -121,22 +124,25 @@ class _Prices:
 
     def predicted(self, c: Candidate) -> float:
         """Predicted time to first token on ``c``, in seconds."""
-        return c.s_per_token * (self.queue(c) + self.est - self.held(c))
+        queue, held = self.queue_and_held(c)
+        return c.s_per_token * (queue + self.est - held)
 
 
 def expected_held_tokens(view: View, c: Candidate) -> float:
     """Prompt tokens ``c`` is expected to serve from cache (what the backlog adds the rest of)."""
-    return _Prices.of(view).held(c)
+    return view.derived(_Prices.of).held(c)
 
 
 def _costs(view: View, cands: list[Candidate]) -> list[float]:
-    p = _Prices.of(view)
+    p = view.derived(_Prices.of)
     s, est, bound = p.s, float(p.est), p.bound
     cap = view.placement.overflow if view.placement.overflow != "auto" else None
     out: list[float] = []
     for c in cands:
-        uncached = est - p.held(c)
-        queue = p.queue(c) + p.sessions(c)
+        queue, held = p.queue_and_held(c)
+        uncached = est - held
+        if p.per_session:
+            queue += p.sessions(c)
         cost = c.s_per_token * (queue + (1.0 + s.prefill_penalty) * uncached)
         if c.worker.id == bound:
             if cap is not None and c.load > cap:
@@ -169,7 +175,7 @@ balanced_sessions = Filter("balanced_sessions", _balanced_sessions,
 def explain(view: View, cands: list[Candidate], i: int) -> tuple[DecisionKind, str]:
     """Sticky, overflow, prefix hit or cold, with the predictions compared."""
     c = cands[i]
-    prices = _Prices.of(view)
+    prices = view.derived(_Prices.of)
     alt: Candidate | None = None
     alt_s = math.inf
     for j, x in enumerate(cands):
