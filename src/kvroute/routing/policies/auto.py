@@ -82,7 +82,7 @@ class AutoSettings:
             raise ValueError("session_spread must be non-negative or None")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Prices:
     """One decision's terms of the cost, read from its view once (the scorer runs per worker)."""
 
