@@ -18,25 +18,24 @@ def _serves_model(view: View, cands: list[Candidate]) -> list[Candidate]:
     return [c for c in cands if c.worker.serves(model)]
 
 
-def fits_context(view: View, c: Candidate) -> bool:
-    """The worker's context window holds the estimated prompt plus the requested output."""
-    limit = c.worker.max_model_len
-    return limit is None or view.key.est_prompt_tokens + view.key.max_tokens <= limit
+def fitting_context(view: View, cands: list[Candidate]) -> list[Candidate]:
+    """The candidates whose context window holds the estimated prompt plus the requested output."""
+    need = view.key.est_prompt_tokens + view.key.max_tokens
+    return [c for c in cands if c.worker.max_model_len is None or need <= c.worker.max_model_len]
 
 
-def has_free_slot(view: View, c: Candidate) -> bool:
-    """Fewer requests busy on the worker than its sequence slots."""
-    return c.busy < (c.worker.max_num_seqs or view.placement.max_num_seqs or DEFAULT_MAX_NUM_SEQS)
+def with_free_slot(view: View, cands: list[Candidate]) -> list[Candidate]:
+    """The candidates with fewer requests busy than their sequence slots."""
+    default = view.placement.max_num_seqs or DEFAULT_MAX_NUM_SEQS
+    return [c for c in cands if c.busy < (c.worker.max_num_seqs or default)]
 
 
 def _context_fits(view: View, cands: list[Candidate]) -> list[Candidate]:
-    kept = [c for c in cands if fits_context(view, c)]
-    return kept or cands
+    return fitting_context(view, cands) or cands
 
 
 def _free_slot(view: View, cands: list[Candidate]) -> list[Candidate]:
-    kept = [c for c in cands if has_free_slot(view, c)]
-    return kept or cands
+    return with_free_slot(view, cands) or cands
 
 
 def _load_within_slack(view: View, cands: list[Candidate]) -> list[Candidate]:

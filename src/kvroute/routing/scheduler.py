@@ -21,7 +21,7 @@ import xxhash
 
 from kvroute.routing.config import ModelPolicy, RoutingConfig
 from kvroute.routing.decision import Decision, DecisionKind
-from kvroute.routing.filters import fits_context, has_free_slot
+from kvroute.routing.filters import fitting_context, with_free_slot
 from kvroute.routing.hashing import block_hashes, stored_positions
 from kvroute.routing.key import EST_BYTES_PER_TOKEN, RoutingKey
 from kvroute.routing.learning import LearningSettings, WorkerLearning
@@ -201,9 +201,9 @@ class Scheduler:
         if not few:
             return None
         cands = [Candidate.of(few[i]) for i in sorted(few)]
-        for c in cands:  # a soft filter refusing one of them would change every comparison
-            if not fits_context(view, c) or not has_free_slot(view, c):
-                return None
+        n = len(cands)  # a soft filter refusing one of them would change every comparison
+        if len(fitting_context(view, cands)) != n or len(with_free_slot(view, cands)) != n:
+            return None
         return cands
 
     def _nobody(self, key: RoutingKey, policy: Policy, hashes: tuple[int, ...], view: View,
