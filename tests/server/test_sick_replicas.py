@@ -27,7 +27,8 @@ def messages(i: int) -> list[dict[str, str]]:
 async def chat(http: aiohttp.ClientSession, r: RunningRouter, i: int, *, stream: bool,
                max_tokens: int = 8) -> tuple[int, str, bytes, float]:
     """One chat request: status, worker, body and seconds it took."""
-    body: dict[str, Any] = {"model": MODEL, "messages": messages(i), "max_tokens": max_tokens, "stream": stream}
+    body: dict[str, Any] = {"model": MODEL, "messages": messages(i), "max_tokens": max_tokens,
+                            "stream": stream}
     t0 = time.perf_counter()
     async with http.post(r.url + "/v1/chat/completions", json=body) as resp:
         data = await resp.read()
@@ -67,7 +68,7 @@ async def test_a_hung_replica_is_retried_past_and_its_breaker_opens_within_three
     hung = next(rec.id for rec in r.registry.records() if rec.state.url == victim.url)
     await set_fault(http, victim.url, kind="hang")
     results = [await chat(http, r, i, stream=i % 2 == 0) for i in range(15)]
-    for status, worker, body, took in results:
+    for status, worker, _, took in results:
         assert status == 200 and worker != hung
         # The deadline (0.5 s, 0.9 s for a plain answer of 8 tokens) plus one retry; generous.
         assert took < 10.0
