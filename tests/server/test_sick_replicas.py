@@ -169,3 +169,18 @@ async def test_a_slow_replica_is_ejected_as_a_latency_outlier(sim_fleet, router,
     assert m[("kvroute_ejections_total", (("reason", "latency"), ("worker", wid)))] == 1
     served = {(await chat(http, r, 200 + i, stream=True))[1] for i in range(6)}
     assert wid not in served and len(served) == 2
+
+
+async def test_a_stream_whose_head_came_but_no_event_is_still_retried(echo_engines, router, http):
+    ok, stalled = await echo_engines(2)
+    stalled.mode = "stall"
+    r = await router([ok.url, stalled.url], policy="round-robin", first_byte_floor_s=FLOOR_S)
+    for i in range(4):
+        body = {"model": "echo", "messages": messages(i), "stream": True}
+        async with http.post(r.url + "/v1/chat/completions", json=body) as resp:
+            # The stalled engine's head never reached the client: the answer is the other one's.
+            assert resp.status == 200 and resp.headers["x-engine"] == "echo"
+            assert resp.headers["x-kvroute-worker"] == r.registry.records()[0].id
+            assert b"[DONE]" in await resp.read()
+    m = await metrics(http, r)
+    assert m[("kvroute_failures_total", (("reason", "first_byte_timeout"),))] >= 1
