@@ -198,25 +198,23 @@ class Proxy:
             try:
                 r.publish(records)
                 try:
-                    async with asyncio.timeout(deadline):
-                        origin = pool.origin(state.url)
-                        call = await pool.send(origin, b"POST " + origin.base_path + request.target
-                                               + b" HTTP/1.1\r\nhost: " + origin.host_header + b"\r\n"
-                                               + tail)
+                    origin = pool.origin(state.url)
+                    call = await pool.send(origin, b"POST " + origin.base_path + request.target
+                                           + b" HTTP/1.1\r\nhost: " + origin.host_header + b"\r\n" + tail)
+                    # One timer per attempt (cheaper than asyncio.timeout on the hot path); on expiry
+                    # the call fails with reason first_byte_timeout, handled like any failure below.
+                    timer = None if deadline is None else \
+                        asyncio.get_running_loop().call_later(deadline, call.expire, deadline)
+                    try:
                         head = await call.head
                         if head.event_stream and head.status < 500:
                             # Nothing has gone to the client yet: a stream's first byte is its first
                             # event, and until it arrives the worker can still be replaced.
                             await call.first_body
                             dispatch.first_byte(flight)
-                except TimeoutError:
-                    if call is not None:
-                        call.abort()  # closing the connection makes the engine abort the request
-                    failure = "first_byte_timeout"
-                    r.registry.mark_failure(state.id, f"{failure}: no first byte in {deadline:g} s")
-                    r.metrics.failures.labels(failure).inc()
-                    exclude.append(state.id)
-                    continue
+                    finally:
+                        if timer is not None:
+                            timer.cancel()
                 except UpstreamError as exc:
                     failure = exc.reason
                     r.registry.mark_failure(state.id, f"{failure}: {exc}", unreachable=exc.unreachable)

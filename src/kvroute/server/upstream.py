@@ -119,6 +119,19 @@ class Call:
         self._fail(UpstreamError("reset", "aborted by the router"))
         self._conn.close()
 
+    def expire(self, seconds: float) -> None:
+        """The first byte did not come within ``seconds``: fail the call (``first_byte_timeout``) and
+        close the connection, which is how the engine learns to abort.  Nothing happens once the
+        first byte is here: a plain answer's head, a stream's first body bytes, or a 5xx head."""
+        if self.completed or self.first_body.done():
+            return
+        head = self.head
+        if head.done() and head.exception() is None and (
+                not head.result().event_stream or head.result().status >= 500):
+            return
+        self._fail(UpstreamError("first_byte_timeout", f"no first byte in {seconds:g} s"))
+        self._conn.close()
+
     def _body(self, data: bytes) -> None:
         if not self.first_body.done():
             self.first_body.set_result(None)
