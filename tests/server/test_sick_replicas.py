@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvroute.config import Settings
+from kvroute.config import Settings, SettingsError
 from kvroute.routing.key import RoutingKey
 from kvroute.server.app import RunningRouter
 from kvroute.server.proxy import first_byte_deadline
@@ -58,6 +58,20 @@ def test_first_byte_deadline_scales_the_prediction_within_floor_and_ceiling():
     assert first_byte_deadline(s, 3.0, plain) == pytest.approx(12.0 + 5.0)  # its first byte is its last
     assert first_byte_deadline(s, 3.0, RoutingKey(model="m", prefix=b"")) is None  # length unknown
     assert first_byte_deadline(s.replace(first_byte_factor=0.0), 3.0, stream) is None  # off
+
+
+@pytest.mark.parametrize(("raw", "message"), [
+    ({"first_byte_factor": -1}, "first_byte_factor and first_byte_decode_s_per_token must not be negative"),
+    ({"first_byte_floor_s": 0}, "first_byte_floor_s must be positive and at most first_byte_ceiling_s"),
+    ({"first_byte_floor_s": 20, "first_byte_ceiling_s": 10}, "first_byte_floor_s must be positive"),
+    ({"breaker_failures": 0}, "breaker_failures must be at least 1"),
+    ({"breaker_cooldown_s": 500}, "breaker_cooldown_s must be positive and at most breaker_max_cooldown_s"),
+    ({"outlier_max_ejected_fraction": 2}, "outlier_max_ejected_fraction must be between 0 and 1"),
+    ({"outlier_min_samples": 0}, "outlier_min_samples >= 1"),
+])
+def test_bad_sick_replica_settings_are_named(raw, message):
+    with pytest.raises(SettingsError, match=message.replace("(", r"\(")):
+        Settings.from_dict(raw)
 
 
 async def test_a_hung_replica_is_retried_past_and_its_breaker_opens_within_three_failures(
