@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kvroute.api.requests import RequestOptions
+from kvroute.fleet.breaker import BreakerSettings
 from kvroute.routing.config import ModelPolicy, RoutingConfig, setting_infos
 
 _TRUE = frozenset(("1", "true", "yes", "on"))
@@ -91,6 +92,22 @@ class Settings:
     upstream_connect_timeout_s: float = 5.0
     # Longest silence accepted from a worker (before its first byte or between two chunks).
     upstream_read_timeout_s: float = 600.0
+    # Sick replicas (docs/server.md): an attempt gets predicted TTFT x factor within [floor, ceiling]
+    # to send its first byte (a plain answer also max_tokens x decode), else it is retried elsewhere.
+    first_byte_factor: float = 4.0
+    first_byte_floor_s: float = 10.0
+    first_byte_ceiling_s: float = 300.0
+    first_byte_decode_s_per_token: float = 0.05
+    # Circuit breaker: breaker_failures attempts failed in a row take a replica out for the cool-down
+    # (doubled after each failed half-open trial, up to the max).
+    breaker_failures: int = 3
+    breaker_cooldown_s: float = 10.0
+    breaker_max_cooldown_s: float = 160.0
+    # Latency outliers: TTFT relative to prediction this many times the fleet median (0: off).
+    outlier_factor: float = 3.0
+    outlier_min_samples: int = 20
+    outlier_min_excess_s: float = 1.0
+    outlier_max_ejected_fraction: float = 1 / 3
     connections_per_worker: int = 1024
     # Idle upstream connections are closed before the engine's own keep-alive timeout (uvicorn: 5 s)
     # would close them under a request being sent.
@@ -162,6 +179,14 @@ class Settings:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be positive")
+        if self.first_byte_factor < 0 or self.first_byte_decode_s_per_token < 0:
+            raise SettingsError("first_byte_factor and first_byte_decode_s_per_token must not be negative")
+        if not 0 < self.first_byte_floor_s <= self.first_byte_ceiling_s:
+            raise SettingsError("first_byte_floor_s must be positive and at most first_byte_ceiling_s")
+        try:
+            self.breaker_settings()
+        except ValueError as exc:
+            raise SettingsError(str(exc)) from None
         if self.processes < 1:
             raise SettingsError("processes must be at least 1")
         if self.retries < 0 or self.shutdown_timeout_s < 0:
@@ -174,6 +199,14 @@ class Settings:
             raise SettingsError("redis_url must be a redis://, rediss:// (TLS) or unix:// URL")
         self.routing_config()
         self.request_options()
+
+    def breaker_settings(self) -> BreakerSettings:
+        """The circuit breaker's and the outlier detector's settings."""
+        return BreakerSettings(
+            failures=self.breaker_failures, cooldown_s=self.breaker_cooldown_s,
+            max_cooldown_s=self.breaker_max_cooldown_s, outlier_factor=self.outlier_factor,
+            outlier_min_samples=self.outlier_min_samples, outlier_min_excess_s=self.outlier_min_excess_s,
+            max_ejected_fraction=self.outlier_max_ejected_fraction)
 
     def routing_config(self) -> RoutingConfig:
         """The scheduler's configuration: ``policy`` and ``[routing]`` for every model, then each

@@ -7,6 +7,7 @@ from typing import Any
 import orjson
 import pytest
 
+from kvroute.fleet.breaker import BreakerSettings
 from kvroute.fleet.registry import ProbeResult, Registry
 from kvroute.fleet.vllm_metrics import EngineMetrics
 from kvroute.routing.config import ModelPolicy, RoutingConfig
@@ -110,6 +111,21 @@ def test_workers_without_known_models_are_listed_not_hidden() -> None:
     assert model["replicas"][0]["status"] == "down"
     assert model["replicas"][0]["last_error"] == "connection refused"
     assert model["replicas"][0]["hit_share"] is None
+
+
+def test_a_replica_out_by_its_breaker_is_shown_ejected_then_on_trial() -> None:
+    clock = Clock()
+    reg = Registry(clock=clock, breaker=BreakerSettings(failures=2, cooldown_s=5.0))
+    reg.add("http://a:1", worker_id="a", models=["m"])
+    for _ in range(2):
+        reg.mark_failure("a", "first_byte_timeout: no first byte in 10 s")
+    (replica,) = build_snapshot(view(reg, Activity()), clock())["models"][0]["replicas"]
+    assert replica["status"] == "ejected"
+    assert replica["breaker"]["ejections"] == {"failures": 1} and replica["breaker"]["reopens_in_s"] == 5.0
+    clock.now += 5.0
+    reg.apply_probe("a", ProbeResult(reachable=True, healthy=True))
+    (replica,) = build_snapshot(view(reg, Activity()), clock())["models"][0]["replicas"]
+    assert replica["status"] == "trial"
 
 
 def test_policy_in_force_per_model() -> None:

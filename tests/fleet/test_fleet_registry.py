@@ -114,10 +114,11 @@ def test_health_from_probes_and_from_failed_requests():
     registry.mark_failure("a:1", "http_500")
     registry.mark_success("a:1")
     registry.mark_failure("a:1", "http_500")
-    assert s.healthy  # success in between resets the streak
+    assert s.ready  # success in between resets the streak
     registry.mark_failure("a:1", "http_500")
-    assert not s.healthy
+    assert s.healthy and not s.ready  # request failures open the breaker; /health is not asked
     registry.apply_probe("a:1", ok())
+    assert not s.ready  # /health answering does not close it (a hung engine often answers it)
     registry.mark_failure("a:1", "connect", unreachable=True)
     assert not s.healthy
 

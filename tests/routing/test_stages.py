@@ -38,7 +38,8 @@ def kept(stage: Filter, v: View, cands: list[Candidate]) -> list[str]:
 
 
 @pytest.mark.parametrize(("stage", "v", "cands", "expected"), [
-    (filters.ready, view(), [cand("a"), cand("b", healthy=False), cand("c", draining=True)], ["a"]),
+    (filters.ready, view(), [cand("a"), cand("b", healthy=False), cand("c", draining=True),
+                             cand("d", ejected=True)], ["a"]),
     (filters.ready, view(), [cand("b", healthy=False)], []),  # hard: may leave nothing
     (filters.serves_model, view(), [cand("a"), cand("b", models=frozenset({"other"}))], ["a"]),
     (filters.serves_model, view(), [cand("a", models=frozenset())], ["a"]),  # not yet known: accepted

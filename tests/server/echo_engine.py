@@ -26,8 +26,9 @@ class Seen:
 
 @dataclass
 class EchoEngine:
-    """``mode``: ok | error (500 before any byte) | hang (never answers) | drop (cuts the stream
-    after the first event, or a plain body halfway) | unhealthy (/health 503).  ``events`` and
+    """``mode``: ok | error (500 before any byte) | hang (never answers) | stall (a stream's head,
+    then nothing) | drop (cuts the stream after the first event, or a plain body halfway) |
+    unhealthy (/health 503).  ``events`` and
     ``delay_s`` shape streams."""
 
     model: str = "echo"
@@ -161,6 +162,8 @@ class EchoEngine:
     async def _stream(self, request: web.Request, doc: dict[str, Any]) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "x-engine": "echo"})
         await resp.prepare(request)
+        if self.mode == "stall":
+            await asyncio.sleep(3600)
         for i, event in enumerate(self._events(request.path)):
             if self.mode == "drop" and i == 1:
                 await resp.write(event[: len(event) // 2])  # half an event, then the connection dies

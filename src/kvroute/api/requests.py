@@ -559,4 +559,5 @@ def parse_request(route: str, body: Any, headers: Mapping[str, str],
         max_tokens=_max_tokens(body, route),
         cache_salt=salt,
         cacheable=cacheable,
+        stream=body.get("stream") is True,
     )

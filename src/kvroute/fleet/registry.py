@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+from kvroute.fleet.breaker import Breaker, BreakerSettings, BreakerState, latency_outlier
 from kvroute.fleet.vllm_metrics import EngineMetrics
 from kvroute.routing.dispatch import Dispatcher
 from kvroute.routing.scheduler import Scheduler
@@ -21,6 +22,10 @@ from kvroute.routing.worker import WorkerState
 
 # Restart epochs must strictly increase even if the engine's clock is behind the router's.
 _EPOCH_STEP = 1e-3
+# Predictions below this are noise next to the event loop's own delays: latency is compared to it.
+_PREDICTION_FLOOR_S = 0.05
+# The fleet comparison (O(workers)) runs every few samples of a worker, not on every answer.
+_OUTLIER_EVERY = 4
 
 
 class RegistryListener(Protocol):
@@ -76,14 +81,16 @@ class WorkerRecord:
     restarts: int = 0
     requests: Counter[str] = field(default_factory=Counter)  # by decision kind
     history: deque[CounterSample] = field(default_factory=deque)
+    breaker: Breaker = field(default_factory=Breaker)
 
     @property
     def id(self) -> str:
         """The worker id (same as ``state.id``)."""
         return self.state.id
 
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-ready summary (admin API, dashboard)."""
+    def to_json(self, now: float | None = None) -> dict[str, Any]:
+        """A JSON-ready summary (admin API, dashboard); ``now`` (wall clock) dates the breaker's
+        cool-down."""
         s, m = self.state, self.metrics
         return {
             "id": s.id,
@@ -92,6 +99,8 @@ class WorkerRecord:
             "epoch": s.epoch,
             "healthy": s.healthy,
             "draining": s.draining,
+            "ejected": s.ejected,
+            "breaker": self.breaker.to_json(time.time() if now is None else now),
             "max_num_seqs": s.max_num_seqs,
             "max_model_len": s.max_model_len,
             "inflight": s.inflight,
@@ -130,6 +139,7 @@ class Registry:
         history_len: int = 3600,
         failure_threshold: int = 3,
         dispatch: Dispatcher | None = None,
+        breaker: BreakerSettings | None = None,
     ) -> None:
         # Engine figures reach the workers' states through the router's dispatch path (a private
         # one for a registry used on its own, as in tests).
@@ -137,6 +147,7 @@ class Registry:
         self._clock = clock
         self._history_len = history_len
         self._failure_threshold = failure_threshold
+        self._breaker = breaker or BreakerSettings(failures=failure_threshold)
         self._records: dict[str, WorkerRecord] = {}
         self._states: tuple[WorkerState, ...] = ()
         self._listeners: list[RegistryListener] = []
@@ -170,7 +181,7 @@ class Registry:
             state = old.state
         state.url, state.models, state.epoch = url, declared, epoch
         state.max_num_seqs = max_num_seqs
-        state.healthy, state.draining = True, False
+        state.healthy, state.draining, state.ejected = True, False, False
         state.running = state.waiting = state.kv_usage = state.max_model_len = None
         record = WorkerRecord(
             state=state,
@@ -178,6 +189,7 @@ class Registry:
             declared_models=declared,
             declared_max_num_seqs=max_num_seqs,
             history=deque(maxlen=self._history_len),
+            breaker=Breaker(self._breaker),
         )
         self._records[wid] = record
         self._states = tuple(r.state for r in self._records.values())
@@ -241,22 +253,55 @@ class Registry:
         if record is not None:
             record.requests[kind] += 1
 
+    def sending(self, record: WorkerRecord) -> None:
+        """A request is about to be sent to ``record``'s worker: if its breaker is half-open this
+        is the one trial, and the worker stops being a candidate until the trial reports back."""
+        breaker = record.breaker
+        if breaker.state is not BreakerState.CLOSED:
+            breaker.sending(self._clock())
+            self._sync(record)
+
     def mark_failure(self, worker_id: str, reason: str, *, unreachable: bool = False) -> None:
-        """A request to the worker failed.  Unreachable workers leave the candidate set at once;
-        others after ``failure_threshold`` failures in a row.  The probe brings them back."""
+        """A request to the worker failed.  An unreachable worker is unhealthy at once (the probe
+        brings it back when it answers again); every failure counts towards its circuit breaker,
+        which takes it out after ``breaker.failures`` in a row (only a request brings it back)."""
         record = self._records.get(worker_id)
         if record is None:
             return
-        record.consecutive_failures += 1
         record.last_error = reason
-        if unreachable or record.consecutive_failures >= self._failure_threshold:
+        if unreachable:
             record.state.healthy = False
+        now = self._clock()
+        record.breaker.tick(now)
+        record.breaker.failed(now, reason)
+        self._sync(record)
 
-    def mark_success(self, worker_id: str) -> None:
-        """A request to the worker got a response: reset its failure streak."""
+    def mark_success(self, worker_id: str, *, ttft_s: float | None = None, predicted_s: float = 0.0) -> None:
+        """A request to the worker got a response: its failure streak ends, a half-open breaker
+        closes.  ``ttft_s`` (a streamed answer's time to first token) and the ``predicted_s`` it
+        was routed with feed the latency-outlier detector."""
         record = self._records.get(worker_id)
-        if record is not None:
-            record.consecutive_failures = 0
+        if record is None:
+            return
+        breaker = record.breaker
+        was_closed = breaker.state is BreakerState.CLOSED
+        breaker.succeeded()
+        if not was_closed:
+            self._sync(record)
+        if ttft_s is None or ttft_s < 0:
+            return
+        breaker.observe(ttft_s, predicted_s, _PREDICTION_FLOOR_S)
+        if breaker.samples < self._breaker.outlier_min_samples or breaker.samples % _OUTLIER_EVERY:
+            return
+        ready = sum(1 for s in self._states if s.ready)
+        detail = latency_outlier({r.id: r.breaker for r in self._records.values()}, worker_id, ready)
+        if detail is not None:
+            breaker.eject(self._clock(), "latency", detail)
+            record.last_error = f"ejected: {detail}"
+            self._sync(record)
+
+    def _sync(self, record: WorkerRecord) -> None:
+        record.state.ejected = not record.breaker.admits
 
     # -- the probe's findings ---------------------------------------------------------------
     def apply_probe(self, worker_id: str, result: ProbeResult) -> None:
@@ -268,6 +313,10 @@ class Registry:
         now = self._clock()
         state = record.state
         record.last_probe = now
+        # Only the clock moves the breaker here: /health answering says nothing about whether the
+        # engine answers requests (a hung engine often still does), so it never closes a breaker.
+        if record.breaker.tick(now):
+            self._sync(record)
         if not result.reachable or not result.healthy:
             record.last_error = result.error
             record.consecutive_failures += 1

@@ -32,6 +32,9 @@ class Decision:
     estimated prompt tokens the chosen worker does not hold.  ``scores`` are the policy's
     scorers' values for the chosen worker (what the picker compared); ``considered`` how many
     workers the decision looked at (fewer than offered when a large fleet was pruned).
+    ``predicted_ttft_s`` is the predicted time to first token on the chosen worker (the policy's own
+    prediction, or the learned prefill speed over its backlog and the uncached prompt): what the
+    proxy's first-byte deadline scales.
     """
 
     worker_id: str | None
@@ -49,3 +52,4 @@ class Decision:
     prefill_tokens: int = 0
     scores: tuple[float, ...] = ()
     considered: int = 0
+    predicted_ttft_s: float = 0.0

@@ -10,7 +10,7 @@ from kvroute.routing.view import Candidate, Signal, View
 
 
 def _ready(view: View, cands: list[Candidate]) -> list[Candidate]:
-    return [c for c in cands if c.worker.healthy and not c.worker.draining]
+    return [c for c in cands if c.worker.ready]
 
 
 def _serves_model(view: View, cands: list[Candidate]) -> list[Candidate]:
@@ -47,7 +47,7 @@ def _load_within_slack(view: View, cands: list[Candidate]) -> list[Candidate]:
 
 
 ready = Filter("ready", _ready)
-"""Healthy and not draining (hard)."""
+"""Healthy, not draining and not ejected by the circuit breaker (hard)."""
 
 serves_model = Filter("serves_model", _serves_model)
 """Serves the requested model; a worker whose models are not yet known is accepted (hard)."""

@@ -19,6 +19,7 @@ class RoutingKey:
     the hash chain, so requests that an engine would never let share a cache never match.
     ``cacheable`` is False for requests that leave nothing in the engine's prefix cache
     (embeddings, token counting): they are routed but their blocks are not recorded.
+    ``stream`` says the client asked for a streamed answer (its first byte is the first token).
     """
 
     model: str
@@ -28,6 +29,7 @@ class RoutingKey:
     max_tokens: int = 0
     cache_salt: str | None = None
     cacheable: bool = True
+    stream: bool = False
 
     @property
     def cache_scope(self) -> bytes:

@@ -117,14 +117,28 @@ class Scheduler:
         if Signal.PREFIX not in needs:
             self._match(hashes, [chosen], now)  # for the log line, the metrics and the backlog
         kind, reason = policy.explain(view, cands, i)
+        prefill = max(0, round(key.est_prompt_tokens - policy.held(view, chosen)))
         return Decision(
             worker_id=chosen.worker.id, kind=kind, policy=policy.name, reason=reason,
             matched_blocks=chosen.matched_blocks, total_blocks=len(hashes), est_tokens=key.est_prompt_tokens,
             loads=tuple((c.worker.id, c.load) for c in cands), block_hashes=hashes,
             session_id=key.session_id, worker_epoch=chosen.worker.epoch, session=view.session,
-            prefill_tokens=max(0, round(key.est_prompt_tokens - policy.held(view, chosen))),
-            scores=keys[i], considered=considered,
+            prefill_tokens=prefill, scores=keys[i], considered=considered,
+            predicted_ttft_s=self.predicted_ttft(policy, view, chosen, prefill),
         )
+
+    def predicted_ttft(self, policy: Policy, view: View, c: Candidate, prefill_tokens: int) -> float:
+        """Predicted seconds to the first token on the chosen candidate ``c``: the policy's own
+        prediction when it has one (``auto``), else the prefill of the backlog ahead and the
+        uncached prompt at the worker's learned drain speed."""
+        if Signal.LEARNED not in policy.needs:
+            self._learned([c], view.block(LearningSettings), view.now)
+        if policy.predict is not None:
+            return policy.predict(view, c)
+        learned = self._learning.get(c.worker.id)
+        settings = view.block(LearningSettings)
+        rate = learned.drain_rate(settings) if learned is not None else settings.prefill_s_per_token
+        return rate * (c.backlog_tokens + prefill_tokens)
 
     # --- signal producers ------------------------------------------------------------------------
 
@@ -173,7 +187,7 @@ class Scheduler:
         model = view.key.model
 
         def accept(w: WorkerState) -> bool:
-            return w.healthy and not w.draining and w.serves(model) and w.id not in exclude
+            return w.ready and w.serves(model) and w.id not in exclude
 
         buckets = book.busy if rule.by == "busy" else book.engine_load
         bound = book.named(view.bound) if view.bound is not None else None

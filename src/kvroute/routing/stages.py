@@ -86,6 +86,8 @@ class Policy:
     router's backlog estimate adds the rest as prefill); ``settings`` lists the settings blocks the
     policy's own parts read (routing/settings.py), so configuration and help know them;
     ``needs`` adds signals its explainer or ``held`` read beyond those its stages declare.
+    ``predict`` is the policy's predicted time to first token on a candidate, in seconds (None: the
+    scheduler's generic estimate, see ``Scheduler.predicted_ttft``).
     """
 
     name: str
@@ -98,6 +100,7 @@ class Policy:
     extra_needs: frozenset[Signal] = frozenset()
     summary: str = ""
     pruning: Pruning | None = None
+    predict: Callable[[View, Candidate], float] | None = None
     # Every signal the policy's parts read (computed once).
     needs: frozenset[Signal] = field(init=False)
 

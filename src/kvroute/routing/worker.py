@@ -25,6 +25,9 @@ class WorkerState:
     epoch: float = 0.0
     healthy: bool = True
     draining: bool = False
+    # Out of rotation by the registry's circuit breaker or latency-outlier ejection (also while a
+    # half-open breaker's one trial request is under way); /health answering does not clear it.
+    ejected: bool = False
     max_num_seqs: int | None = None
     max_model_len: int | None = None
     inflight: int = 0
@@ -40,6 +43,11 @@ class WorkerState:
     def total_inflight(self) -> int:
         """Requests in flight on this worker from every router instance we know of."""
         return self.inflight + self.peer_inflight
+
+    @property
+    def ready(self) -> bool:
+        """Whether new requests may be sent here: healthy, not draining, not ejected."""
+        return self.healthy and not self.draining and not self.ejected
 
     def serves(self, model: str) -> bool:
         """Whether this worker serves ``model`` (an empty model list means not yet known: accept)."""

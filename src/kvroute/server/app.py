@@ -259,7 +259,7 @@ def build_app(settings: Settings, *, scheduler: Scheduler | None = None, sync: R
     when ``settings.redis_url`` is set)."""
     scheduler = scheduler or Scheduler(settings.routing_config())
     dispatch = Dispatcher(scheduler)
-    registry = Registry(failure_threshold=settings.failure_threshold,
+    registry = Registry(failure_threshold=settings.failure_threshold, breaker=settings.breaker_settings(),
                         history_len=math.ceil(_HISTORY_S / settings.probe_interval_s), dispatch=dispatch)
     router = Router(
         settings=settings,

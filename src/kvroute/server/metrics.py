@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
+from kvroute.fleet.breaker import STATE_VALUE
 from kvroute.fleet.metric_names import ROUTER_WORKER_PREFIX_HITS, ROUTER_WORKER_PREFIX_QUERIES
 from kvroute.fleet.registry import Registry
 
@@ -89,8 +90,24 @@ class _StateCollector(Collector):
         queries = CounterMetricFamily(ROUTER_WORKER_PREFIX_QUERIES,
                                       "vllm:prefix_cache_queries_total of the worker (tokens)",
                                       labels=["worker"])
+        breaker = GaugeMetricFamily("kvroute_breaker_state",
+                                    "The worker's circuit breaker: 0 closed, 1 half-open, 2 open",
+                                    labels=["worker"])
+        transitions = CounterMetricFamily("kvroute_breaker_transitions",
+                                          "Circuit-breaker state changes, by worker and new state",
+                                          labels=["worker", "to"])
+        ejections = CounterMetricFamily("kvroute_ejections",
+                                        "Workers taken out of rotation (breaker opened), by worker and "
+                                        "reason: failures, latency (outlier) or trial (half-open failed)",
+                                        labels=["worker", "reason"])
         for record in self._registry.records():
             s, wid = record.state, [record.id]
+            b = record.breaker
+            breaker.add_metric(wid, STATE_VALUE[b.state])
+            for to, n in b.transitions.items():
+                transitions.add_metric([record.id, to], n)
+            for reason, n in b.ejections.items():
+                ejections.add_metric([record.id, reason], n)
             inflight.add_metric(wid, s.inflight)
             healthy.add_metric(wid, 1.0 if s.healthy else 0.0)
             draining.add_metric(wid, 1.0 if s.draining else 0.0)
@@ -106,7 +123,8 @@ class _StateCollector(Collector):
                 hits.add_metric(wid, m.prefix_hits)
             if m is not None and m.prefix_queries is not None:
                 queries.add_metric(wid, m.prefix_queries)
-        yield from (inflight, healthy, draining, epoch, running, waiting, kv, hits, queries)
+        yield from (inflight, healthy, draining, epoch, running, waiting, kv, hits, queries, breaker,
+                    transitions, ejections)
         stats = self._stats()
         yield _gauge("kvroute_index_blocks", "Blocks held by the prefix index", stats.get("index_blocks"))
         yield _gauge("kvroute_sessions", "Sessions bound to a worker", stats.get("sessions"))
@@ -125,7 +143,10 @@ def _gauge(name: str, doc: str, value: Any) -> GaugeMetricFamily:
 # state and engine counters, the shared index and sessions — are taken from the answering process,
 # not multiplied.  A process is connected to Redis only if all are.
 _ANSWERING_PREFIXES = ("kvroute_worker_",)
-_ANSWERING = frozenset({"kvroute_index_blocks", "kvroute_sessions", "kvroute_sync_peers"})
+# Each process keeps its own breakers (on its own requests): its transitions and ejections add up,
+# the state shown is the answering process's.
+_ANSWERING = frozenset({"kvroute_index_blocks", "kvroute_sessions", "kvroute_sync_peers",
+                        "kvroute_breaker_state"})
 _LEAST = frozenset({"kvroute_sync_connected"})
 
 SampleKey = tuple[str, tuple[tuple[str, str], ...]]

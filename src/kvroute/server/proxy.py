@@ -1,10 +1,12 @@
 """Forwarding one request upstream: decide, send the original bytes, relay the answer as it comes.
 
 Before the first byte reaches the client, a worker that cannot be reached, drops the connection,
-times out or answers 5xx is marked and the request is decided again without it (bounded by
-``retries``).  Once bytes have gone out, a broken upstream ends the stream with an error event in
-the route's own format.  A client that goes away closes the upstream connection, which is how
-an engine learns to abort the request.
+times out, answers 5xx or sends no first byte (for a stream: no first token) within the request's
+first-byte deadline is marked and the request is decided again without it (bounded by
+``retries``).  A streamed answer's head is held back until its first event, so a worker that
+answers the head and then hangs can still be replaced.  Once bytes have gone out, a broken
+upstream ends the stream with an error event in the route's own format.  A client that goes
+away closes the upstream connection, which is how an engine learns to abort the request.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvroute.api.errors import error_body
+from kvroute.config import Settings
 from kvroute.routing.decision import Decision
 from kvroute.routing.dispatch import InFlight
 from kvroute.routing.key import RoutingKey
@@ -53,6 +56,25 @@ class _HeldAnswer:
     reason: bytes
     headers: bytes
     body: bytes
+
+
+def first_byte_deadline(settings: Settings, predicted_ttft_s: float, key: RoutingKey) -> float | None:
+    """Seconds an attempt may wait for its first byte before it is abandoned and retried elsewhere
+    (None: no deadline but ``upstream_read_timeout_s``).
+
+    The predicted time to first token times ``first_byte_factor``, within ``[first_byte_floor_s,
+    first_byte_ceiling_s]``.  A plain answer's first byte is its last, so it also gets
+    ``max_tokens * first_byte_decode_s_per_token``; without ``max_tokens`` its length is unknown and
+    only the read timeout applies."""
+    if not settings.first_byte_factor:
+        return None
+    deadline = min(max(predicted_ttft_s * settings.first_byte_factor, settings.first_byte_floor_s),
+                   settings.first_byte_ceiling_s)
+    if key.stream:
+        return deadline
+    if key.max_tokens and settings.first_byte_decode_s_per_token:
+        return deadline + key.max_tokens * settings.first_byte_decode_s_per_token
+    return None
 
 
 def serves_model(states: Sequence[WorkerState], model: str) -> bool:
@@ -170,14 +192,29 @@ class Proxy:
                 r.metrics.retries.labels(failure).inc()
             call: Call | None = None
             self._log(decision, key, attempts)
+            r.registry.sending(record)  # a half-open breaker's trial: nothing else goes there
             flight, records = dispatch.sent(key, decision, state)
+            deadline = first_byte_deadline(r.settings, decision.predicted_ttft_s, key)
             try:
                 r.publish(records)
                 try:
                     origin = pool.origin(state.url)
                     call = await pool.send(origin, b"POST " + origin.base_path + request.target
                                            + b" HTTP/1.1\r\nhost: " + origin.host_header + b"\r\n" + tail)
-                    head = await call.head
+                    # One timer per attempt (cheaper than asyncio.timeout on the hot path); on expiry
+                    # the call fails with reason first_byte_timeout, handled like any failure below.
+                    timer = None if deadline is None else \
+                        asyncio.get_running_loop().call_later(deadline, call.expire, deadline)
+                    try:
+                        head = await call.head
+                        if head.event_stream and head.status < 500:
+                            # Nothing has gone to the client yet: a stream's first byte is its first
+                            # event, and until it arrives the worker can still be replaced.
+                            await call.first_body
+                            dispatch.first_byte(flight)
+                    finally:
+                        if timer is not None:
+                            timer.cancel()
                 except UpstreamError as exc:
                     failure = exc.reason
                     r.registry.mark_failure(state.id, f"{failure}: {exc}", unreachable=exc.unreachable)
@@ -195,7 +232,8 @@ class Proxy:
                     r.metrics.failures.labels("http_5xx").inc()
                     exclude.append(state.id)
                     continue
-                r.registry.mark_success(state.id)
+                r.registry.mark_success(state.id, ttft_s=flight.ttft_s,
+                                        predicted_s=decision.predicted_ttft_s)
                 await self._relay(request, writer, route, call, head, flight, key, started, attempts)
                 return
             finally:

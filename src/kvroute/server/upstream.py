@@ -76,14 +76,17 @@ class ResponseHead:
 
 class Call:
     """One request on one connection: ``head`` resolves with the answer's head, then body chunks go
-    to the sink given to ``attach`` and ``done`` resolves when the answer ended (or fails)."""
+    to the sink given to ``attach`` and ``done`` resolves when the answer ended (or fails).
+    ``first_body`` resolves with the first body bytes (or the end of an empty body): for a stream,
+    the first token, which the proxy's first-byte deadline waits for."""
 
-    __slots__ = ("_conn", "_early", "_flush", "_sink", "completed", "done", "head")
+    __slots__ = ("_conn", "_early", "_flush", "_sink", "completed", "done", "first_body", "head")
 
     def __init__(self, conn: _Connection, loop: asyncio.AbstractEventLoop) -> None:
         self._conn = conn
         self.head: asyncio.Future[ResponseHead] = loop.create_future()
         self.done: asyncio.Future[None] = loop.create_future()
+        self.first_body: asyncio.Future[None] = loop.create_future()
         self._sink: BodySink | None = None
         self._flush: Callable[[], None] | None = None
         self._early: list[bytes] = []
@@ -116,7 +119,22 @@ class Call:
         self._fail(UpstreamError("reset", "aborted by the router"))
         self._conn.close()
 
+    def expire(self, seconds: float) -> None:
+        """The first byte did not come within ``seconds``: fail the call (``first_byte_timeout``) and
+        close the connection, which is how the engine learns to abort.  Nothing happens once the
+        first byte is here: a plain answer's head, a stream's first body bytes, or a 5xx head."""
+        if self.completed or self.first_body.done():
+            return
+        head = self.head
+        if head.done() and head.exception() is None and (
+                not head.result().event_stream or head.result().status >= 500):
+            return
+        self._fail(UpstreamError("first_byte_timeout", f"no first byte in {seconds:g} s"))
+        self._conn.close()
+
     def _body(self, data: bytes) -> None:
+        if not self.first_body.done():
+            self.first_body.set_result(None)
         if self._sink is not None:
             self._sink(data)
         else:
@@ -125,7 +143,7 @@ class Call:
     def _fail(self, error: UpstreamError) -> None:
         # Each future is marked retrieved: whoever awaits it still gets the error, and one nobody
         # awaits any more (the caller moved on to another worker) logs nothing.
-        for future in (self.head, self.done):
+        for future in (self.head, self.first_body, self.done):
             if not future.done():
                 future.set_exception(error)
                 future.exception()
@@ -228,6 +246,8 @@ class _Connection(asyncio.Protocol):
         head = self._head
         if head is not None and head.content_length is None and not head.chunked:
             # An answer delimited by the end of the connection ends here.
+            if not call.first_body.done():
+                call.first_body.set_result(None)
             call.done.set_result(None)
             return
         detail = f"connection closed by the worker{f': {exc}' if exc else ''}"
@@ -281,6 +301,8 @@ class _Connection(asyncio.Protocol):
             self._pool._release(self._origin, self)
         else:
             self.close()
+        if call is not None and not call.first_body.done():
+            call.first_body.set_result(None)
         if call is not None and not call.done.done():
             call.done.set_result(None)
 

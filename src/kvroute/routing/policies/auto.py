@@ -158,6 +158,11 @@ predicted_ttft = Scorer("predicted_ttft", _costs,
 """auto's cost of each candidate, in seconds (the module's docstring says what it counts)."""
 
 
+def predicted_ttft_s(view: View, c: Candidate) -> float:
+    """auto's predicted time to first token on ``c`` (what the proxy's first-byte deadline scales)."""
+    return _Prices.of(view).predicted(c)
+
+
 def _balanced_sessions(view: View, cands: list[Candidate]) -> list[Candidate]:
     spread = view.block(AutoSettings).session_spread
     if view.session is None or spread is None or len(cands) < 2 or view.bound_in(cands):
@@ -214,4 +219,5 @@ a bound session's turn stays unless a worker beats the cost of staying."""
 POLICY = Policy("auto", (*filters.BASE, filters.load_within_slack, balanced_sessions),
                 (predicted_ttft, scorers.deepest_match, scorers.inflight), pickers.lowest, explain,
                 held=expected_held_tokens, settings=(AutoSettings,), pruning=PRUNING,
+                predict=predicted_ttft_s,
                 summary="the lowest predicted time to first token (cache, queue, sessions)")

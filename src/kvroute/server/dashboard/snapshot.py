@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kvroute.fleet.breaker import BreakerState
 from kvroute.fleet.registry import WorkerRecord
 from kvroute.routing.config import ModelPolicy, RoutingConfig
 from kvroute.routing.decision import DecisionKind
@@ -65,7 +66,7 @@ def build_snapshot(view: FleetView, now: float, *, span_s: float = 3600.0,
         "window": window.to_json(),
         "ttfb": latency_percentiles(ttfb, window).to_json(),
         "models": [
-            _model(name, records, view.routing.policy_for(name), worker_stats, window)
+            _model(name, records, view.routing.policy_for(name), worker_stats, window, now)
             for name, records in sorted(by_model.items())
         ],
         "decisions": [_decision(r) for r in recent],
@@ -80,12 +81,24 @@ def _earliest(records: list[WorkerRecord], ttfb: list[tuple[float, float]]) -> f
 
 
 def _usable(record: WorkerRecord) -> bool:
-    return record.state.healthy and not record.state.draining
+    return record.state.ready
+
+
+def _status(record: WorkerRecord) -> str:
+    """draining, down (unhealthy), ejected (breaker open), trial (half-open) or healthy."""
+    s, breaker = record.state, record.breaker.state
+    if s.draining:
+        return "draining"
+    if not s.healthy:
+        return "down"
+    if breaker is BreakerState.OPEN:
+        return "ejected"
+    return "trial" if breaker is BreakerState.HALF_OPEN else "healthy"
 
 
 def _model(name: str, records: list[WorkerRecord], policy: ModelPolicy,
-           worker_stats: Mapping[str, Mapping[str, Any]], window: Window) -> dict[str, Any]:
-    replicas = [_replica(r, policy, worker_stats.get(r.id, {})) for r in records]
+           worker_stats: Mapping[str, Mapping[str, Any]], window: Window, now: float) -> dict[str, Any]:
+    replicas = [_replica(r, policy, worker_stats.get(r.id, {}), now) for r in records]
     return {
         "name": name,
         "policy": _policy(policy),
@@ -120,7 +133,8 @@ def _policy(policy: ModelPolicy) -> dict[str, Any]:
     }
 
 
-def _replica(record: WorkerRecord, policy: ModelPolicy, stats: Mapping[str, Any]) -> dict[str, Any]:
+def _replica(record: WorkerRecord, policy: ModelPolicy, stats: Mapping[str, Any],
+             now: float) -> dict[str, Any]:
     s, m = record.state, record.metrics
     requests = {kind: record.requests.get(kind, 0) for kind in _KINDS}
     sticky, overflow = requests["sticky"], requests["overflow"]
@@ -131,7 +145,8 @@ def _replica(record: WorkerRecord, policy: ModelPolicy, stats: Mapping[str, Any]
     return {
         "id": s.id,
         "url": s.url,
-        "status": "draining" if s.draining else ("healthy" if s.healthy else "down"),
+        "status": _status(record),
+        "breaker": record.breaker.to_json(now),
         "epoch": s.epoch,
         "restarts": record.restarts,
         "last_error": record.last_error,

@@ -180,7 +180,14 @@
 
   function replicaRow(w, now) {
     const req = w.requests;
-    const health = el("span", { class: "badge " + w.status, title: w.last_error || "" }, w.status);
+    const b = w.breaker || {};
+    // The circuit breaker: why it opened, when it lets a trial through, how often it opened.
+    const ejections = Object.entries(b.ejections || {}).map(([k, n]) => k + " " + n).join(", ");
+    const tip = [w.last_error, b.reason && "breaker: " + b.reason,
+      b.reopens_in_s != null && "trial in " + b.reopens_in_s.toFixed(1) + " s",
+      ejections && "ejections: " + ejections].filter(Boolean).join("\n");
+    const health = el("span", { class: "badge " + w.status, title: tip }, w.status,
+      ejections ? el("span", { class: "muted" }, " ×" + Object.values(b.ejections).reduce((x, y) => x + y, 0)) : null);
     return el("tr", { data: { replica: w.id } },
       el("td", { class: "id", title: w.url }, w.id),
       el("td", {}, health),
