@@ -4,9 +4,10 @@ own, exact error, and when every worker is full the least loaded wins."""
 
 from __future__ import annotations
 
-from kvroute.routing.settings import DEFAULT_MAX_NUM_SEQS
+from kvroute.routing.settings import DEFAULT_MAX_NUM_SEQS, PlacementSettings
 from kvroute.routing.stages import Filter
 from kvroute.routing.view import Candidate, Signal, View
+from kvroute.routing.worker import WorkerState
 
 
 def _ready(view: View, cands: list[Candidate]) -> list[Candidate]:
@@ -24,9 +25,14 @@ def fits_context(view: View, c: Candidate) -> bool:
     return limit is None or view.key.est_prompt_tokens + view.key.max_tokens <= limit
 
 
+def seq_slots(worker: WorkerState, placement: PlacementSettings) -> int:
+    """The worker's sequence slots: what it reports, else the configured or vLLM's default."""
+    return worker.max_num_seqs or placement.max_num_seqs or DEFAULT_MAX_NUM_SEQS
+
+
 def has_free_slot(view: View, c: Candidate) -> bool:
     """Fewer requests busy on the worker than its sequence slots."""
-    return c.busy < (c.worker.max_num_seqs or view.placement.max_num_seqs or DEFAULT_MAX_NUM_SEQS)
+    return c.busy < seq_slots(c.worker, view.placement)
 
 
 def _context_fits(view: View, cands: list[Candidate]) -> list[Candidate]:
