@@ -289,8 +289,9 @@ class FlowControl:
     def finished(self, model: str, now: float) -> None:
         """A request of ``model`` ended (the drain rate Retry-After predicts from)."""
         q = self._queues.get(model)
-        if q is not None:
-            q.finished.append(now)
+        if q is None:
+            q = self._queues[model] = _Queue()
+        q.finished.append(now)
 
     # --- figures ----------------------------------------------------------------------------------
 
