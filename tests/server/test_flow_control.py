@@ -42,7 +42,7 @@ async def one_slot(sim_fleet, router):
         fleet = await sim_fleet(1, speed=1.0, max_num_seqs=1)
         r = await router(fleet.urls, routing=routing)
         worker = r.router.registry.states()[0]
-        await until(lambda: worker.max_num_seqs == 1)
+        await until(lambda: worker.max_num_seqs == 1 and worker.kv_tokens is not None)
         return r, worker
     return make
 

@@ -173,6 +173,7 @@ class VirtualCluster:
         self._rid = itertools.count()
         self._live: dict[str, _Live] = {}
         self._waiting: dict[int, Ticket] = {}  # queued at the router, or woken and not yet routed
+        self.last_records: list[RequestRecord] = []  # the last step's requests, as the client saw them
         self._next_scrape = 0.0
         self._step: _StepRun | None = None
         self._poll_interval = 1.0
@@ -369,6 +370,7 @@ class VirtualCluster:
                               queries=sum(a.prefix_cache_queries - b.prefix_cache_queries for a, b in pairs),
                               preemptions=sum(a.num_preemptions - b.num_preemptions for a, b in pairs))
         self._step = None
+        self.last_records = step.records
         return summarize_step(label, sessions, duration_s, step.records, step.busy, cache), step.next_index
 
     def run(self, workload: Workload, steps: Sequence[int], duration_s: float, *,
