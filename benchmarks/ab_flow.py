@@ -1,6 +1,6 @@
 """Flow control on and off, through the virtual-time cluster, averaged over workload seeds.
 
-    python benchmarks/ab_flow.py                                           # auto on/off, least-loaded; seeds 0-7
+    python benchmarks/ab_flow.py                          # auto on/off, least-loaded; seeds 0-7
     python benchmarks/ab_flow.py --variants auto,auto/off --steps 24,32,48 --seeds 0-3
     python benchmarks/ab_flow.py --variants auto,auto/off --set flow_kv_fill=1.0
 
