@@ -264,3 +264,34 @@ def test_settings_are_validated() -> None:
                 {"flow_max_queued": -1}):
         with pytest.raises(ValueError):
             ModelPolicy(**bad)
+
+
+# --- session admission --------------------------------------------------------------------------
+
+def test_session_admission_holds_new_sessions_not_continuing_ones() -> None:
+    """With the fleet's KV (2 x 1000 tokens) held by served sessions, a new session waits while a
+    continuing one is admitted past it; once a session goes idle the new one starts."""
+    clock = Clock()
+    d = dispatcher(clock, flow_session_admission=True, flow_session_idle_s=5.0, flow_kv_fill=10.0)
+    workers = fleet(2, seqs=8, kv_tokens=1000)
+    a = send(d, key(900, session="a"), workers)
+    b = send(d, key(900, session="b"), workers)
+    new = d.admit(key(300, session="c"), workers)
+    assert new.queued  # 1800 + 300 > 2000, though both replicas have slots
+    d.finished(a, ok=True)
+    assert new.queued  # "a" ended just now: still part of the working set
+    again = d.admit(key(950, session="a", text="turn 2"), workers)
+    assert again.state is TicketState.GRANTED  # a continuing session goes past the held new one
+    a = send(d, again.key, workers)
+    d.finished(b, ok=True)
+    clock.t += 6.0
+    d.scraped(workers[0], 0, 0, 0.0)  # any wake re-checks: "b" has been idle for 6 s
+    assert new.state is TicketState.GRANTED
+
+
+def test_session_admission_is_off_by_default() -> None:
+    clock = Clock()
+    d = dispatcher(clock)
+    workers = fleet(1, seqs=8, kv_tokens=1000)
+    send(d, key(400, session="a"), workers)
+    assert d.admit(key(400, session="b"), workers).state is TicketState.GRANTED

@@ -53,6 +53,7 @@ class InFlight:
     done: bool = False
     model: str = ""
     tokens: int = 0  # KV footprint counted in the worker's inflight_tokens
+    session_id: str | None = None
 
     @property
     def ttft_s(self) -> float | None:
@@ -117,9 +118,11 @@ class Dispatcher:
         state.inflight_tokens += tokens
         self.book.touch(state)
         records = self.scheduler.commit(key, decision)
+        self.flow.session_sent(key)
         now = self._timer()
         self.flow.pump(now)
-        return InFlight(state, decision, now, model=key.model, tokens=tokens), records
+        return InFlight(state, decision, now, model=key.model, tokens=tokens,
+                        session_id=key.session_id), records
 
     def first_byte(self, flight: InFlight) -> None:
         """The worker's first byte of the answer arrived."""
@@ -143,6 +146,8 @@ class Dispatcher:
                                        cached_tokens=cached_tokens, ttft_s=ttft)
         now = self._timer()
         self.flow.finished(flight.model, now)
+        if flight.session_id is not None:
+            self.flow.session_finished(flight.model, flight.session_id, now)
         self.flow.pump(now)
 
     def scraped(self, state: WorkerState, running: int | None, waiting: int | None,

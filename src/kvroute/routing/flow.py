@@ -58,8 +58,21 @@ class FlowSettings:
     flow_queue_ttl_s: float = setting(
         60.0, "a request queued this long is shed with the API's overload answer")
 
+    flow_session_admission: bool = setting(
+        False, "start a new session only while the KV footprint of the sessions the fleet already "
+               "serves (their last request's prompt + max_tokens), plus the new one's, fits in "
+               "flow_session_fill x the fleet's KV cache; a held first turn waits in the queue")
+    flow_session_fill: float = setting(
+        1.0, "share of the fleet's KV cache the working set of active sessions may take before a new "
+             "session waits (with flow_session_admission)")
+    flow_session_idle_s: float = setting(
+        15.0, "a session stops counting in the working set this long after its last request ended")
+
     def __post_init__(self) -> None:
-        check_non_negative(self, "flow_aging_s", "flow_max_queued", "flow_max_queued_tokens")
+        check_non_negative(self, "flow_aging_s", "flow_max_queued", "flow_max_queued_tokens",
+                           "flow_session_idle_s")
+        if not isinstance(self.flow_session_fill, int | float) or not self.flow_session_fill > 0:
+            raise ValueError("flow_session_fill must be a positive share")
         if not isinstance(self.flow_kv_fill, int | float) or not self.flow_kv_fill > 0:
             raise ValueError("flow_kv_fill must be a positive share")
         if not isinstance(self.flow_queue_ttl_s, int | float) or not self.flow_queue_ttl_s > 0:
@@ -163,6 +176,8 @@ class _Queue:
     tokens: int = 0
     reserved: int = 0  # granted from the queue, not yet claimed by their edge
     finished: deque[float] = field(default_factory=lambda: deque(maxlen=64))
+    # Sessions the fleet serves: id -> [footprint of the last request, requests in flight, last end]
+    sessions: dict[str, list[float]] = field(default_factory=dict)
 
 
 class FlowControl:
@@ -193,7 +208,7 @@ class FlowControl:
         if q is None:
             q = self._queues[key.model] = _Queue()
         q.workers = workers
-        if not q.tickets and self._room(key, q) > q.reserved:
+        if not q.tickets and self._room(key, q) > q.reserved and self._session_fits(key, q, now, s):
             self._count_admitted(key.model, waited=False)
             return ticket
         if len(q.tickets) >= s.flow_max_queued:
@@ -204,6 +219,12 @@ class FlowControl:
         ticket.state = TicketState.QUEUED
         q.tickets.append(ticket)
         q.tokens += key.est_prompt_tokens
+        if self._room(key, q) > q.reserved:
+            # Room, but requests wait (new sessions held back): the order decides, now.
+            self.pump(now)
+            if ticket.holds:  # granted at once: its edge routes it without a callback
+                ticket.holds = False
+                q.reserved -= 1
         return ticket
 
     def _room(self, key: RoutingKey, q: _Queue) -> int:
@@ -223,6 +244,49 @@ class FlowControl:
                 room += 1
         return room if ready else 1 << 30
 
+    def _session_fits(self, key: RoutingKey, q: _Queue, now: float, s: FlowSettings) -> bool:
+        """Session admission: a request of a session the fleet already serves always fits; a new
+        session's first request fits while the working set of the served sessions plus its own
+        footprint stays within ``flow_session_fill`` of the fleet's KV cache (always, when the
+        setting is off, the request has no session, the KV sizes are unknown or nothing is served)."""
+        if not s.flow_session_admission or key.session_id is None or key.session_id in q.sessions:
+            return True
+        fleet = 0
+        for w in q.workers:
+            if w.healthy and not w.draining and w.serves(key.model):
+                if w.kv_tokens is None:
+                    return True
+                fleet += w.kv_tokens
+        working = 0.0
+        for sid, (tokens, inflight, ended) in list(q.sessions.items()):
+            if inflight <= 0 and now - ended > s.flow_session_idle_s:
+                del q.sessions[sid]  # idle: no longer part of the working set
+            else:
+                working += tokens
+        return working == 0 or working + footprint(key) <= s.flow_session_fill * fleet
+
+    def session_sent(self, key: RoutingKey) -> None:
+        """A request of ``key``'s session was sent: the session is served, with this footprint."""
+        if key.session_id is None:
+            return
+        q = self._queues.get(key.model)
+        if q is None:
+            q = self._queues[key.model] = _Queue()
+        entry = q.sessions.get(key.session_id)
+        if entry is None:
+            q.sessions[key.session_id] = [float(footprint(key)), 1.0, 0.0]
+        else:
+            entry[0] = float(footprint(key))
+            entry[1] += 1
+
+    def session_finished(self, model: str, session_id: str, now: float) -> None:
+        """A request of the session ended."""
+        q = self._queues.get(model)
+        entry = q.sessions.get(session_id) if q is not None else None
+        if entry is not None:
+            entry[1] -= 1
+            entry[2] = now
+
     def pump(self, now: float) -> list[Ticket]:
         """Grant queued requests, in each model's order, while a replica is admissible for the next
         one; returns the granted tickets (their ``on_decided`` has been called)."""
@@ -232,10 +296,11 @@ class FlowControl:
                 continue
             s = self._settings(model)
             order = ORDERS[s.flow_order]
-            while q.tickets:
-                best = min(q.tickets, key=lambda t: order(t, now, s))
+            for best in sorted(q.tickets, key=lambda t: order(t, now, s)):
                 if self._room(best.key, q) <= q.reserved:
                     break
+                if not self._session_fits(best.key, q, now, s):
+                    continue  # a new session held back; a continuing one behind it may go
                 self._leave(best, q, now)
                 best.state = TicketState.GRANTED
                 best.holds = True
