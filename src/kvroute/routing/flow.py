@@ -225,6 +225,8 @@ class FlowControl:
             if ticket.holds:  # granted at once: its edge routes it without a callback
                 ticket.holds = False
                 q.reserved -= 1
+                self.admitted[(key.model, "after_wait")] -= 1
+                self._count_admitted(key.model, waited=False)
         return ticket
 
     def _room(self, key: RoutingKey, q: _Queue) -> int:
