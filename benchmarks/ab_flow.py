@@ -3,9 +3,10 @@
     python benchmarks/ab_flow.py                          # auto on/off, least-loaded; seeds 0-7
     python benchmarks/ab_flow.py --variants auto,auto/off --steps 24,32,48 --seeds 0-3
     python benchmarks/ab_flow.py --variants auto,auto/off --set flow_kv_fill=1.0
+    python benchmarks/ab_flow.py --variants auto/sessions,auto,auto/off,least-loaded/off --steps 24,32,48
 
-A variant is ``POLICY`` (flow control with its defaults and ``--set``) or ``POLICY/off``
-(``flow_control = false``).  Per step, the mean over seeds of: output tokens/min, TTFB p50 / p95,
+A variant is ``POLICY`` (flow control with its defaults and ``--set``), ``POLICY/off``
+(``flow_control = false``) or ``POLICY/sessions`` (``flow_session_admission = true``).  Per step, the mean over seeds of: output tokens/min, TTFB p50 / p95,
 prefix hits, engine preemptions, the router-queue wait p50 / p95 (over every routed request,
 zero for those admitted at once) and the requests shed.  Each (variant, seed) runs on a fresh
 fleet, in parallel over ``--jobs`` processes; deterministic.
@@ -40,6 +41,8 @@ def _run(job: tuple[str, dict[str, Any], int, float, list[int], float]) -> list[
     variant, fields, seed, think, steps, duration = job
     policy, _, switch = variant.partition("/")
     settings = {**fields, "flow_control": switch != "off"}
+    if switch == "sessions":
+        settings["flow_session_admission"] = True
     cluster = cluster_for(ClusterConfig(policy=settings), policy)
     records_by_step: list[list[Any]] = []
     run = cluster.run(AgentWorkload(AgentWorkloadConfig(think_time_s=think), seed), steps, duration,
