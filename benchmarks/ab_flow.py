@@ -6,8 +6,8 @@
     python benchmarks/ab_flow.py --variants auto/sessions,auto,auto/off,least-loaded/off --steps 24,32,48
 
 A variant is ``POLICY`` (flow control with its defaults and ``--set``), ``POLICY/off``
-(``flow_control = false``) or ``POLICY/sessions`` (``flow_session_admission = true``).  Per step, the mean over seeds of: output tokens/min, TTFB p50 / p95,
-prefix hits, engine preemptions, the router-queue wait p50 / p95 (over every routed request,
+(``flow_control = false``) or ``POLICY/sessions`` (``flow_session_admission = true``).  Per
+step, the mean over seeds of: output tokens/min, TTFB p50 / p95, prefix hits, engine preemptions, the router-queue wait p50 / p95 (over every routed request,
 zero for those admitted at once) and the requests shed.  Each (variant, seed) runs on a fresh
 fleet, in parallel over ``--jobs`` processes; deterministic.
 """
