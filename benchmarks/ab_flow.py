@@ -7,9 +7,10 @@
 
 A variant is ``POLICY`` (flow control with its defaults and ``--set``), ``POLICY/off``
 (``flow_control = false``) or ``POLICY/sessions`` (``flow_session_admission = true``).  Per
-step, the mean over seeds of: output tokens/min, TTFB p50 / p95, prefix hits, engine preemptions, the router-queue wait p50 / p95 (over every routed request,
-zero for those admitted at once) and the requests shed.  Each (variant, seed) runs on a fresh
-fleet, in parallel over ``--jobs`` processes; deterministic.
+step, the mean over seeds of: output tokens/min, TTFB p50 / p95, prefix hits, engine
+preemptions, the router-queue wait p50 / p95 (over every routed request, zero for those
+admitted at once) and the requests shed.  Each (variant, seed) runs on a fresh fleet, in
+parallel over ``--jobs`` processes; deterministic.
 """
 
 from __future__ import annotations
