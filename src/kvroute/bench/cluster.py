@@ -7,7 +7,8 @@ hour.  Requests go through the same code as over HTTP wherever it matters: the r
 renders the prompt the engine sees, and each engine is the simulator's :class:`EngineModel`.
 
 The router's side is the server's own code: every request goes through the same
-:class:`~kvroute.routing.dispatch.Dispatcher` as over HTTP (route, sent, first byte, finished), and
+:class:`~kvroute.routing.dispatch.Dispatcher` as over HTTP (flow control's gate and queue, route,
+sent, first byte, finished; a request's time to first byte counts its wait at the gate), and
 engine figures reach it through ``Dispatcher.scraped``, so in-flight counts, backlog and learning
 are computed by one piece of code for both clocks.  What differs is only where events come from:
 
