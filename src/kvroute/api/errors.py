@@ -32,6 +32,7 @@ _ANTHROPIC_TYPES = {
     502: "api_error",
     503: "overloaded_error",
     504: "api_error",
+    529: "overloaded_error",
 }
 
 

@@ -7,7 +7,8 @@ hour.  Requests go through the same code as over HTTP wherever it matters: the r
 renders the prompt the engine sees, and each engine is the simulator's :class:`EngineModel`.
 
 The router's side is the server's own code: every request goes through the same
-:class:`~kvroute.routing.dispatch.Dispatcher` as over HTTP (route, sent, first byte, finished), and
+:class:`~kvroute.routing.dispatch.Dispatcher` as over HTTP (flow control's gate and queue, route,
+sent, first byte, finished; a request's time to first byte counts its wait at the gate), and
 engine figures reach it through ``Dispatcher.scraped``, so in-flight counts, backlog and learning
 are computed by one piece of code for both clocks.  What differs is only where events come from:
 
@@ -39,6 +40,7 @@ from kvroute.bench.workloads import PlannedRequest, SessionScript, Workload
 from kvroute.routing.config import ModelPolicy, RoutingConfig
 from kvroute.routing.decision import Decision
 from kvroute.routing.dispatch import Dispatcher, InFlight
+from kvroute.routing.flow import FlowSettings, Ticket, TicketState
 from kvroute.routing.key import RoutingKey
 from kvroute.routing.scheduler import Scheduler
 from kvroute.routing.worker import WorkerState
@@ -92,7 +94,7 @@ class _Live:
     record: RequestRecord
     loop: int
     engine: int
-    sent_at: float
+    arrived: float  # at the router: the time to first byte counts any wait in its queue
     step_start: float
     sim: SimRequest
     flight: InFlight
@@ -152,6 +154,8 @@ class VirtualCluster:
         engine_cfg = config.engine_config()
         self.model = engine_cfg.model
         self._overhead = engine_cfg.cost.request_overhead_s
+        # What vLLM's cache_config_info reports: num_gpu_blocks x block_size.
+        self._kv_tokens = engine_cfg.num_gpu_blocks * engine_cfg.block_size
         self.dispatch = Dispatcher(Scheduler(config.routing_config(policy), clock=self._clock),
                                    timer=lambda: self.now)
         self.engines = [EngineModel(engine_cfg, EPOCH) for _ in range(config.replicas)]
@@ -169,6 +173,8 @@ class VirtualCluster:
         self._seq = itertools.count()
         self._rid = itertools.count()
         self._live: dict[str, _Live] = {}
+        self._waiting: dict[int, Ticket] = {}  # queued at the router, or woken and not yet routed
+        self.last_records: list[RequestRecord] = []  # the last step's requests, as the client saw them
         self._next_scrape = 0.0
         self._step: _StepRun | None = None
         self._poll_interval = 1.0
@@ -189,7 +195,8 @@ class VirtualCluster:
     def _scrape(self) -> None:
         for w, engine in zip(self.workers, self.engines, strict=True):
             snap = engine.snapshot()
-            self.dispatch.scraped(w, snap.num_running, snap.num_waiting, snap.kv_cache_usage)
+            self.dispatch.scraped(w, snap.num_running, snap.num_waiting, snap.kv_cache_usage,
+                                  self._kv_tokens)
         self._next_scrape = self.now + self.config.scrape_interval_s
         self._at(self._next_scrape, self._scrape)
 
@@ -214,7 +221,7 @@ class VirtualCluster:
             rec = live.record
             if event.kind is EventKind.TOKEN and event.token_index == 0:
                 self.dispatch.first_byte(live.flight)
-                rec.ttfb_s = self.now - live.sent_at
+                rec.ttfb_s = self.now - live.arrived
             elif event.kind is EventKind.FINISHED:
                 rec.end_s = self.now - live.step_start
                 rec.prompt_tokens, rec.cached_tokens = event.prompt_tokens, event.cached_tokens
@@ -227,10 +234,46 @@ class VirtualCluster:
     # --- requests ---------------------------------------------------------------------------------
 
     def _send(self, loop: int, req: PlannedRequest, rec: RequestRecord) -> None:
-        assert self._step is not None
-        step_start = self._step.start
         body = req.openai_body(self.model)
         key: RoutingKey = route_key("chat", body, req.headers())
+        arrived = self.now
+
+        def decided(ticket: Ticket) -> None:  # granted or shed from the queue, as over HTTP
+            self._at(self.now, lambda: self._woken(ticket, loop, req, rec, body, key, arrived))
+
+        ticket = self.dispatch.admit(key, self.workers, decided)
+        if ticket.state is TicketState.SHED:
+            self._shed(ticket, loop, rec)
+        elif ticket.queued:
+            self._waiting[ticket.seq] = ticket
+            ttl = self.scheduler.policy_for(key.model).block(FlowSettings).flow_queue_ttl_s
+            self._at(self.now + ttl, lambda: self._expire(ticket))
+        else:
+            self._route(loop, req, rec, body, key, arrived)
+
+    def _woken(self, ticket: Ticket, loop: int, req: PlannedRequest, rec: RequestRecord,
+               body: dict[str, Any], key: RoutingKey, arrived: float) -> None:
+        if self._waiting.pop(ticket.seq, None) is None:
+            return  # withdrawn when the step was cut off
+        rec.queue_s = ticket.waited_s
+        if ticket.state is TicketState.SHED:
+            self._shed(ticket, loop, rec)
+            return
+        self.dispatch.claim(ticket)
+        self._route(loop, req, rec, body, key, arrived)
+
+    def _expire(self, ticket: Ticket) -> None:
+        self.dispatch.expire(ticket)  # a no-op once it left the queue
+
+    def _shed(self, ticket: Ticket, loop: int, rec: RequestRecord) -> None:
+        # What a client sees over HTTP: the overload answer (429 on the OpenAI route).
+        rec.error = f"HTTP 429: shed ({ticket.reason}), retry after {ticket.retry_after_s} s"
+        self._at(self.now + ticket.retry_after_s, lambda: self._after(loop, failed=True))
+
+    def _route(self, loop: int, req: PlannedRequest, rec: RequestRecord, body: dict[str, Any],
+               key: RoutingKey, arrived: float) -> None:
+        assert self._step is not None
+        step_start = self._step.start
         decision: Decision = self.dispatch.route(key, self.workers)
         if decision.worker_id is None:
             rec.error = decision.reason
@@ -243,7 +286,7 @@ class VirtualCluster:
         limit = g.max_tokens if g.max_tokens is not None else req.max_tokens
         rid = f"r{next(self._rid)}"
         sim = SimRequest(rid, g.prompt, filler(g.prompt, limit), limit, g.cache_salt)
-        live = _Live(rec, loop, e, self.now, step_start, sim, flight)
+        live = _Live(rec, loop, e, arrived, step_start, sim, flight)
         self._live[rid] = live
         self._at(self.now + self._overhead, lambda: self._arrive(live))
 
@@ -316,6 +359,8 @@ class VirtualCluster:
             self.engines[live.engine].abort(rid, self.now)
             self.dispatch.finished(live.flight, ok=False)
             del self._live[rid]
+        while self._waiting:  # requests still at the router's gate leave with the step
+            self.dispatch.withdraw(self._waiting.popitem()[1])
         # Pending engine steps and polls of this step are dropped; scrapes carry on from here.
         self._heap = []
         self._busy = [False] * len(self.engines)
@@ -326,6 +371,7 @@ class VirtualCluster:
                               queries=sum(a.prefix_cache_queries - b.prefix_cache_queries for a, b in pairs),
                               preemptions=sum(a.num_preemptions - b.num_preemptions for a, b in pairs))
         self._step = None
+        self.last_records = step.records
         return summarize_step(label, sessions, duration_s, step.records, step.busy, cache), step.next_index
 
     def run(self, workload: Workload, steps: Sequence[int], duration_s: float, *,

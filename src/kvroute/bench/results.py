@@ -25,6 +25,7 @@ class RequestRecord:
     worker: str | None = None
     error: str | None = None
     last_round: bool = False
+    queue_s: float = 0.0  # waited at the router's gate (flow control) before it was routed
 
 
 @dataclass(slots=True)

@@ -334,7 +334,7 @@ class Registry:
         if m is None:
             return
         record.metrics = m
-        self.dispatch.scraped(state, m.running, m.waiting, m.kv_usage)
+        self.dispatch.scraped(state, m.running, m.waiting, m.kv_usage, m.kv_tokens)
         if m.process_start_time is not None:
             if record.engine_start_time is not None and m.process_start_time != record.engine_start_time:
                 self._restarted(record, m.process_start_time)

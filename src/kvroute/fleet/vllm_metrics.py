@@ -38,6 +38,17 @@ class EngineMetrics:
     cache_config: dict[str, str] = field(default_factory=dict)
 
     @property
+    def kv_tokens(self) -> int | None:
+        """The KV cache in tokens, ``num_gpu_blocks x block_size`` from ``cache_config_info``
+        (None when the engine does not say; flow control then admits by sequence slots alone)."""
+        try:
+            blocks = int(self.cache_config["num_gpu_blocks"])
+            size = int(self.cache_config["block_size"])
+        except (KeyError, ValueError):
+            return None
+        return blocks * size if blocks > 0 and size > 0 else None
+
+    @property
     def has_load(self) -> bool:
         """Whether the engine reports its own queue (otherwise load is the router's in-flight count)."""
         return self.running is not None or self.waiting is not None

@@ -2,6 +2,10 @@
 
 Everything the router computes about a request's life goes through here, in this order:
 
+* ``admit``: flow control's gate (routing/flow.py) — go now, or wait in the model's queue until a
+  replica frees up (``claim`` when woken, just before routing), or be shed past its limits;
+  ``withdraw`` when the client left while waiting, ``expire`` at the queue's TTL, ``shed_all`` at
+  shutdown;
 * ``route``: the scheduler's decision;
 * ``sent``: the request leaves for its worker — ownership and session binding are recorded
   (``Scheduler.commit``), the worker's in-flight count goes up, and the facts for other router
@@ -12,6 +16,9 @@ Everything the router computes about a request's life goes through here, in this
 * ``scraped``: the engine's own figures arrived (running, waiting, KV usage), stamped with what
   the routers had in flight at that moment;
 * ``peer_load``: other router instances' in flight on a worker;
+
+``sent``, ``finished``, ``scraped`` and ``peer_load`` also wake the queues: whatever may have freed
+a replica grants the next queued requests (their edge is called back).
 * ``worker_epoch`` / ``worker_removed`` / ``remote``: the fleet changed, or another instance
   reported a fact.
 
@@ -27,6 +34,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from kvroute.routing.decision import Decision
+from kvroute.routing.flow import FlowControl, FlowSettings, Ticket, footprint
 from kvroute.routing.key import RoutingKey
 from kvroute.routing.loadbook import LoadBook
 from kvroute.routing.scheduler import Scheduler
@@ -43,6 +51,9 @@ class InFlight:
     sent_at: float
     first_byte_at: float | None = None
     done: bool = False
+    model: str = ""
+    tokens: int = 0  # KV footprint counted in the worker's inflight_tokens
+    session_id: str | None = None
 
     @property
     def ttft_s(self) -> float | None:
@@ -57,6 +68,41 @@ class Dispatcher:
         self.scheduler = scheduler
         self._timer = timer
         self.book = LoadBook()
+        self.flow = FlowControl(lambda m: scheduler.policy_for(m).block(FlowSettings),
+                                lambda m: scheduler.policy_for(m).placement)
+
+    def admit(self, key: RoutingKey, workers: Sequence[WorkerState],
+              on_decided: Callable[[Ticket], None] | None = None) -> Ticket:
+        """Flow control's gate for a request that just arrived: the ticket is granted (route it now),
+        queued (``on_decided`` is called once it is granted or shed; ``claim`` it before routing)
+        or shed (answer with the overload error, ``Retry-After: ticket.retry_after_s``)."""
+        def predict() -> tuple[int, bool]:
+            # Where it would go now, for the order only: it is decided afresh when granted.
+            d = self.scheduler.decide(key, workers, (), self.book)
+            resident = key.session_id is not None and d.matched_blocks > 0 and \
+                2 * d.prefill_tokens < d.est_tokens
+            return d.prefill_tokens, resident
+
+        ticket = self.flow.admit(key, workers, self._timer(), predict)
+        ticket.on_decided = on_decided
+        return ticket
+
+    def claim(self, ticket: Ticket) -> None:
+        """A ticket woken from the queue is being routed now (call it, then ``route`` and ``sent``
+        with no pause in between)."""
+        self.flow.claim(ticket)
+
+    def withdraw(self, ticket: Ticket) -> None:
+        """The client of a queued (or woken, unclaimed) ticket went away: no trace of it remains."""
+        self.flow.withdraw(ticket, self._timer())
+
+    def expire(self, ticket: Ticket) -> bool:
+        """The ticket's queue TTL passed: shed it if it still waits (True)."""
+        return self.flow.expire(ticket, self._timer())
+
+    def shed_all(self) -> list[Ticket]:
+        """Shutdown: shed every queued request at once (their ``on_decided`` is called)."""
+        return self.flow.shed_all(self._timer())
 
     def route(self, key: RoutingKey, workers: Sequence[WorkerState],
               exclude: Collection[str] = ()) -> Decision:
@@ -68,9 +114,15 @@ class Dispatcher:
         """``key`` leaves for ``state`` as ``decision`` said; returns its handle and the facts to
         publish to other router instances."""
         state.inflight += 1
+        tokens = footprint(key)
+        state.inflight_tokens += tokens
         self.book.touch(state)
         records = self.scheduler.commit(key, decision)
-        return InFlight(state, decision, self._timer()), records
+        self.flow.session_sent(key)
+        now = self._timer()
+        self.flow.pump(now)
+        return InFlight(state, decision, now, model=key.model, tokens=tokens,
+                        session_id=key.session_id), records
 
     def first_byte(self, flight: InFlight) -> None:
         """The worker's first byte of the answer arrived."""
@@ -86,25 +138,36 @@ class Dispatcher:
             return
         flight.done = True
         flight.state.inflight -= 1
+        flight.state.inflight_tokens -= flight.tokens
         self.book.touch(flight.state)
         if ok:
             ttft = flight.ttft_s if streamed else None
             self.scheduler.on_finished(flight.state.id, prompt_tokens=prompt_tokens,
                                        cached_tokens=cached_tokens, ttft_s=ttft)
+        now = self._timer()
+        self.flow.finished(flight.model, now)
+        if flight.session_id is not None:
+            self.flow.session_finished(flight.model, flight.session_id, now)
+        self.flow.pump(now)
 
     def scraped(self, state: WorkerState, running: int | None, waiting: int | None,
-                kv_usage: float | None) -> None:
-        """The engine's own figures, as just read from it.  What the routers had in flight at this
-        moment is stamped beside them: only load beyond it is load the routers cannot see."""
+                kv_usage: float | None, kv_tokens: int | None = None) -> None:
+        """The engine's own figures, as just read from it (``kv_tokens``: its KV cache size, when
+        known).  What the routers had in flight at this moment is stamped beside them: only load
+        beyond it is load the routers cannot see."""
         state.running, state.waiting, state.kv_usage = running, waiting, kv_usage
+        if kv_tokens is not None:
+            state.kv_tokens = kv_tokens
         state.scraped_inflight = state.inflight + state.peer_inflight
         self.book.touch(state)
+        self.flow.pump(self._timer())
 
     def peer_load(self, state: WorkerState, inflight: int) -> None:
         """Other router instances have ``inflight`` requests on ``state`` in total."""
         if state.peer_inflight != inflight:
             state.peer_inflight = inflight
             self.book.touch(state)
+            self.flow.pump(self._timer())
 
     def worker_epoch(self, worker_id: str, epoch: float) -> list[SyncRecord]:
         """A worker (re)registered or restarted at ``epoch``; returns the fact to publish if news."""

@@ -4,9 +4,10 @@ own, exact error, and when every worker is full the least loaded wins."""
 
 from __future__ import annotations
 
-from kvroute.routing.settings import DEFAULT_MAX_NUM_SEQS
+from kvroute.routing.settings import DEFAULT_MAX_NUM_SEQS, PlacementSettings
 from kvroute.routing.stages import Filter
 from kvroute.routing.view import Candidate, Signal, View
+from kvroute.routing.worker import WorkerState
 
 
 def _ready(view: View, cands: list[Candidate]) -> list[Candidate]:
@@ -24,10 +25,15 @@ def fitting_context(view: View, cands: list[Candidate]) -> list[Candidate]:
     return [c for c in cands if c.worker.max_model_len is None or need <= c.worker.max_model_len]
 
 
+def seq_slots(worker: WorkerState, placement: PlacementSettings) -> int:
+    """The worker's sequence slots: what it reports, else the configured or vLLM's default."""
+    return worker.max_num_seqs or placement.max_num_seqs or DEFAULT_MAX_NUM_SEQS
+
+
 def with_free_slot(view: View, cands: list[Candidate]) -> list[Candidate]:
     """The candidates with fewer requests busy than their sequence slots."""
-    default = view.placement.max_num_seqs or DEFAULT_MAX_NUM_SEQS
-    return [c for c in cands if c.busy < (c.worker.max_num_seqs or default)]
+    placement = view.placement
+    return [c for c in cands if c.busy < seq_slots(c.worker, placement)]
 
 
 def _context_fits(view: View, cands: list[Candidate]) -> list[Candidate]:

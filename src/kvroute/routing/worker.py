@@ -35,6 +35,10 @@ class WorkerState:
     running: int | None = None
     waiting: int | None = None
     kv_usage: float | None = None
+    # The engine's KV cache in tokens (num_gpu_blocks x block_size), when known; and the KV
+    # footprint (prompt + max_tokens) of what this router has sent there and not seen finish.
+    kv_tokens: int | None = None
+    inflight_tokens: int = 0
     # Router in-flight (own + peers) when running/waiting were scraped: the engine's figures minus
     # this are load from elsewhere; our own share is always taken fresh from the in-flight counts.
     scraped_inflight: int = 0

@@ -50,7 +50,19 @@ class Router:
     request_options: RequestOptions = field(default_factory=RequestOptions)
     sync: RouteSync | None = None
     upstream: UpstreamPool | None = None
-    closing: bool = False
+    _closing: bool = False
+
+    @property
+    def closing(self) -> bool:
+        """The router is shutting down.  Setting it sheds every request waiting at flow control's
+        gate at once (each gets the API's overload answer), since no replica will free up for it."""
+        return self._closing
+
+    @closing.setter
+    def closing(self, value: bool) -> None:
+        self._closing = value
+        if value:
+            self.dispatch.shed_all()
 
     @property
     def scheduler(self) -> Scheduler:

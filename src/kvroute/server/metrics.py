@@ -22,6 +22,7 @@ from kvroute.fleet.registry import Registry
 
 TTFB_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
                 120.0)
+QUEUE_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 BLOCK_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 
@@ -50,6 +51,15 @@ class RouterMetrics:
         self.failures = Counter(
             "kvroute_failures", "Failed upstream attempts and rejected requests, by reason",
             ["reason"], registry=r,
+        )
+        self.queue_wait = Histogram(
+            "kvroute_queue_wait_seconds",
+            "Time a request waited at the router's gate (flow control) before it was routed, by model",
+            ["model"], buckets=QUEUE_BUCKETS, registry=r,
+        )
+        self.shed = Counter(
+            "kvroute_shed", "Requests answered with the overload error by flow control, by model and reason",
+            ["model", "reason"], registry=r,
         )
         r.register(_StateCollector(registry, scheduler_stats))
 
@@ -125,9 +135,29 @@ class _StateCollector(Collector):
                 queries.add_metric(wid, m.prefix_queries)
         yield from (inflight, healthy, draining, epoch, running, waiting, kv, hits, queries, breaker,
                     transitions, ejections)
+        yield from _flow_families(self._registry)
         stats = self._stats()
         yield _gauge("kvroute_index_blocks", "Blocks held by the prefix index", stats.get("index_blocks"))
         yield _gauge("kvroute_sessions", "Sessions bound to a worker", stats.get("sessions"))
+
+
+def _flow_families(registry: Registry) -> Iterator[Metric]:
+    """Flow control's queues (routing/flow.py): depth and queued tokens per model, admissions."""
+    flow = registry.dispatch.flow
+    depth = GaugeMetricFamily("kvroute_queue_depth", "Requests waiting at the router's gate, by model",
+                              labels=["model"])
+    tokens = GaugeMetricFamily("kvroute_queue_tokens",
+                               "Estimated prompt tokens waiting at the router's gate, by model",
+                               labels=["model"])
+    for model, (n, t) in sorted(flow.depth().items()):
+        depth.add_metric([model], n)
+        tokens.add_metric([model], t)
+    admitted = CounterMetricFamily("kvroute_admitted",
+                                   "Requests flow control admitted, by model and whether they waited",
+                                   labels=["model", "when"])
+    for (model, when), count in sorted(flow.admitted.items()):
+        admitted.add_metric([model, when], count)
+    yield from (depth, tokens, admitted)
 
 
 def _gauge(name: str, doc: str, value: Any) -> GaugeMetricFamily:

@@ -21,6 +21,7 @@ from kvroute.api.errors import error_body
 from kvroute.config import Settings
 from kvroute.routing.decision import Decision
 from kvroute.routing.dispatch import InFlight
+from kvroute.routing.flow import FlowSettings, Ticket, TicketState
 from kvroute.routing.key import RoutingKey
 from kvroute.routing.worker import WorkerState
 from kvroute.server.activity import RoutedRequest
@@ -179,6 +180,10 @@ class Proxy:
         decision: Decision | None = None
         attempts = 0
         dispatch = r.dispatch
+        ticket = dispatch.admit(key, r.registry.states())
+        if ticket.state is not TicketState.GRANTED and \
+                not await self._wait(ticket, writer, route, key, started):
+            return
         while attempts <= r.settings.retries:
             decision = dispatch.route(key, r.registry.states(), exclude)
             if decision.worker_id is None:
@@ -239,6 +244,60 @@ class Proxy:
             finally:
                 dispatch.finished(flight, ok=False)  # a no-op once the relay accounted for it
         self._give_up(writer, route, key, decision, held, failure, attempts, started)
+
+    async def _wait(self, ticket: Ticket, writer: ResponseWriter, route: Route, key: RoutingKey,
+                    started: float) -> bool:
+        """Hold a request flow control queued until a replica is admissible for it (True: route it
+        now) or it is shed (answered here with the API's overload error, False).  A client that
+        leaves while it waits withdraws it: nothing of it stays counted."""
+        r = self._r
+        dispatch = r.dispatch
+        if ticket.queued:
+            woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+            def decided(_: Ticket) -> None:
+                if not woken.done():
+                    woken.set_result(None)
+
+            ticket.on_decided = decided
+            ttl = r.scheduler.policy_for(key.model).block(FlowSettings).flow_queue_ttl_s
+            try:
+                await asyncio.wait_for(woken, ttl)
+            except TimeoutError:
+                dispatch.expire(ticket)
+            except asyncio.CancelledError:
+                dispatch.withdraw(ticket)
+                r.metrics.failures.labels("client_disconnect").inc()
+                raise
+        if ticket.state is TicketState.GRANTED:
+            dispatch.claim(ticket)
+            r.metrics.queue_wait.labels(key.model).observe(ticket.waited_s)
+            if decision_log.isEnabledFor(logging.INFO):
+                decision_log.info("[FLOW] waited %.3f s: no replica was admissible (predicted prefill %d, "
+                                  "resident %s) model=%s", ticket.waited_s, ticket.prefill_tokens,
+                                  ticket.resident, key.model)
+            return True
+        self._overloaded(ticket, writer, route, key, started)
+        return False
+
+    def _overloaded(self, ticket: Ticket, writer: ResponseWriter, route: Route, key: RoutingKey,
+                    started: float) -> None:
+        """The API's own overload answer: 429 with an ``error`` object on OpenAI routes, 529
+        ``overloaded_error`` on Anthropic ones (what Claude Code retries), with ``Retry-After``
+        from the queue's predicted drain."""
+        r = self._r
+        reason = ticket.reason.value if ticket.reason is not None else "shed"
+        status = 529 if route.style == "anthropic" else 429
+        r.metrics.shed.labels(key.model, reason).inc()
+        message = (f"the router's queue for model {key.model!r} is over its limit ({reason}); "
+                   f"retry after {ticket.retry_after_s} s")
+        writer.respond(status, JSON_HEADERS + b"retry-after: %d\r\n" % ticket.retry_after_s,
+                       error_body(route.style, status, message, code=reason))
+        r.activity.record(RoutedRequest(
+            time=time.time(), route=route.name, model=key.model, worker=None, kind="shed",
+            reason=f"[FLOW] shed: {reason} after {ticket.waited_s:.3f} s in the queue", matched_blocks=0,
+            total_blocks=0, attempts=0, status=status, ttfb_s=None, duration_s=time.perf_counter() - started,
+        ))
 
     async def _hold(self, call: Call, head: ResponseHead, state: WorkerState) -> _HeldAnswer:
         parts: list[bytes] = []

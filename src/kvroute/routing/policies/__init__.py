@@ -8,6 +8,7 @@ its own with :func:`register`.
 
 from __future__ import annotations
 
+from kvroute.routing.flow import FlowSettings
 from kvroute.routing.learning import LearningSettings
 from kvroute.routing.policies import auto, balance, prefix, session
 from kvroute.routing.settings import PlacementSettings
@@ -27,7 +28,7 @@ BUILT_IN_NAMES: tuple[str, ...] = tuple(POLICIES)
 
 # Settings blocks every model carries, in the order help and docs list them.  The learned figures
 # are always kept (a model's policy can change at run time through the admin API).
-BLOCKS: list[type] = [PlacementSettings, LearningSettings]
+BLOCKS: list[type] = [PlacementSettings, LearningSettings, FlowSettings]
 for _p in _BUILT_IN:
     BLOCKS.extend(b for b in _p.settings if b not in BLOCKS)
 

@@ -1,0 +1,416 @@
+"""Flow control: hold requests at the router while no replica can start them, and admit them in a
+cache- and session-aware order when one can.
+
+The router used to forward every request the moment it arrived; past the fleet's capacity each
+engine's own FCFS queue then bound the request to that replica early, and the prefills admitted
+ahead of a session's next turn evicted the blocks that would have made that turn cheap.  Here a
+request is *admitted* only while some replica is *admissible* for it (see :func:`admissible`);
+otherwise it waits in its model's queue and is decided — the whole pipeline, afresh — once a
+replica frees up.  Past the queue's caps, or after its TTL, it is *shed*: the edge answers with
+the API's own overload error and a ``Retry-After`` from the predicted drain (:meth:`retry_after`).
+
+Pure: no clock (the dispatcher passes its timer's readings), no I/O.  The dispatcher
+(routing/dispatch.py) owns the one ``FlowControl`` of a router and calls it from both clocks:
+``admit`` on arrival, ``pump`` whenever a replica may have freed up (a response ended, a scrape,
+other routers' load), ``claim`` when a woken request is about to be routed, ``withdraw`` when its
+client left, ``expire`` at its TTL and ``shed_all`` at shutdown.  A ticket's ``on_decided``
+callback is how the edge learns that it was granted or shed (an asyncio future over HTTP, an event
+on the virtual clock in simulation).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from kvroute.routing.filters import seq_slots
+from kvroute.routing.key import RoutingKey
+from kvroute.routing.settings import PlacementSettings, check_non_negative, setting
+from kvroute.routing.view import Candidate
+from kvroute.routing.worker import WorkerState
+
+
+@dataclass(frozen=True, slots=True)
+class FlowSettings:
+    """Flow control's settings (docs/flow-control.md)."""
+
+    # Off by default: measured so far, the gate alone cuts preemptions but not TTFB or output
+    # (docs/flow-control.md, "Why it is off by default").
+    flow_control: bool = setting(
+        False, "hold requests at the router while no replica is admissible, and admit them in "
+               "flow_order when one frees up; false: forward every request at once")
+    flow_kv_fill: float = setting(
+        1.25, "a replica is admissible while the KV footprint of what the routers sent it and have "
+             "not seen finish (prompt + max_tokens), plus the request's, stays within this share "
+             "of its KV cache (when the engine's KV size is known)")
+    flow_order: str = setting(
+        "cache", "order of queued requests: 'cache' (continuing sessions' turns with a resident "
+                 "prefix first, then shortest predicted prefill, aged) or 'fifo'")
+    flow_aging_s: float = setting(
+        10.0, "a queued request waiting this long goes ahead of every younger one (oldest first), "
+              "so the 'cache' order cannot starve a long prompt")
+    flow_max_queued: int = setting(
+        1024, "most requests a model's queue holds; past it a request is shed (429 / 529)")
+    flow_max_queued_tokens: int = setting(
+        0, "most estimated prompt tokens a model's queue holds (0: no limit); past it a request "
+           "is shed")
+    flow_queue_ttl_s: float = setting(
+        60.0, "a request queued this long is shed with the API's overload answer")
+
+    flow_session_admission: bool = setting(
+        False, "start a new session only while the KV footprint of the sessions the fleet already "
+               "serves (their last request's prompt + max_tokens), plus the new one's, fits in "
+               "flow_session_fill x the fleet's KV cache; a held first turn waits in the queue")
+    flow_session_fill: float = setting(
+        1.0, "share of the fleet's KV cache the working set of active sessions may take before a new "
+             "session waits (with flow_session_admission)")
+    flow_session_idle_s: float = setting(
+        15.0, "a session stops counting in the working set this long after its last request ended")
+
+    def __post_init__(self) -> None:
+        check_non_negative(self, "flow_aging_s", "flow_max_queued", "flow_max_queued_tokens",
+                           "flow_session_idle_s")
+        if not isinstance(self.flow_session_fill, int | float) or not self.flow_session_fill > 0:
+            raise ValueError("flow_session_fill must be a positive share")
+        if not isinstance(self.flow_kv_fill, int | float) or not self.flow_kv_fill > 0:
+            raise ValueError("flow_kv_fill must be a positive share")
+        if not isinstance(self.flow_queue_ttl_s, int | float) or not self.flow_queue_ttl_s > 0:
+            raise ValueError("flow_queue_ttl_s must be a positive number of seconds")
+        if self.flow_order not in ORDERS:
+            raise ValueError(f"flow_order must be one of {', '.join(ORDERS)}")
+
+
+class TicketState(StrEnum):
+    """Where a request stands at the router's gate."""
+
+    QUEUED = "queued"
+    GRANTED = "granted"  # may be routed now (``claim`` before routing, when it waited)
+    SHED = "shed"  # answered with the overload error
+    WITHDRAWN = "withdrawn"  # its client left while it waited
+
+
+class ShedReason(StrEnum):
+    """Why a request was shed; the ``reason`` metric label."""
+
+    QUEUE_FULL = "queue_full"
+    QUEUE_TOKENS = "queue_tokens"
+    TTL = "ttl"
+    SHUTDOWN = "shutdown"
+
+
+@dataclass(slots=True, eq=False)
+class Ticket:
+    """One request at the gate.
+
+    ``prefill_tokens`` and ``resident`` are the queue's prediction at arrival (what the order
+    reads): the prompt tokens the replica it would go to does not hold, and whether it is a
+    continuing session's turn whose prefix is still there.  ``waited_s`` is set when it leaves the
+    queue; ``retry_after_s`` when it is shed.
+    """
+
+    key: RoutingKey
+    arrived: float
+    state: TicketState = TicketState.GRANTED
+    prefill_tokens: int = 0
+    resident: bool = False
+    waited_s: float = 0.0
+    reason: ShedReason | None = None
+    retry_after_s: int = 0
+    on_decided: Callable[[Ticket], None] | None = None
+    seq: int = 0
+    holds: bool = False  # granted from the queue and not yet claimed: counts as a reservation
+
+    @property
+    def queued(self) -> bool:
+        """Still waiting for a replica."""
+        return self.state is TicketState.QUEUED
+
+
+# An order maps (ticket, now, settings) to a sort key; the smallest key is admitted first.
+Order = Callable[[Ticket, float, FlowSettings], tuple[float, ...]]
+
+
+def cache_order(t: Ticket, now: float, s: FlowSettings) -> tuple[float, ...]:
+    """Aged requests first (oldest first); then continuing sessions whose prefix is resident, then
+    the shortest predicted prefill, then arrival."""
+    if now - t.arrived >= s.flow_aging_s:
+        return (0.0, t.arrived, t.seq)
+    return (1.0, 0.0 if t.resident else 1.0, float(t.prefill_tokens), t.arrived, t.seq)
+
+
+def fifo_order(t: Ticket, now: float, s: FlowSettings) -> tuple[float, ...]:
+    """Arrival order."""
+    return (t.arrived, t.seq)
+
+
+ORDERS: dict[str, Order] = {"cache": cache_order, "fifo": fifo_order}
+
+
+def footprint(key: RoutingKey) -> int:
+    """KV tokens a request holds while it runs: its prompt and at most ``max_tokens`` of output."""
+    return key.est_prompt_tokens + key.max_tokens
+
+
+def admissible(w: WorkerState, need: int, placement: PlacementSettings, kv_fill: float) -> bool:
+    """Whether ``w`` can start a request needing ``need`` KV tokens without queueing it behind a full
+    batch or preempting: a free sequence slot by every count the router has (its own, the other
+    routers', the engine's scraped load beyond them), and — when the engine's KV size is known —
+    room for the KV footprint of what the routers have sent it and not seen finish.  A replica with
+    nothing of the routers' in flight always has room (a prompt bigger than the cache is the
+    engine's to refuse)."""
+    if Candidate.of(w).busy >= seq_slots(w, placement):
+        return False
+    cap = w.kv_tokens
+    if cap is None or w.inflight_tokens == 0:
+        return True
+    return w.inflight_tokens + need <= kv_fill * cap
+
+
+@dataclass(slots=True)
+class _Queue:
+    """One model's waiting requests and the fleet they wait for."""
+
+    workers: Sequence[WorkerState] = ()
+    tickets: list[Ticket] = field(default_factory=list)
+    tokens: int = 0
+    reserved: int = 0  # granted from the queue, not yet claimed by their edge
+    finished: deque[float] = field(default_factory=lambda: deque(maxlen=64))
+    # Sessions the fleet serves: id -> [footprint of the last request, requests in flight, last end]
+    sessions: dict[str, list[float]] = field(default_factory=dict)
+
+
+class FlowControl:
+    """Every model's gate and queue (see the module's docstring)."""
+
+    def __init__(self, settings: Callable[[str], FlowSettings],
+                 placement: Callable[[str], PlacementSettings]) -> None:
+        self._settings = settings
+        self._placement = placement
+        self._queues: dict[str, _Queue] = {}
+        self._seq = 0
+        self.admitted: dict[tuple[str, str], int] = {}  # by (model, "at_once" | "after_wait")
+        self.shed: dict[tuple[str, str], int] = {}  # by (model, reason)
+
+    # --- the gate ---------------------------------------------------------------------------------
+
+    def admit(self, key: RoutingKey, workers: Sequence[WorkerState], now: float,
+              predict: Callable[[], tuple[int, bool]]) -> Ticket:
+        """A request arrived: grant it at once while some replica is admissible for it and nothing
+        waits ahead of it; else queue it (``predict`` gives its predicted prefill and whether its
+        prefix is resident, for the order) or shed it past the caps."""
+        s = self._settings(key.model)
+        self._seq += 1
+        ticket = Ticket(key, now, seq=self._seq)
+        q = self._queues.get(key.model)
+        if not s.flow_control:
+            return ticket
+        if q is None:
+            q = self._queues[key.model] = _Queue()
+        q.workers = workers
+        if not q.tickets and self._room(key, q) > q.reserved and self._session_fits(key, q, now, s):
+            self._count_admitted(key.model, waited=False)
+            return ticket
+        if len(q.tickets) >= s.flow_max_queued:
+            return self._shed(ticket, q, ShedReason.QUEUE_FULL, now, s, queued=False)
+        if s.flow_max_queued_tokens and q.tokens + key.est_prompt_tokens > s.flow_max_queued_tokens:
+            return self._shed(ticket, q, ShedReason.QUEUE_TOKENS, now, s, queued=False)
+        ticket.prefill_tokens, ticket.resident = predict()
+        ticket.state = TicketState.QUEUED
+        q.tickets.append(ticket)
+        q.tokens += key.est_prompt_tokens
+        if self._room(key, q) > q.reserved:
+            # Room, but requests wait (new sessions held back): the order decides, now.
+            self.pump(now)
+            if ticket.holds:  # granted at once: its edge routes it without a callback
+                ticket.holds = False
+                q.reserved -= 1
+                self.admitted[(key.model, "after_wait")] -= 1
+                self._count_admitted(key.model, waited=False)
+        return ticket
+
+    def _room(self, key: RoutingKey, q: _Queue) -> int:
+        """How many replicas are admissible for ``key`` (the replicas able to serve its model at
+        all, when none is: then the pipeline answers, not the queue)."""
+        placement = self._placement(key.model)
+        fill = self._settings(key.model).flow_kv_fill
+        need = footprint(key)
+        model = key.model
+        ready = 0
+        room = 0
+        for w in q.workers:
+            if not w.healthy or w.draining or not w.serves(model):
+                continue
+            ready += 1
+            if admissible(w, need, placement, fill):
+                room += 1
+        return room if ready else 1 << 30
+
+    def _session_fits(self, key: RoutingKey, q: _Queue, now: float, s: FlowSettings) -> bool:
+        """Session admission: a request of a session the fleet already serves always fits; a new
+        session's first request fits while the working set of the served sessions plus its own
+        footprint stays within ``flow_session_fill`` of the fleet's KV cache (always, when the
+        setting is off, the request has no session, the KV sizes are unknown or nothing is served)."""
+        if not s.flow_session_admission or key.session_id is None or key.session_id in q.sessions:
+            return True
+        fleet = 0
+        for w in q.workers:
+            if w.healthy and not w.draining and w.serves(key.model):
+                if w.kv_tokens is None:
+                    return True
+                fleet += w.kv_tokens
+        working = 0.0
+        for sid, (tokens, inflight, ended) in list(q.sessions.items()):
+            if inflight <= 0 and now - ended > s.flow_session_idle_s:
+                del q.sessions[sid]  # idle: no longer part of the working set
+            else:
+                working += tokens
+        return working == 0 or working + footprint(key) <= s.flow_session_fill * fleet
+
+    def session_sent(self, key: RoutingKey) -> None:
+        """A request of ``key``'s session was sent: the session is served, with this footprint."""
+        if key.session_id is None:
+            return
+        q = self._queues.get(key.model)
+        if q is None:
+            q = self._queues[key.model] = _Queue()
+        entry = q.sessions.get(key.session_id)
+        if entry is None:
+            q.sessions[key.session_id] = [float(footprint(key)), 1.0, 0.0]
+        else:
+            entry[0] = float(footprint(key))
+            entry[1] += 1
+
+    def session_finished(self, model: str, session_id: str, now: float) -> None:
+        """A request of the session ended."""
+        q = self._queues.get(model)
+        entry = q.sessions.get(session_id) if q is not None else None
+        if entry is not None:
+            entry[1] -= 1
+            entry[2] = now
+
+    def pump(self, now: float) -> list[Ticket]:
+        """Grant queued requests, in each model's order, while a replica is admissible for the next
+        one; returns the granted tickets (their ``on_decided`` has been called)."""
+        granted: list[Ticket] = []
+        for model, q in self._queues.items():
+            if not q.tickets:
+                continue
+            s = self._settings(model)
+            order = ORDERS[s.flow_order]
+            for best in sorted(q.tickets, key=lambda t: order(t, now, s)):
+                if self._room(best.key, q) <= q.reserved:
+                    break
+                if not self._session_fits(best.key, q, now, s):
+                    continue  # a new session held back; a continuing one behind it may go
+                self._leave(best, q, now)
+                best.state = TicketState.GRANTED
+                best.holds = True
+                q.reserved += 1
+                self._count_admitted(model, waited=True)
+                granted.append(best)
+                if best.on_decided is not None:
+                    best.on_decided(best)
+        return granted
+
+    def claim(self, ticket: Ticket) -> None:
+        """A ticket granted from the queue is about to be routed and sent (with no pause in between,
+        so its replica's load counts it from then on): its reservation ends."""
+        if ticket.holds:
+            ticket.holds = False
+            q = self._queues.get(ticket.key.model)
+            if q is not None:
+                q.reserved -= 1
+
+    def withdraw(self, ticket: Ticket, now: float) -> list[Ticket]:
+        """Its client left: the ticket leaves no trace (out of the queue, its reservation back).
+        Returns the tickets this granted to others."""
+        q = self._queues.get(ticket.key.model)
+        if ticket.state is TicketState.QUEUED and q is not None:
+            self._leave(ticket, q, now)
+        self.claim(ticket)
+        if ticket.state is not TicketState.SHED:
+            ticket.state = TicketState.WITHDRAWN
+        return self.pump(now)
+
+    def expire(self, ticket: Ticket, now: float) -> bool:
+        """The ticket's TTL passed: shed it if it still waits (True), else nothing (False)."""
+        q = self._queues.get(ticket.key.model)
+        if ticket.state is not TicketState.QUEUED or q is None:
+            return False
+        self._leave(ticket, q, now)
+        s = self._settings(ticket.key.model)
+        self._shed(ticket, q, ShedReason.TTL, now, s, queued=True)
+        return True
+
+    def shed_all(self, now: float) -> list[Ticket]:
+        """Shutdown: every queued request is shed at once."""
+        out: list[Ticket] = []
+        for model, q in self._queues.items():
+            s = self._settings(model)
+            for t in list(q.tickets):
+                self._leave(t, q, now)
+                out.append(self._shed(t, q, ShedReason.SHUTDOWN, now, s, queued=True))
+        return out
+
+    def finished(self, model: str, now: float) -> None:
+        """A request of ``model`` ended (the drain rate Retry-After predicts from)."""
+        q = self._queues.get(model)
+        if q is None:
+            q = self._queues[model] = _Queue()
+        q.finished.append(now)
+
+    # --- figures ----------------------------------------------------------------------------------
+
+    def retry_after(self, model: str, now: float) -> int:
+        """Seconds after which a shed request may find room: the queue's length over the rate at
+        which the model's requests recently finished (whole seconds, at least 1, at most the TTL)."""
+        s = self._settings(model)
+        q = self._queues.get(model)
+        ahead = 1 + (len(q.tickets) if q is not None else 0)
+        rate = self.drain_rate(model, now)
+        ttl = max(1, math.ceil(s.flow_queue_ttl_s))
+        if rate <= 0:
+            return ttl
+        return max(1, min(ttl, math.ceil(ahead / rate)))
+
+    def drain_rate(self, model: str, now: float) -> float:
+        """Requests of ``model`` finished per second, over the last (at most 64) completions."""
+        q = self._queues.get(model)
+        if q is None or len(q.finished) < 2:
+            return 0.0
+        span = max(now, q.finished[-1]) - q.finished[0]
+        return (len(q.finished) - 1) / span if span > 0 else 0.0
+
+    def depth(self) -> dict[str, tuple[int, int]]:
+        """Queued requests and queued estimated prompt tokens, by model."""
+        return {m: (len(q.tickets), q.tokens) for m, q in self._queues.items()}
+
+    def queued(self, model: str) -> list[Ticket]:
+        """The model's queued tickets, in arrival order."""
+        q = self._queues.get(model)
+        return list(q.tickets) if q is not None else []
+
+    # --- bookkeeping ------------------------------------------------------------------------------
+
+    def _leave(self, t: Ticket, q: _Queue, now: float) -> None:
+        q.tickets.remove(t)
+        q.tokens -= t.key.est_prompt_tokens
+        t.waited_s = now - t.arrived
+
+    def _shed(self, t: Ticket, q: _Queue, reason: ShedReason, now: float, s: FlowSettings, *,
+              queued: bool) -> Ticket:
+        t.state = TicketState.SHED
+        t.reason = reason
+        t.retry_after_s = self.retry_after(t.key.model, now)
+        label = (t.key.model, reason.value)
+        self.shed[label] = self.shed.get(label, 0) + 1
+        if queued and t.on_decided is not None:
+            t.on_decided(t)
+        return t
+
+    def _count_admitted(self, model: str, *, waited: bool) -> None:
+        label = (model, "after_wait" if waited else "at_once")
+        self.admitted[label] = self.admitted.get(label, 0) + 1

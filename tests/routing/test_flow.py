@@ -1,0 +1,298 @@
+"""Flow control (routing/flow.py) through the dispatcher: admissibility, the queue's order and its
+aging bound, caps, TTL, Retry-After, withdrawal and shutdown.  Pure: an injected clock."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kvroute.routing.config import ModelPolicy, RoutingConfig
+from kvroute.routing.dispatch import Dispatcher, InFlight
+from kvroute.routing.flow import (
+    FlowSettings,
+    ShedReason,
+    Ticket,
+    TicketState,
+    admissible,
+    cache_order,
+    fifo_order,
+)
+from kvroute.routing.key import RoutingKey
+from kvroute.routing.scheduler import Scheduler
+from kvroute.routing.settings import PlacementSettings
+from kvroute.routing.worker import WorkerState
+
+MODEL = "m"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def key(tokens: int = 100, session: str | None = None, max_tokens: int = 0, text: str = "") -> RoutingKey:
+    prefix = (text or f"prompt-{tokens}-{session}").encode() * max(1, tokens // 8)
+    return RoutingKey(MODEL, prefix, session, tokens, max_tokens)
+
+
+def fleet(n: int = 1, seqs: int = 1, kv_tokens: int | None = None) -> list[WorkerState]:
+    return [WorkerState(f"w{i}", f"http://w{i}", frozenset({MODEL}), max_num_seqs=seqs, kv_tokens=kv_tokens)
+            for i in range(n)]
+
+
+def dispatcher(clock: Clock, **policy: Any) -> Dispatcher:
+    policy = {"flow_control": True, **policy}  # off by default: these tests are about it on
+    cfg = RoutingConfig(default=ModelPolicy(policy="least-loaded", **policy))
+    return Dispatcher(Scheduler(cfg, clock=clock), timer=clock)
+
+
+def send(d: Dispatcher, k: RoutingKey, workers: list[WorkerState]) -> InFlight:
+    decision = d.route(k, workers)
+    assert decision.worker_id is not None
+    state = next(w for w in workers if w.id == decision.worker_id)
+    return d.sent(k, decision, state)[0]
+
+
+# --- admissibility ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("busy, seqs, kv_tokens, inflight_tokens, need, fill, expected", [
+    (0, 4, None, 0, 10_000, 1.0, True),       # nothing known but slots: free
+    (4, 4, None, 0, 10, 1.0, False),          # every slot taken
+    (1, 4, 1000, 600, 500, 1.0, False),       # the footprint would pass the cache
+    (1, 4, 1000, 600, 500, 1.25, True),       # ... unless over-commit is allowed
+    (1, 4, 1000, 600, 400, 1.0, True),        # fits exactly
+    (0, 4, 1000, 0, 5000, 1.0, True),         # alone it always has room (the engine refuses it)
+])
+def test_admissible(busy: int, seqs: int, kv_tokens: int | None, inflight_tokens: int, need: int,
+                    fill: float, expected: bool) -> None:
+    w = WorkerState("w", "u", max_num_seqs=seqs, kv_tokens=kv_tokens, inflight=busy,
+                    inflight_tokens=inflight_tokens)
+    assert admissible(w, need, PlacementSettings(), fill) is expected
+
+
+def test_engine_load_beyond_the_routers_counts() -> None:
+    w = WorkerState("w", "u", max_num_seqs=2, running=2, waiting=0, scraped_inflight=0)
+    assert not admissible(w, 1, PlacementSettings(), 1.0)  # two requests from elsewhere
+
+
+# --- the order ----------------------------------------------------------------------------------
+
+def ticket(arrived: float, prefill: int, resident: bool = False, seq: int = 0) -> Ticket:
+    return Ticket(key(), arrived, TicketState.QUEUED, prefill_tokens=prefill, resident=resident, seq=seq)
+
+
+@pytest.mark.parametrize("tickets, now, expected", [
+    # resident session turns first, then the shortest predicted prefill, then arrival
+    ([(0.0, 5000, False), (1.0, 3000, True), (2.0, 100, False)], 3.0, [1, 2, 0]),
+    ([(0.0, 900, False), (1.0, 100, False), (2.0, 100, False)], 3.0, [1, 2, 0]),
+    # aged (waited >= flow_aging_s = 10) go first, oldest first, whatever their prefill
+    ([(0.0, 90_000, False), (5.0, 50_000, False), (11.0, 10, True)], 15.0, [0, 1, 2]),
+    ([(0.0, 90_000, False), (8.0, 50_000, False), (11.0, 10, True)], 15.0, [0, 2, 1]),
+])
+def test_cache_order(tickets: list[tuple[float, int, bool]], now: float, expected: list[int]) -> None:
+    ts = [ticket(a, p, r, seq=i) for i, (a, p, r) in enumerate(tickets)]
+    s = FlowSettings()
+    assert [t.seq for t in sorted(ts, key=lambda t: cache_order(t, now, s))] == expected
+    assert [t.seq for t in sorted(ts, key=lambda t: fifo_order(t, now, s))] == sorted(expected)
+
+
+def test_aging_bounds_the_wait_of_a_long_prompt() -> None:
+    """A long prompt behind an endless stream of short ones is admitted once it has waited
+    flow_aging_s: its wait is bounded whatever arrives after it."""
+    clock = Clock()
+    d = dispatcher(clock, flow_aging_s=5.0)
+    workers = fleet(1, seqs=1)
+    running = send(d, key(50, text="first"), workers)
+    long = d.admit(key(20_000, text="long"), workers)
+    assert long.queued
+    admitted_at = None
+    for i in range(40):  # bounded: one short request arrives and one finishes per second
+        clock.t += 1.0
+        short = d.admit(key(10, text=f"short{i}"), workers)
+        assert short.queued
+        d.finished(running, ok=True)
+        granted = short if short.state is TicketState.GRANTED else long
+        assert granted.state is TicketState.GRANTED
+        d.claim(granted)
+        running = send(d, granted.key, workers)
+        if granted is long:
+            admitted_at = clock.t
+            break
+    assert admitted_at is not None and admitted_at - long.arrived <= 5.0 + 1.0
+
+
+# --- the gate through the dispatcher ------------------------------------------------------------
+
+def test_admitted_at_once_while_a_replica_is_admissible() -> None:
+    clock = Clock()
+    d = dispatcher(clock)
+    workers = fleet(2, seqs=1)
+    assert d.admit(key(text="a"), workers).state is TicketState.GRANTED
+    send(d, key(text="a"), workers)
+    assert d.admit(key(text="b"), workers).state is TicketState.GRANTED
+    send(d, key(text="b"), workers)
+    assert d.admit(key(text="c"), workers).queued
+    assert d.flow.depth() == {MODEL: (1, 100)}
+
+
+def test_finish_wakes_the_queue_and_the_woken_is_decided_afresh() -> None:
+    clock = Clock()
+    d = dispatcher(clock)
+    workers = fleet(1, seqs=1)
+    first = send(d, key(text="a"), workers)
+    woken: list[Ticket] = []
+    t = d.admit(key(text="b"), workers, woken.append)
+    assert t.queued and not woken
+    clock.t += 2.5
+    d.finished(first, ok=True)
+    assert woken == [t] and t.state is TicketState.GRANTED and t.waited_s == 2.5
+    # granted but not yet claimed: a newcomer cannot take its place
+    assert d.admit(key(text="c"), workers).queued
+    d.claim(t)
+    send(d, t.key, workers)
+    assert workers[0].inflight == 1 and d.flow.depth()[MODEL] == (1, 100)
+
+
+def test_flow_control_off_forwards_everything() -> None:
+    clock = Clock()
+    d = dispatcher(clock, flow_control=False)
+    workers = fleet(1, seqs=1)
+    send(d, key(text="a"), workers)
+    assert d.admit(key(text="b"), workers).state is TicketState.GRANTED
+
+
+def test_no_worker_serving_the_model_is_the_pipelines_answer_not_the_queues() -> None:
+    clock = Clock()
+    d = dispatcher(clock)
+    workers = fleet(1, seqs=1)
+    workers[0].healthy = False
+    assert d.admit(key(), workers).state is TicketState.GRANTED
+
+
+@pytest.mark.parametrize("settings, reason", [
+    ({"flow_max_queued": 1}, ShedReason.QUEUE_FULL),
+    ({"flow_max_queued_tokens": 150}, ShedReason.QUEUE_TOKENS),
+])
+def test_caps_shed_at_once(settings: dict[str, Any], reason: ShedReason) -> None:
+    clock = Clock()
+    d = dispatcher(clock, **settings)
+    workers = fleet(1, seqs=1)
+    send(d, key(text="a"), workers)
+    assert d.admit(key(text="b"), workers).queued
+    shed = d.admit(key(text="c"), workers)
+    assert shed.state is TicketState.SHED and shed.reason is reason and shed.retry_after_s >= 1
+    assert d.flow.shed == {(MODEL, reason.value): 1}
+
+
+def test_ttl_expiry_sheds_and_calls_back() -> None:
+    clock = Clock()
+    d = dispatcher(clock)
+    workers = fleet(1, seqs=1)
+    send(d, key(text="a"), workers)
+    told: list[Ticket] = []
+    t = d.admit(key(text="b"), workers, told.append)
+    clock.t += 60.0
+    assert d.expire(t) and told == [t] and t.reason is ShedReason.TTL
+    assert d.flow.depth()[MODEL] == (0, 0)
+    assert not d.expire(t)  # once
+
+
+def test_retry_after_follows_the_drain_rate() -> None:
+    """Retry-After is the queue ahead over the rate at which requests finish: never a constant."""
+    clock = Clock()
+    d = dispatcher(clock, flow_max_queued=3)
+    workers = fleet(1, seqs=1)
+    flight = send(d, key(text="warm"), workers)
+    for i in range(4):  # finishing every 0.5 s: 2 per second
+        clock.t += 0.5
+        d.finished(flight, ok=True)
+        flight = send(d, key(text=f"r{i}"), workers)
+    for i in range(3):
+        assert d.admit(key(text=f"q{i}"), workers).queued
+    fast = d.admit(key(text="x"), workers)
+    assert fast.state is TicketState.SHED and fast.retry_after_s == 2  # (3 ahead + 1) / 2 per s
+    clock.t += 8.0  # nothing finished for 8 s: the rate falls, the advice grows
+    slow = d.admit(key(text="y"), workers)
+    assert slow.retry_after_s > fast.retry_after_s
+
+
+def test_withdraw_leaves_no_trace() -> None:
+    clock = Clock()
+    d = dispatcher(clock)
+    workers = fleet(1, seqs=1)
+    first = send(d, key(text="a"), workers)
+    queued = d.admit(key(text="b"), workers)
+    d.withdraw(queued)
+    assert d.flow.depth()[MODEL] == (0, 0) and queued.state is TicketState.WITHDRAWN
+    # a woken, unclaimed ticket gives its reservation back
+    woken = d.admit(key(text="c"), workers)
+    d.finished(first, ok=True)
+    assert woken.state is TicketState.GRANTED
+    d.withdraw(woken)
+    assert d.admit(key(text="d"), workers).state is TicketState.GRANTED
+    assert workers[0].inflight == 0 and workers[0].inflight_tokens == 0
+
+
+def test_shed_all_answers_every_queued_request() -> None:
+    clock = Clock()
+    d = dispatcher(clock)
+    workers = fleet(1, seqs=1)
+    send(d, key(text="a"), workers)
+    told: list[Ticket] = []
+    for i in range(3):
+        d.admit(key(text=f"q{i}"), workers, told.append)
+    assert [t.reason for t in d.shed_all()] == [ShedReason.SHUTDOWN] * 3
+    assert len(told) == 3 and d.flow.depth()[MODEL] == (0, 0)
+
+
+def test_kv_footprint_is_counted_while_in_flight() -> None:
+    clock = Clock()
+    d = dispatcher(clock, flow_kv_fill=1.0)
+    workers = fleet(1, seqs=8, kv_tokens=1000)
+    first = send(d, key(600, max_tokens=100), workers)
+    assert workers[0].inflight_tokens == 700
+    assert d.admit(key(400, text="big"), workers).queued  # 700 + 400 > 1000
+    d.finished(first, ok=True)
+    assert workers[0].inflight_tokens == 0
+
+
+def test_settings_are_validated() -> None:
+    for bad in ({"flow_order": "random"}, {"flow_queue_ttl_s": 0}, {"flow_kv_fill": 0},
+                {"flow_max_queued": -1}):
+        with pytest.raises(ValueError):
+            ModelPolicy(**bad)
+
+
+# --- session admission --------------------------------------------------------------------------
+
+def test_session_admission_holds_new_sessions_not_continuing_ones() -> None:
+    """With the fleet's KV (2 x 1000 tokens) held by served sessions, a new session waits while a
+    continuing one is admitted past it; once a session goes idle the new one starts."""
+    clock = Clock()
+    d = dispatcher(clock, flow_session_admission=True, flow_session_idle_s=5.0, flow_kv_fill=10.0)
+    workers = fleet(2, seqs=8, kv_tokens=1000)
+    a = send(d, key(900, session="a"), workers)
+    b = send(d, key(900, session="b"), workers)
+    new = d.admit(key(300, session="c"), workers)
+    assert new.queued  # 1800 + 300 > 2000, though both replicas have slots
+    d.finished(a, ok=True)
+    assert new.queued  # "a" ended just now: still part of the working set
+    again = d.admit(key(950, session="a", text="turn 2"), workers)
+    assert again.state is TicketState.GRANTED  # a continuing session goes past the held new one
+    a = send(d, again.key, workers)
+    d.finished(b, ok=True)
+    clock.t += 6.0
+    d.scraped(workers[0], 0, 0, 0.0)  # any wake re-checks: "b" has been idle for 6 s
+    assert new.state is TicketState.GRANTED
+
+
+def test_session_admission_is_off_by_default() -> None:
+    clock = Clock()
+    d = dispatcher(clock)
+    workers = fleet(1, seqs=8, kv_tokens=1000)
+    send(d, key(400, session="a"), workers)
+    assert d.admit(key(400, session="b"), workers).state is TicketState.GRANTED

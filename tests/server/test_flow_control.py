@@ -1,0 +1,133 @@
+"""Flow control over HTTP: a real router in front of one simulated replica with a single sequence
+slot, so a second request must wait at the router's gate.  The official SDKs see a shed request as
+their own overload exception, with ``Retry-After``."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import anthropic
+import openai
+import pytest
+
+MODEL = "qwen3-4b"
+
+
+def chat(text: str, max_tokens: int) -> dict[str, object]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
+            "stream": True}
+
+
+async def occupy(http: aiohttp.ClientSession, url: str, max_tokens: int = 150) -> asyncio.Task[int]:
+    """Start a long streamed request that holds the replica's only slot (wait for it to be in flight)."""
+    async def run() -> int:
+        async with http.post(url + "/v1/chat/completions", json=chat("hold the slot", max_tokens)) as resp:
+            await resp.read()
+            return resp.status
+    return asyncio.create_task(run())
+
+
+async def until(condition, timeout: float = 10.0) -> None:
+    for _ in range(int(timeout / 0.01)):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not reached")
+
+
+@pytest.fixture
+async def one_slot(sim_fleet, router):
+    async def make(**routing: object):
+        fleet = await sim_fleet(1, speed=1.0, max_num_seqs=1)
+        r = await router(fleet.urls, routing={"flow_control": True, **routing})  # off by default
+        worker = r.router.registry.states()[0]
+        await until(lambda: worker.max_num_seqs == 1 and worker.kv_tokens is not None)
+        return r, worker
+    return make
+
+
+async def test_a_queued_request_waits_then_is_served(one_slot, http):
+    r, worker = await one_slot()
+    flow = r.router.dispatch.flow
+    first = await occupy(http, r.url)
+    await until(lambda: worker.inflight == 1)
+    async with http.post(r.url + "/v1/chat/completions", json=chat("second", 5)) as resp:
+        # the request waited at the gate until the first one ended, then was routed
+        assert resp.status == 200
+        await resp.read()
+    assert first.done() and await first == 200
+    assert flow.admitted[(MODEL, "after_wait")] == 1
+    async with http.get(r.url + "/metrics") as resp:
+        text = await resp.text()
+    assert 'kvroute_queue_wait_seconds_count{model="qwen3-4b"} 1.0' in text
+    assert 'kvroute_queue_depth{model="qwen3-4b"} 0.0' in text
+
+
+async def test_ttl_answers_each_api_with_its_overload_error(one_slot, http):
+    r, worker = await one_slot(flow_queue_ttl_s=0.3)
+    first = await occupy(http, r.url, max_tokens=400)
+    await until(lambda: worker.inflight == 1)
+    oa = openai.AsyncOpenAI(base_url=r.url + "/v1", api_key="sk-test", max_retries=0)
+    async with oa:
+        with pytest.raises(openai.RateLimitError) as caught:
+            await oa.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                             max_tokens=5)
+    assert caught.value.status_code == 429
+    assert int(caught.value.response.headers["retry-after"]) >= 1
+    assert caught.value.body["code"] == "ttl"
+    an = anthropic.AsyncAnthropic(base_url=r.url, api_key="sk-ant-test", max_retries=0)
+    async with an:
+        with pytest.raises(anthropic.APIStatusError) as err:
+            await an.messages.create(model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "x"}])
+    assert err.value.status_code == 529
+    assert err.value.body["error"]["type"] == "overloaded_error"
+    assert int(err.value.response.headers["retry-after"]) >= 1
+    assert r.router.dispatch.flow.shed[(MODEL, "ttl")] == 2
+    first.cancel()
+
+
+async def test_a_full_queue_sheds_at_once(one_slot, http):
+    r, worker = await one_slot(flow_max_queued=0)
+    first = await occupy(http, r.url, max_tokens=400)
+    await until(lambda: worker.inflight == 1)
+    async with http.post(r.url + "/v1/chat/completions", json=chat("x", 5)) as resp:
+        assert resp.status == 429
+        assert int(resp.headers["retry-after"]) >= 1
+        assert (await resp.json())["error"]["type"] == "rate_limit_error"
+    first.cancel()
+
+
+async def test_a_client_leaving_while_queued_leaves_no_trace(one_slot, http):
+    r, worker = await one_slot()
+    flow = r.router.dispatch.flow
+    first = await occupy(http, r.url, max_tokens=100)
+    await until(lambda: worker.inflight == 1)
+    with pytest.raises(asyncio.TimeoutError):
+        async with http.post(r.url + "/v1/chat/completions", json=chat("gone", 5),
+                             timeout=aiohttp.ClientTimeout(total=0.3)) as resp:
+            await resp.read()
+    await until(lambda: flow.depth()[MODEL] == (0, 0))
+    assert await first == 200
+    await until(lambda: worker.inflight == 0)
+    assert worker.inflight_tokens == 0
+    assert flow.admitted.get((MODEL, "after_wait"), 0) == 0  # nobody was woken for it
+
+
+async def test_shutdown_answers_queued_requests_at_once(one_slot, http):
+    r, worker = await one_slot()
+    first = await occupy(http, r.url, max_tokens=2000)  # ~40 s at speed 1: far beyond the test
+    await until(lambda: worker.inflight == 1)
+
+    async def queued() -> tuple[int, str | None]:
+        async with http.post(r.url + "/v1/chat/completions", json=chat("queued", 5)) as resp:
+            await resp.read()
+            return resp.status, resp.headers.get("retry-after")
+
+    waiting = asyncio.create_task(queued())
+    await until(lambda: r.router.dispatch.flow.depth().get(MODEL, (0, 0))[0] == 1)
+    r.router.closing = True
+    status, retry = await asyncio.wait_for(waiting, 5.0)
+    assert status == 429 and retry is not None
+    assert r.router.dispatch.flow.shed[(MODEL, "shutdown")] == 1
+    first.cancel()
