@@ -8,7 +8,7 @@ import shutil
 import signal
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
@@ -68,21 +68,27 @@ def serve(
         if code:
             raise typer.Exit(code)
         return
-    run_event_loop(_serve(settings))
+    if run_event_loop(_serve(settings)):
+        raise typer.Exit(CUT_EXIT_CODE)
 
 
-def run_event_loop(main: Coroutine[Any, Any, None]) -> None:
-    """Run ``main`` on uvloop when it is installed."""
+# The exit status of a router whose shutdown timeout cut requests (see docs/server.md#shutdown).
+CUT_EXIT_CODE = 3
+T = TypeVar("T")
+
+
+def run_event_loop(main: Coroutine[Any, Any, T]) -> T:
+    """Run ``main`` on uvloop when it is installed; returns its result."""
     try:
         import uvloop
     except ImportError:
-        asyncio.run(main)
-        return
+        return asyncio.run(main)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(main)
+        return runner.run(main)
 
 
-async def _serve(settings: Settings) -> None:
+async def _serve(settings: Settings) -> int:
+    """Serve until SIGINT/SIGTERM; returns how many requests the shutdown timeout cut."""
     from kvroute.server.app import start_router
     from kvroute.server.dashboard import setup_dashboard
 
@@ -90,12 +96,19 @@ async def _serve(settings: Settings) -> None:
     running = await start_router(settings, host=settings.host, port=settings.port,
                                  setup=(setup_dashboard,))
     healthy = sum(1 for s in running.registry.states() if s.healthy)
-    log.info("kvroute listening on %s: %d workers (%d healthy), policy %s", running.url,
-             len(running.registry), healthy, settings.policy)
+    log.info("kvroute listening on %s: %d workers (%d healthy), policy %s, up to %d client connections",
+             running.url, len(running.registry), healthy, settings.policy,
+             running.front.limits.max_connections)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("shutting down: finishing in-flight requests (up to %.0f s)", settings.shutdown_timeout_s)
-    await running.close()
+    report = await running.close()
+    if report.cut:
+        log.error("shut down with %d request(s) cut by shutdown_timeout_s (%.0f s); exiting with status %d",
+                  report.cut, settings.shutdown_timeout_s, CUT_EXIT_CODE)
+    else:
+        log.info("shut down cleanly")
+    return report.cut
