@@ -316,6 +316,8 @@ class _FrontConnection(asyncio.Protocol):
         self._dead = False
         self._error: tuple[int, str] | None = None
         self._owe_continue = False
+        # The head of a request whose Upgrade would make llhttp skip its body, re-fed without it.
+        self._resend: bytes | None = None
         # The request being read.
         self._url = b""
         self._headers: list[Header] = []
@@ -375,10 +377,15 @@ class _FrontConnection(asyncio.Protocol):
             try:
                 parser.feed_data(data)
             except httptools.HttpParserUpgrade as exc:
-                # The request asked to switch protocols (h2c, WebSocket): it was read whole and is
-                # answered over HTTP/1.1 like any other; what follows is parsed as more requests.
+                # The request asked to switch protocols (h2c, WebSocket): it is answered over
+                # HTTP/1.1 like any other; what follows is parsed as more requests.
                 offset = int(exc.args[0]) if exc.args else len(data)
                 data = data[offset:]
+                if self._resend is not None:
+                    # llhttp ended it at its head, leaving its body unread: parse it again
+                    # without the upgrade, followed by the body.
+                    data, self._resend = self._resend + data, None
+                    self._parser = parser = httptools.HttpRequestParser(self)
                 if data:
                     continue
             except httptools.HttpParserCallbackError:
@@ -451,15 +458,23 @@ class _FrontConnection(asyncio.Protocol):
         self._progress = True
         limits = self._limits
         self.deadline = time.monotonic() + limits.body_timeout_s
-        expect = False
+        expect = upgrade = False
+        has_body = False
         for k, v in self._headers:
             lk = k.lower()
             if lk == b"content-length":
                 with contextlib.suppress(ValueError):
-                    if int(v) > limits.max_body_bytes:
+                    size = int(v)
+                    has_body = size > 0
+                    if size > limits.max_body_bytes:
                         self._too_large = True
             elif lk == b"expect" and v.lower() == b"100-continue":
                 expect = True
+            elif lk == b"upgrade" or lk == b"transfer-encoding":
+                upgrade = upgrade or lk == b"upgrade"
+                has_body = has_body or lk == b"transfer-encoding"
+        if upgrade and has_body:
+            self._resend = self._head_without_upgrade()
         if expect:
             if self._too_large:
                 # The client waits for our go-ahead: refuse now instead of reading the body.
@@ -470,6 +485,28 @@ class _FrontConnection(asyncio.Protocol):
             else:
                 # A 100 now would land inside the answer to an earlier pipelined request.
                 self._owe_continue = True
+
+    def _head_without_upgrade(self) -> bytes | None:
+        """This request's head minus ``Upgrade`` (and the ``upgrade`` token of ``Connection``), or
+        None when llhttp does not treat it as an upgrade (no ``Connection: upgrade``)."""
+        lines = []
+        switching = False
+        for name, value in self._headers:
+            lname = name.lower()
+            if lname == b"upgrade":
+                continue
+            if lname == b"connection":
+                tokens = [t.strip() for t in value.split(b",")]
+                kept = [t for t in tokens if t.lower() != b"upgrade"]
+                switching = switching or len(kept) < len(tokens)
+                if not kept:
+                    continue
+                value = b", ".join(kept)
+            lines.append(name + b": " + value + b"\r\n")
+        if not switching:
+            return None
+        version = self._parser.get_http_version().encode("ascii")
+        return b"%s %s HTTP/%s\r\n%s\r\n" % (self._parser.get_method(), self._url, version, b"".join(lines))
 
     def on_body(self, body: bytes) -> None:
         if self._too_large:
@@ -482,6 +519,8 @@ class _FrontConnection(asyncio.Protocol):
             self._body.append(body)
 
     def on_message_complete(self) -> None:
+        if self._resend is not None:
+            return  # not complete: its body follows (see data_received)
         parser = self._parser
         target = self._url
         path_end = len(target)
