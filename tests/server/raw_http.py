@@ -26,6 +26,7 @@ class Conversation:
 
     answers: list[Answer] = field(default_factory=list)
     closed: bool = False
+    interim: int = 0
     _headers: dict[bytes, bytes] = field(default_factory=dict)
     _body: list[bytes] = field(default_factory=list)
     _open: bool = False
@@ -44,7 +45,11 @@ class Conversation:
 
     def on_message_complete(self) -> None:
         self._open = False
-        self.answers.append(Answer(self.parser.get_status_code(), self._headers, b"".join(self._body)))
+        status = self.parser.get_status_code()
+        if status < 200:
+            self.interim += 1  # 100 Continue: not an answer
+            return
+        self.answers.append(Answer(status, self._headers, b"".join(self._body)))
 
     def feed(self, data: bytes) -> None:
         """Parse more bytes from the router."""
