@@ -53,6 +53,8 @@ _RESERVED_FILES = 128
 # What a connection is reading: nothing yet (between requests), a request's head, its body.
 _BETWEEN, _HEAD, _BODY = 0, 1, 2
 _NEVER = math.inf
+# How long a connection closed after an error answer keeps reading (and dropping) the client's bytes.
+_LINGER_S = 2.0
 
 
 def reason_phrase(status: int) -> bytes:
@@ -339,6 +341,27 @@ class _FrontConnection(asyncio.Protocol):
         if self._transport is not None:
             self._transport.close()
 
+    def linger(self) -> None:
+        """Close after an error answer without losing it: end our side after the answer and drop
+        what the client is still sending for a moment.  Closing with unread bytes would make the
+        kernel reset the connection, which can destroy the answer before the client reads it."""
+        self._dead = True
+        transport = self._transport
+        if transport is None or self.lost:
+            return
+        if not transport.can_write_eof():
+            self.close()
+            return
+        try:
+            transport.write_eof()
+        except (OSError, RuntimeError):
+            self.close()
+            return
+        if self._reading_paused:
+            self._reading_paused = False
+            transport.resume_reading()
+        asyncio.get_running_loop().call_later(_LINGER_S, self.close)
+
     # --- asyncio.Protocol ---
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -361,8 +384,7 @@ class _FrontConnection(asyncio.Protocol):
             error_response(writer, "openai", 503, f"the router is at its connection limit "
                            f"({self._limits.max_connections} open connections); retry shortly",
                            retry_after=True)
-            self._dead = True
-            self.close()
+            self.linger()
             return
         connections[self] = None
 
@@ -621,7 +643,7 @@ class _FrontConnection(asyncio.Protocol):
             error_response(ResponseWriter(self, keep_alive=False), style_of_path(request.path), status,
                            message)
             self._queue.clear()
-            self.close()
+            self.linger()
             return
         # While shutting down, the last request received is answered with connection: close.
         keep_alive = request.keep_alive and not (self._server.closing and not self._queue)
