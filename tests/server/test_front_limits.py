@@ -271,3 +271,13 @@ def test_metrics_access_modes_by_client_address():
     request.target = b"/metrics?token=t"
     assert observer_denied(with_token, request, loopback=False) is None
     assert observer_denied(Settings(metrics_access="open"), request, loopback=False) is None
+
+
+async def test_a_long_header_the_front_accepts_is_accepted_behind_it_too(echo_engines, router):
+    """The fleet endpoints live in an aiohttp app behind the listening side: its own header
+    limits (8190-byte lines by default) must not be stricter than the front's."""
+    [engine] = await echo_engines(1)
+    r = await router([engine.url])
+    cookie = b"cookie: " + b"c" * 30000 + b"\r\n"
+    conv = await exchange(r.url, b"GET /v1/models HTTP/1.1\r\nhost: x\r\n" + cookie + b"\r\n", count=1)
+    assert conv.statuses == [200]

@@ -438,8 +438,12 @@ async def start_router(settings: Settings, *, host: str = "127.0.0.1", port: int
     routes are served by the listening side itself (``front_handler``); the other endpoints by the
     aiohttp application, which listens on a private Unix socket behind it."""
     app = build_app(settings, scheduler=scheduler, sync=sync, setup=setup)
+    # The listening side enforces the header limits; the app behind it must not be stricter, or a
+    # request the front accepted would fail there (aiohttp: 8190-byte lines, with a traceback).
+    head = settings.max_header_bytes + 1024
     runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=settings.shutdown_timeout_s,
-                           access_log=None)
+                           access_log=None, max_line_size=head, max_field_size=head,
+                           max_headers=settings.max_headers + 8)
     await runner.setup()
     app_dir = tempfile.TemporaryDirectory(prefix="kvroute-")
     socket_path = os.path.join(app_dir.name, "app.sock")
