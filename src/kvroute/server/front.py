@@ -53,6 +53,8 @@ _RESERVED_FILES = 128
 # What a connection is reading: nothing yet (between requests), a request's head, its body.
 _BETWEEN, _HEAD, _BODY = 0, 1, 2
 _NEVER = math.inf
+# Request headers the listening side itself acts on.
+_FRAMING = frozenset((b"content-length", b"expect", b"upgrade", b"transfer-encoding"))
 # How long a connection closed after an error answer keeps reading (and dropping) the client's bytes.
 _LINGER_S = 2.0
 
@@ -327,9 +329,12 @@ class _FrontConnection(asyncio.Protocol):
         self._size = 0
         self._too_large = False
         self._head_size = 0
-        # Bytes fed since a header callback last fired: an upper bound on a header still arriving.
-        self._progress = False
+        # Bytes of reads that completed nothing of the head: an upper bound on a header still arriving.
         self._quiet = 0
+        limits = self._limits
+        self._max_head = limits.max_header_bytes
+        self._header_timeout = limits.header_timeout_s
+        self._body_timeout = limits.body_timeout_s
 
     # --- used by ResponseWriter ---
 
@@ -391,9 +396,7 @@ class _FrontConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._dead:
             return
-        if self._phase == _BODY:
-            self.deadline = time.monotonic() + self._limits.body_timeout_s
-        self._progress = False
+        headers, head_size = self._headers, self._head_size
         parser = self._parser
         while True:
             try:
@@ -415,12 +418,25 @@ class _FrontConnection(asyncio.Protocol):
             except httptools.HttpParserError as exc:
                 self._fail(400, f"malformed request: {exc}")
             break
-        if self._phase == _HEAD and not self._dead:
-            # A header still arriving is held inside the parser, where callbacks do not see it:
-            # count the bytes of reads that completed nothing as part of it.
-            self._quiet = self._quiet + len(data) if not self._progress else 0
-            if self._head_size + self._quiet > self._limits.max_header_bytes:
-                self._fail(431, f"request header fields larger than {self._limits.max_header_bytes} bytes")
+        phase = self._phase
+        if phase == _BETWEEN or self._dead:
+            return
+        # A request is partly received (rare for small requests, which arrive in one read): its
+        # clock starts, or for a body restarts, now.  Doing it here rather than in the callbacks
+        # keeps the clock off the common path.
+        if phase == _BODY:
+            self.deadline = time.monotonic() + self._body_timeout
+            return
+        if self.deadline == _NEVER:
+            self.deadline = time.monotonic() + self._header_timeout
+        # A header still arriving is held inside the parser, where callbacks do not see it: count
+        # the bytes of reads that completed nothing (no new message, URL part or header) as its.
+        if self._headers is headers and self._head_size == head_size:
+            self._quiet += len(data)
+        else:
+            self._quiet = 0
+        if self._head_size + self._quiet > self._max_head:
+            self._fail(431, f"request header fields larger than {self._max_head} bytes")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
@@ -450,49 +466,44 @@ class _FrontConnection(asyncio.Protocol):
         self._size = 0
         self._too_large = False
         self._head_size = 0
-        self._quiet = 0
-        self._progress = True
         self._phase = _HEAD
-        self.deadline = time.monotonic() + self._limits.header_timeout_s
+        self.deadline = _NEVER  # set when the read ends with the head incomplete (data_received)
 
     def on_url(self, url: bytes) -> None:
         self._url += url
-        self._progress = True
         self._head_size += len(url)
-        if self._head_size > self._limits.max_header_bytes:
-            self._error = (414, f"request target longer than {self._limits.max_header_bytes} bytes")
+        if self._head_size > self._max_head:
+            self._error = (414, f"request target longer than {self._max_head} bytes")
             raise _LimitBroken
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        headers = self._headers
-        headers.append((name, value))
-        self._progress = True
-        self._head_size += len(name) + len(value) + 4
-        if self._head_size > self._limits.max_header_bytes:
-            self._error = (431, f"request header fields larger than {self._limits.max_header_bytes} bytes")
-            raise _LimitBroken
-        if len(headers) > self._limits.max_headers:
-            self._error = (431, f"more than {self._limits.max_headers} request header fields")
+        self._headers.append((name, value))
+        size = self._head_size = self._head_size + len(name) + len(value) + 4
+        if size > self._max_head:
+            self._error = (431, f"request header fields larger than {self._max_head} bytes")
             raise _LimitBroken
 
     def on_headers_complete(self) -> None:
         self._phase = _BODY
-        self._progress = True
         limits = self._limits
-        self.deadline = time.monotonic() + limits.body_timeout_s
-        expect = upgrade = False
-        has_body = False
-        for k, v in self._headers:
+        headers = self._headers
+        if len(headers) > limits.max_headers:  # their bytes are bounded by now: counted once
+            self._error = (431, f"more than {limits.max_headers} request header fields")
+            raise _LimitBroken
+        expect = upgrade = has_body = False
+        for k, v in headers:
             lk = k.lower()
+            if lk not in _FRAMING:
+                continue
             if lk == b"content-length":
                 with contextlib.suppress(ValueError):
                     size = int(v)
                     has_body = size > 0
                     if size > limits.max_body_bytes:
                         self._too_large = True
-            elif lk == b"expect" and v.lower() == b"100-continue":
-                expect = True
-            elif lk == b"upgrade" or lk == b"transfer-encoding":
+            elif lk == b"expect":
+                expect = v.lower() == b"100-continue"
+            else:
                 upgrade = upgrade or lk == b"upgrade"
                 has_body = has_body or lk == b"transfer-encoding"
         if upgrade and has_body:
