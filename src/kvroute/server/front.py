@@ -315,7 +315,7 @@ class _FrontConnection(asyncio.Protocol):
         self.http_minor = 1
         # Reading state: _BETWEEN, _HEAD or _BODY; when the current phase times out.
         self._phase = _BETWEEN
-        self.deadline = time.monotonic() + self._limits.keepalive_timeout_s
+        self.deadline = server.now + self._limits.keepalive_timeout_s
         # Parsing stopped for good (a malformed request or a broken limit).
         self._dead = False
         self._error: tuple[int, str] | None = None
@@ -324,15 +324,24 @@ class _FrontConnection(asyncio.Protocol):
         self._resend: bytes | None = None
         # The request being read.
         self._url = b""
+        self._url_counted = 0
         self._headers: list[Header] = []
         self._body: list[bytes] = []
         self._size = 0
         self._too_large = False
+        # Bytes in the read being parsed, and whether the current head spans several reads: a head
+        # that does not is no larger than its read, so its size is only counted when either is big.
+        self._read_len = 0
+        self._spanned = False
+        # For a head spanning reads: its bytes counted so far (URL and whole headers), the headers
+        # counted, and the bytes of reads that completed nothing (a header still arriving, held
+        # inside the parser where callbacks do not see it).
         self._head_size = 0
-        # Bytes of reads that completed nothing of the head: an upper bound on a header still arriving.
+        self._counted = 0
         self._quiet = 0
         limits = self._limits
         self._max_head = limits.max_header_bytes
+        self._max_headers = limits.max_headers
         self._header_timeout = limits.header_timeout_s
         self._body_timeout = limits.body_timeout_s
 
@@ -396,7 +405,7 @@ class _FrontConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._dead:
             return
-        headers, head_size = self._headers, self._head_size
+        self._read_len = len(data)
         parser = self._parser
         while True:
             try:
@@ -422,21 +431,32 @@ class _FrontConnection(asyncio.Protocol):
         if phase == _BETWEEN or self._dead:
             return
         # A request is partly received (rare for small requests, which arrive in one read): its
-        # clock starts, or for a body restarts, now.  Doing it here rather than in the callbacks
-        # keeps the clock off the common path.
+        # clock starts, or for a body restarts, now; its head is measured.  Doing it here rather
+        # than in the callbacks keeps both off the common path.
         if phase == _BODY:
-            self.deadline = time.monotonic() + self._body_timeout
+            self.deadline = self._server.now + self._body_timeout
             return
         if self.deadline == _NEVER:
-            self.deadline = time.monotonic() + self._header_timeout
-        # A header still arriving is held inside the parser, where callbacks do not see it: count
-        # the bytes of reads that completed nothing (no new message, URL part or header) as its.
-        if self._headers is headers and self._head_size == head_size:
-            self._quiet += len(data)
-        else:
-            self._quiet = 0
-        if self._head_size + self._quiet > self._max_head:
-            self._fail(431, f"request header fields larger than {self._max_head} bytes")
+            self.deadline = self._server.now + self._header_timeout
+        self._measure_head(len(data))
+
+    def _measure_head(self, read: int) -> None:
+        """Count the head received so far (at the end of a read that left it incomplete); 414 or
+        431 once it is over the limit."""
+        if not self._spanned:
+            self._spanned = True
+            self._head_size = self._counted = self._url_counted = self._quiet = 0
+        headers, url = self._headers, len(self._url)
+        new = headers[self._counted:]
+        size = self._head_size + url - self._url_counted + sum(len(n) + len(v) + 4 for n, v in new)
+        # A read that completed nothing (no header, no URL part) fed a header still arriving.
+        self._quiet = self._quiet + read if size == self._head_size else 0
+        self._head_size, self._counted, self._url_counted = size, len(headers), url
+        if size + self._quiet > self._max_head:
+            if len(self._url) > self._max_head:
+                self._fail(414, f"request target longer than {self._max_head} bytes")
+            else:
+                self._fail(431, f"request header fields larger than {self._max_head} bytes")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
@@ -465,31 +485,32 @@ class _FrontConnection(asyncio.Protocol):
         self._body = []
         self._size = 0
         self._too_large = False
-        self._head_size = 0
+        self._spanned = False
         self._phase = _HEAD
         self.deadline = _NEVER  # set when the read ends with the head incomplete (data_received)
 
     def on_url(self, url: bytes) -> None:
         self._url += url
-        self._head_size += len(url)
-        if self._head_size > self._max_head:
-            self._error = (414, f"request target longer than {self._max_head} bytes")
-            raise _LimitBroken
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append((name, value))
-        size = self._head_size = self._head_size + len(name) + len(value) + 4
-        if size > self._max_head:
-            self._error = (431, f"request header fields larger than {self._max_head} bytes")
-            raise _LimitBroken
 
     def on_headers_complete(self) -> None:
         self._phase = _BODY
         limits = self._limits
         headers = self._headers
-        if len(headers) > limits.max_headers:  # their bytes are bounded by now: counted once
-            self._error = (431, f"more than {limits.max_headers} request header fields")
+        if len(headers) > self._max_headers:
+            self._error = (431, f"more than {self._max_headers} request header fields")
             raise _LimitBroken
+        if self._spanned or self._read_len > self._max_head:
+            # The head may be over the limit (it spanned reads, or its read was large): count it.
+            url = len(self._url)
+            size = url + sum(len(n) + len(v) + 4 for n, v in headers)
+            if size > self._max_head:
+                self._error = ((414, f"request target longer than {self._max_head} bytes")
+                               if url > self._max_head
+                               else (431, f"request header fields larger than {self._max_head} bytes"))
+                raise _LimitBroken
         expect = upgrade = has_body = False
         for k, v in headers:
             lk = k.lower()
@@ -574,7 +595,13 @@ class _FrontConnection(asyncio.Protocol):
         self._phase = _BETWEEN
         self._owe_continue = False
         self.deadline = _NEVER
-        self._enqueue(request)
+        queue = self._queue
+        queue.append(request)
+        if len(queue) > _MAX_QUEUED and self._transport is not None and not self._reading_paused:
+            self._reading_paused = True
+            self._transport.pause_reading()
+        if self._task is None:
+            self._next()
 
     # --- serving ---
 
@@ -637,7 +664,7 @@ class _FrontConnection(asyncio.Protocol):
             if self._server.closing or self._dead:
                 self.close()
             elif self._phase == _BETWEEN:
-                self.deadline = time.monotonic() + self._limits.keepalive_timeout_s
+                self.deadline = self._server.now + self._limits.keepalive_timeout_s
             if self._owe_continue and not self.lost:
                 self._owe_continue = False
                 self.write(_CONTINUE)
@@ -745,6 +772,8 @@ class FrontServer:
         self._errors = RateLimitedLog(log)
         self.internal_error: Callable[[str], None] = internal_error or self._errors.error
         self.closing = False
+        # A coarse clock for deadlines, advanced by the sweeper: no clock call on the request path.
+        self.now = time.monotonic()
         # Counters for tests and benchmarks: connections refused at the cap, idle ones closed to
         # make room, requests rejected by the parser or a limit, requests timed out.
         self.refused = self.evicted = self.rejected = self.timed_out = 0
@@ -785,7 +814,7 @@ class FrontServer:
                      limits.keepalive_timeout_s / 4)
         while True:
             await asyncio.sleep(period)
-            now = time.monotonic()
+            now = self.now = time.monotonic()
             for conn in [c for c in self._connections if c.deadline <= now]:
                 conn.expire(now)
 
