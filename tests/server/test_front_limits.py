@@ -281,3 +281,24 @@ async def test_a_long_header_the_front_accepts_is_accepted_behind_it_too(echo_en
     cookie = b"cookie: " + b"c" * 30000 + b"\r\n"
     conv = await exchange(r.url, b"GET /v1/models HTTP/1.1\r\nhost: x\r\n" + cookie + b"\r\n", count=1)
     assert conv.statuses == [200]
+
+
+async def test_heads_are_measured_across_reads_and_big_bodies_are_not_mistaken_for_heads(
+        echo_engines, router):
+    [engine] = await echo_engines(1)
+    r = await router([engine.url], max_header_bytes=16384)
+    for size, expected in ((15000, [200]), (17000, [431])):
+        reader, writer = await connect(r.url)
+        # /health: the app behind the front takes long headers (the echo engine would not).
+        request = b"GET /health HTTP/1.1\r\nhost: x\r\nx-big: " + b"v" * size + b"\r\n\r\n"
+        for i in range(0, len(request), 1000):  # a head arriving in many reads
+            writer.write(request[i:i + 1000])
+            await writer.drain()
+            await asyncio.sleep(0.001)
+        conv = await read(reader, count=1)
+        writer.close()
+        assert conv.statuses == expected
+    # Large bodies pipelined with small heads, in one write: reads mix bodies and heads.
+    big = orjson.dumps({"model": "echo", "messages": [{"role": "user", "content": "w" * 200_000}]})
+    conv = await exchange(r.url, post(b"/v1/chat/completions", big) * 3 + HEALTH, count=4)
+    assert conv.statuses == [200, 200, 200, 200]
