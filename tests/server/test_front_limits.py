@@ -302,3 +302,13 @@ async def test_heads_are_measured_across_reads_and_big_bodies_are_not_mistaken_f
     big = orjson.dumps({"model": "echo", "messages": [{"role": "user", "content": "w" * 200_000}]})
     conv = await exchange(r.url, post(b"/v1/chat/completions", big) * 3 + HEALTH, count=4)
     assert conv.statuses == [200, 200, 200, 200]
+
+
+async def test_a_repeated_single_header_on_a_fleet_endpoint_is_a_clean_400(echo_engines, router, caplog):
+    [engine] = await echo_engines(1)
+    r = await router([engine.url])
+    twice = b"GET /v1/models HTTP/1.1\r\nhost: x\r\ncontent-type: a\r\ncontent-type: b\r\n\r\n"
+    conv = await exchange(r.url, twice, count=1)
+    assert conv.statuses == [400]
+    assert "content-type header appears more than once" in str(_openai_error(conv.answers[0].body)["message"])
+    assert "Traceback" not in caplog.text

@@ -221,8 +221,31 @@ def shutdown_cutter(writer: ResponseWriter) -> str:
     return "truncated (a plain body under way cannot carry an error)"
 
 
+# Headers aiohttp refuses to see twice (400, and a traceback in its log); host and content-length
+# are set by the relay itself.
+_SINGLETONS = frozenset((b"content-location", b"content-range", b"content-type", b"etag", b"max-forwards",
+                         b"server", b"user-agent"))
+
+
+def _repeated_singleton(headers: list[tuple[bytes, bytes]]) -> bytes | None:
+    """The first header that may appear once but appears twice, if any."""
+    seen: set[bytes] = set()
+    for name, _ in headers:
+        lname = name.lower()
+        if lname in _SINGLETONS:
+            if lname in seen:
+                return lname
+            seen.add(lname)
+    return None
+
+
 async def _pass_to_app(request: FrontRequest, writer: ResponseWriter, router: Router, origin: Origin) -> None:
     """Relay a request to the aiohttp application behind the listening side, and its answer back."""
+    repeated = _repeated_singleton(request.headers)
+    if repeated is not None:
+        _error(writer, style_of_path(request.path), 400,
+               f"the {repeated.decode()} header appears more than once")
+        return
     pool = router.upstream
     assert pool is not None, "the router's upstream pool starts with the app"
     head_only = request.method == b"HEAD"
