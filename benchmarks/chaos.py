@@ -54,10 +54,27 @@ HEALTH = b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n"
 
 # --- processes ---------------------------------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_port(n: int = 1) -> int:
+    """A port with ``n - 1`` free ports after it (best effort: another process may take one)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = int(s.getsockname()[1])
+        if base + n > 65000:
+            continue
+        socks = []
+        try:
+            for i in range(n):
+                sock = socket.socket()
+                socks.append(sock)
+                sock.bind(("127.0.0.1", base + i))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise RuntimeError("no free port range")
 
 
 def rss_kib(pid: int) -> tuple[int, int]:
@@ -506,7 +523,7 @@ async def section_shutdown(workers: list[str], logs: Path, args: argparse.Namesp
 
 async def main(args: argparse.Namespace) -> None:
     logs = Path(tempfile.mkdtemp(prefix="kvroute-chaos-"))
-    sim_port = free_port()
+    sim_port = free_port(args.replicas)
     sim = subprocess.Popen(
         [*KVROUTE, "sim", "--preset", "a4000-qwen3-4b", "--replicas", str(args.replicas), "--port",
          str(sim_port), "--speed", str(args.speed), "--max-num-seqs", "256"],
