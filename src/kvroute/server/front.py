@@ -57,6 +57,8 @@ _NEVER = math.inf
 _FRAMING = frozenset((b"content-length", b"expect", b"upgrade", b"transfer-encoding"))
 # How long a connection closed after an error answer keeps reading (and dropping) the client's bytes.
 _LINGER_S = 2.0
+# Connections lingering at once; more are closed at once.
+_MAX_LINGERING = 256
 
 
 def reason_phrase(status: int) -> bytes:
@@ -318,6 +320,7 @@ class _FrontConnection(asyncio.Protocol):
         self.deadline = server.now + self._limits.keepalive_timeout_s
         # Parsing stopped for good (a malformed request or a broken limit).
         self._dead = False
+        self._lingering = False
         self._error: tuple[int, str] | None = None
         self._owe_continue = False
         # The head of a request whose Upgrade would make llhttp skip its body, re-fed without it.
@@ -361,9 +364,11 @@ class _FrontConnection(asyncio.Protocol):
         kernel reset the connection, which can destroy the answer before the client reads it."""
         self._dead = True
         transport = self._transport
+        server = self._server
         if transport is None or self.lost:
             return
-        if not transport.can_write_eof():
+        if server.lingering >= _MAX_LINGERING or not transport.can_write_eof():
+            # Past this many, a flood of refused or broken connections would hold files open.
             self.close()
             return
         try:
@@ -374,6 +379,8 @@ class _FrontConnection(asyncio.Protocol):
         if self._reading_paused:
             self._reading_paused = False
             transport.resume_reading()
+        server.lingering += 1
+        self._lingering = True
         asyncio.get_running_loop().call_later(_LINGER_S, self.close)
 
     # --- asyncio.Protocol ---
@@ -460,6 +467,9 @@ class _FrontConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
+        if self._lingering:
+            self._lingering = False
+            self._server.lingering -= 1
         self._server._connections.pop(self, None)
         self._queue.clear()
         if self._task is not None and not self._task.done():
@@ -777,6 +787,8 @@ class FrontServer:
         # Counters for tests and benchmarks: connections refused at the cap, idle ones closed to
         # make room, requests rejected by the parser or a limit, requests timed out.
         self.refused = self.evicted = self.rejected = self.timed_out = 0
+        # Connections closing after an error answer (see _FrontConnection.linger).
+        self.lingering = 0
         self._server: asyncio.Server | None = None
         # Insertion-ordered: the oldest connection first, which is the one closed to make room.
         self._connections: dict[_FrontConnection, None] = {}
