@@ -842,8 +842,12 @@ class FrontServer:
         for conn in list(self._connections):
             if conn.idle:
                 conn.close()
-        if self._tasks:
-            await asyncio.wait(set(self._tasks), timeout=timeout_s)
+        # Requests that arrive meanwhile on open connections count too (they are answered quickly:
+        # inference routes get 503 while the router is closing).
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while (live := {t for t in self._tasks if not t.done()}) and (left := deadline - loop.time()) > 0:
+            await asyncio.wait(live, timeout=left)
         pending = [t for t in self._tasks if not t.done()]
         for conn in list(self._connections):
             if conn._task is not None and not conn._task.done():
