@@ -26,6 +26,7 @@ class Conversation:
 
     answers: list[Answer] = field(default_factory=list)
     closed: bool = False
+    reset: bool = False
     interim: int = 0
     _headers: dict[bytes, bytes] = field(default_factory=dict)
     _body: list[bytes] = field(default_factory=list)
@@ -87,7 +88,11 @@ async def read(reader: asyncio.StreamReader, conv: Conversation | None = None, *
     conv = conv or Conversation()
     async with asyncio.timeout(timeout):
         while count is None or len(conv.answers) < count:
-            data = await reader.read(65536)
+            try:
+                data = await reader.read(65536)
+            except ConnectionResetError:
+                conv.reset = True
+                data = b""
             if not data:
                 conv.eof()
                 break

@@ -194,7 +194,8 @@ async def fuzz_raw(url: str, count: int, *, seed: int = 17, concurrency: int = 5
     cases = [(base, mutate(rng, base) if i % 10 else base) for i, base in
              ((i, rng.choice(BASES)) for i in range(count))]
     gate = asyncio.Semaphore(concurrency)
-    tally = {"connections": 0, "answers": 0, "router_5xx": 0, "unanswered": 0, "cut_short": 0}
+    reset_cases: list[tuple[bytes, list[int]]] = []
+    tally = {"connections": 0, "answers": 0, "router_5xx": 0, "unanswered": 0, "cut_short": 0, "resets": 0}
 
     async def one(base: bytes, data: bytes) -> None:
         async with gate:
@@ -204,12 +205,18 @@ async def fuzz_raw(url: str, count: int, *, seed: int = 17, concurrency: int = 5
         tally["router_5xx"] += sum(1 for a in conv.answers
                                    if a.status >= 500 and b"x-kvroute-worker" not in a.headers)
         tally["cut_short"] += sum(1 for a in conv.answers if not a.complete)
+        tally["resets"] += conv.reset
+        if conv.reset:
+            reset_cases.append((data, conv.statuses))
         if not conv.answers:
             tally["unanswered"] += 1
         if data == base:  # untouched: both requests answered
-            assert [a.status for a in conv.answers][-1:] == [200] and len(conv.answers) == 2, conv.statuses
+            assert [a.status for a in conv.answers][-1:] == [200] and len(conv.answers) == 2, (
+                conv.statuses, conv.reset, conv.closed, conv.interim, data[:120])
 
     await asyncio.gather(*(one(base, data) for base, data in cases))
+    # Every close is clean: an answer is never lost to a reset.
+    assert not reset_cases, [(statuses, data[:200]) for data, statuses in reset_cases[:3]]
     return tally
 
 

@@ -317,7 +317,7 @@ class _FrontConnection(asyncio.Protocol):
         self.http_minor = 1
         # Reading state: _BETWEEN, _HEAD or _BODY; when the current phase times out.
         self._phase = _BETWEEN
-        self.deadline = server.now + self._limits.keepalive_timeout_s
+        self.deadline = time.monotonic() + self._limits.keepalive_timeout_s
         # Parsing stopped for good (a malformed request or a broken limit).
         self._dead = False
         self._lingering = False
@@ -441,10 +441,10 @@ class _FrontConnection(asyncio.Protocol):
         # clock starts, or for a body restarts, now; its head is measured.  Doing it here rather
         # than in the callbacks keeps both off the common path.
         if phase == _BODY:
-            self.deadline = self._server.now + self._body_timeout
+            self.deadline = time.monotonic() + self._body_timeout
             return
         if self.deadline == _NEVER:
-            self.deadline = self._server.now + self._header_timeout
+            self.deadline = time.monotonic() + self._header_timeout
         self._measure_head(len(data))
 
     def _measure_head(self, read: int) -> None:
@@ -674,7 +674,7 @@ class _FrontConnection(asyncio.Protocol):
             if self._server.closing or self._dead:
                 self.close()
             elif self._phase == _BETWEEN:
-                self.deadline = self._server.now + self._limits.keepalive_timeout_s
+                self.deadline = time.monotonic() + self._limits.keepalive_timeout_s
             if self._owe_continue and not self.lost:
                 self._owe_continue = False
                 self.write(_CONTINUE)
@@ -727,9 +727,18 @@ class _FrontConnection(asyncio.Protocol):
         if self.lost:
             self._task = None
             return
-        if task.cancelled() or writer is None or not writer.keep_alive or not writer.finished:
+        if task.cancelled() or writer is None or not writer.finished:
             self._task = None
             self.close()
+            return
+        if not writer.keep_alive:
+            # The answer said connection: close; bytes the client sent after its request may still
+            # be unread, and closing over them would reset the connection under the answer.
+            self._task = None
+            if self._server.closing:
+                self.close()
+            else:
+                self.linger()
             return
         self._next()
 
@@ -782,8 +791,6 @@ class FrontServer:
         self._errors = RateLimitedLog(log)
         self.internal_error: Callable[[str], None] = internal_error or self._errors.error
         self.closing = False
-        # A coarse clock for deadlines, advanced by the sweeper: no clock call on the request path.
-        self.now = time.monotonic()
         # Counters for tests and benchmarks: connections refused at the cap, idle ones closed to
         # make room, requests rejected by the parser or a limit, requests timed out.
         self.refused = self.evicted = self.rejected = self.timed_out = 0
@@ -826,7 +833,7 @@ class FrontServer:
                      limits.keepalive_timeout_s / 4)
         while True:
             await asyncio.sleep(period)
-            now = self.now = time.monotonic()
+            now = time.monotonic()
             for conn in [c for c in self._connections if c.deadline <= now]:
                 conn.expire(now)
 
