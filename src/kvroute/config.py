@@ -85,6 +85,20 @@ class Settings:
     admin_token: str | None = None
     worker_header: bool = True
     max_body_bytes: int = 32 * 1024 * 1024
+    # What the listening side accepts from a client (docs/reliability.md): request line plus
+    # headers (414/431 beyond), header count (431), and how long a request's head, its body (the
+    # longest silence) and an idle keep-alive connection may take.
+    max_header_bytes: int = 64 * 1024
+    max_headers: int = 128
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    keepalive_timeout_s: float = 60.0
+    # Open client connections; 0: derived from the open-file limit (raised to its hard limit at start).
+    max_connections: int = 0
+    # Who may read /metrics and the dashboard: "loopback" (clients on this machine; others need a
+    # token), "token" (everyone needs one) or "open".  The token: metrics_token or admin_token.
+    metrics_access: str = "loopback"
+    metrics_token: str | None = None
     retries: int = 2
     probe_interval_s: float = 1.0
     probe_timeout_s: float = 2.0
@@ -165,8 +179,9 @@ class Settings:
                 values[name] = dict(value)
             else:
                 values[name] = _coerce(name, value, known[name].default)
-        if values.get("admin_token") == "":
-            values["admin_token"] = None  # an empty KVROUTE_ADMIN_TOKEN means "no token"
+        for token in ("admin_token", "metrics_token"):
+            if values.get(token) == "":
+                values[token] = None  # an empty KVROUTE_ADMIN_TOKEN means "no token"
         settings = cls(**values)
         settings.validate()
         return settings
@@ -175,7 +190,8 @@ class Settings:
         """Reject values that cannot work, naming the setting."""
         positive = ("max_body_bytes", "probe_interval_s", "probe_timeout_s", "failure_threshold",
                     "upstream_connect_timeout_s", "upstream_read_timeout_s", "connections_per_worker",
-                    "upstream_keepalive_s")
+                    "upstream_keepalive_s", "max_header_bytes", "max_headers", "header_timeout_s",
+                    "body_timeout_s", "keepalive_timeout_s")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be positive")
@@ -187,6 +203,13 @@ class Settings:
             self.breaker_settings()
         except ValueError as exc:
             raise SettingsError(str(exc)) from None
+        if self.max_connections < 0:
+            raise SettingsError("max_connections must not be negative (0: from the open-file limit)")
+        if self.metrics_access not in ("loopback", "token", "open"):
+            raise SettingsError(
+                f"metrics_access must be loopback, token or open, got {self.metrics_access!r}")
+        if self.metrics_access == "token" and not (self.metrics_token or self.admin_token):
+            raise SettingsError("metrics_access = token needs metrics_token or admin_token")
         if self.processes < 1:
             raise SettingsError("processes must be at least 1")
         if self.retries < 0 or self.shutdown_timeout_s < 0:

@@ -115,3 +115,22 @@ def test_unreadable_or_invalid_files_are_reported(tmp_path):
         Settings.load(tmp_path / "missing.toml", env={})
     with pytest.raises(SettingsError, match="not valid TOML"):
         Settings.load(write(tmp_path, "port = = 1"), env={})
+
+
+def test_client_limits_and_metrics_access_settings():
+    s = Settings.load(env={"KVROUTE_MAX_HEADER_BYTES": "8192", "KVROUTE_HEADER_TIMEOUT_S": "2.5",
+                           "KVROUTE_MAX_CONNECTIONS": "100", "KVROUTE_METRICS_ACCESS": "token",
+                           "KVROUTE_METRICS_TOKEN": "m"})
+    assert (s.max_header_bytes, s.header_timeout_s, s.max_connections) == (8192, 2.5, 100)
+    assert (s.metrics_access, s.metrics_token) == ("token", "m")
+    defaults = Settings()
+    assert (defaults.max_header_bytes, defaults.max_headers) == (65536, 128)
+    assert defaults.metrics_access == "loopback"
+    with pytest.raises(SettingsError, match="metrics_access must be loopback, token or open"):
+        Settings.from_dict({"metrics_access": "everyone"})
+    with pytest.raises(SettingsError, match="needs metrics_token or admin_token"):
+        Settings.from_dict({"metrics_access": "token"})
+    with pytest.raises(SettingsError, match="keepalive_timeout_s must be positive"):
+        Settings.from_dict({"keepalive_timeout_s": 0})
+    with pytest.raises(SettingsError, match="max_connections must not be negative"):
+        Settings.from_dict({"max_connections": -1})

@@ -64,6 +64,11 @@ _BILLING_HEADER = "x-anthropic-billing-header"
 _HEAD_ROLES = frozenset(("system", "developer"))
 
 _SECTION = b"\x1e"
+# orjson writes at most 254 nested levels, and the router re-serialises tools, content parts, tool
+# inputs and items into canonical bytes: a field nested deeper is refused with a 400 naming it.
+MAX_JSON_DEPTH = 254
+# Path components named in that 400 (the field, not all 255 levels of it).
+_MAX_NAMED_DEPTH = 6
 _PART = b"\x1f"
 _MAX_SESSION_ID = 1024
 
@@ -437,6 +442,28 @@ _RENDERERS: dict[str, Callable[[_Canon, Mapping[str, Any]], None]] = {
 _NOT_CACHED = frozenset(("count_tokens", "embeddings"))
 
 
+# --- nesting -------------------------------------------------------------------------------------
+
+def nesting_error(body: Any, limit: int = MAX_JSON_DEPTH) -> ApiError | None:
+    """A 400 naming the first field of ``body`` nested more than ``limit`` levels deep (the body
+    itself is level 1), or None.  Walked only after rendering failed, so requests pay nothing."""
+    stack: list[tuple[Any, int, tuple[str | int, ...]]] = [(body, 1, ())]
+    while stack:
+        value, depth, path = stack.pop()
+        if depth > limit:
+            name = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".")
+            if len(path) >= _MAX_NAMED_DEPTH:
+                name += "..."
+            return ApiError(400, f"{name or 'body'} is nested more than {limit} levels deep",
+                            param=name or "body")
+        children = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(
+            value, list) else ()
+        for key, child in children:
+            if isinstance(child, dict | list):
+                stack.append((child, depth + 1, (*path, key) if len(path) < _MAX_NAMED_DEPTH else path))
+    return None
+
+
 # --- session id, tokens -------------------------------------------------------------------------
 
 def _header(headers: Mapping[str, str], name: str) -> str | None:
@@ -541,7 +568,13 @@ def parse_request(route: str, body: Any, headers: Mapping[str, str],
     if salt is not None and (not isinstance(salt, str) or not salt):
         raise _bad("cache_salt must be a non-empty string", "cache_salt")
     canon = _Canon(opts.image_tokens)
-    renderer(canon, body)
+    try:
+        renderer(canon, body)
+    except (TypeError, RecursionError):  # orjson's "Recursion limit reached" is a TypeError
+        error = nesting_error(body)
+        if error is None:
+            raise
+        raise error from None
     prefix = b"".join(canon.parts)
     est = len(prefix) // EST_BYTES_PER_TOKEN + canon.extra_tokens
     cacheable = route not in _NOT_CACHED

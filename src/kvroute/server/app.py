@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 import math
 import os
@@ -21,6 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 import orjson
 from aiohttp import web
@@ -36,9 +38,20 @@ from kvroute.routing.scheduler import Scheduler
 from kvroute.server.activity import Activity
 from kvroute.server.admin import setup_admin
 from kvroute.server.context import ROUTER, Router, RouteSync
-from kvroute.server.front import FrontRequest, FrontServer, Handler, ResponseWriter
+from kvroute.server.front import (
+    FrontLimits,
+    FrontRequest,
+    FrontServer,
+    Handler,
+    RateLimitedLog,
+    ResponseWriter,
+    ShutdownReport,
+    connections_allowed,
+    raise_open_file_limit,
+    style_of_path,
+)
 from kvroute.server.metrics import RouterMetrics
-from kvroute.server.proxy import JSON_HEADERS, Proxy, header_lines
+from kvroute.server.proxy import JSON_HEADERS, Proxy, header_lines, stream_error_event
 from kvroute.server.routes import HTTP_ROUTES
 from kvroute.server.upstream import Origin, UpstreamError, UpstreamPool
 from kvroute.sync.redis_bus import RedisBus
@@ -50,6 +63,9 @@ AppSetup = Callable[[web.Application], None]
 
 # Engine figures are kept for the last hour (the dashboard's window).
 _HISTORY_S = 3600.0
+# What metrics_access guards: they list workers and traffic.  The dashboard's script and
+# stylesheet hold no data and stay open.
+_OBSERVER_PATHS = frozenset(("/metrics", "/dashboard", "/dashboard/data.json"))
 
 
 def _error(writer: ResponseWriter, style: ApiStyle, status: int, message: str, *, param: str | None = None,
@@ -67,25 +83,75 @@ def _json(doc: Any, status: int = 200) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(doc), content_type="application/json")
 
 
-def front_handler(router: Router, proxy: Proxy, app_origin: Origin) -> Handler:
+def _token_given(request: FrontRequest) -> str | None:
+    """The token a caller sent: ``Authorization: Bearer``, ``x-admin-token`` or ``?token=``."""
+    for name, value in request.headers:
+        lname = name.lower()
+        if lname == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            if scheme.lower() == "bearer" and token.strip():
+                return token.strip()
+        elif lname == b"x-admin-token" and value.strip():
+            return value.decode("latin-1").strip()
+    _, _, query = request.target.partition(b"?")
+    for pair in query.split(b"&"):
+        key, _, value = pair.partition(b"=")
+        if key == b"token" and value:
+            return unquote(value.decode("latin-1"))
+    return None
+
+
+def observer_denied(settings: Settings, request: FrontRequest, loopback: bool) -> tuple[int, str] | None:
+    """None when the caller may read /metrics or the dashboard (``metrics_access``), else the
+    status and message to answer with."""
+    mode = settings.metrics_access
+    if mode == "open" or (mode == "loopback" and loopback):
+        return None
+    tokens = [t for t in (settings.metrics_token, settings.admin_token) if t]
+    if not tokens:
+        return 403, (f"{request.path} answers clients on this machine only (metrics_access = loopback); "
+                     "set metrics_token to let others in with it, or metrics_access = open")
+    given = _token_given(request)
+    if given is None:
+        return 401, (f"{request.path} needs a token: Authorization: Bearer <metrics_token or admin_token>"
+                     " (the dashboard also takes ?token=)")
+    if not any(hmac.compare_digest(given.encode(), t.encode()) for t in tokens):
+        return 403, "wrong token"
+    return None
+
+
+def front_handler(router: Router, proxy: Proxy, app_origin: Origin,
+                  internal_error: Callable[[str], None] | None = None) -> Handler:
     """What the listening side does with each request: the inference routes are served here,
-    everything else goes to the aiohttp application at ``app_origin``."""
+    everything else goes to the aiohttp application at ``app_origin``.  ``internal_error`` is
+    told of unexpected errors (counted and logged, rate-limited)."""
     routes = {route.path: route for route in HTTP_ROUTES}
     failures = router.metrics.failures
     limit = router.settings.max_body_bytes
     too_large = f"request body larger than {limit} bytes"
+    internal = internal_error or internal_error_reporter(router)
 
     async def handle(request: FrontRequest, writer: ResponseWriter) -> None:
         route = routes.get(request.path) if request.method == b"POST" else None
         if route is None:
             if request.too_large:
                 failures.labels("too_large").inc()
-                _error(writer, "openai", 413, too_large)
+                _error(writer, style_of_path(request.path), 413, too_large)
                 return
+            if request.path in _OBSERVER_PATHS:
+                denied = observer_denied(router.settings, request, writer.client_is_loopback)
+                if denied is not None:
+                    _error(writer, "openai", *denied)
+                    return
             await _pass_to_app(request, writer, router, app_origin)
             return
         started = time.perf_counter()
+        writer.route = route
         style = route.style
+        if b"%" in request.target:
+            # The path was percent-decoded to find the route: the worker gets the route's own path.
+            _, sep, query = request.target.partition(b"?")
+            request.target = route.path.encode() + sep + query
         if router.closing:
             _error(writer, style, 503, "the router is shutting down", retry_after=True)
             return
@@ -106,23 +172,81 @@ def front_handler(router: Router, proxy: Proxy, app_origin: Origin) -> Handler:
             failures.labels("bad_request").inc()
             _error(writer, style, exc.status, exc.message, param=exc.param, code=exc.code)
             return
+        except Exception:
+            internal(f"reading a request to {route.path}")
+            _error(writer, style, 500, "internal router error")
+            return
         try:
             await proxy.forward(request, writer, route, key, started)
         except asyncio.CancelledError:
             raise
         except Exception:
-            log.exception("unexpected error serving %s", route.path)
-            failures.labels("internal").inc()
-            if writer.started:
-                writer.abort()
-            else:
+            internal(f"serving {route.path}")
+            if writer.unsent:
+                writer.restart()
                 _error(writer, style, 500, "internal router error")
+            else:
+                writer.abort()
 
     return handle
 
 
+def internal_error_reporter(router: Router) -> Callable[[str], None]:
+    """Counts an unexpected error in ``kvroute_failures_total{reason="internal"}`` and logs it,
+    with a traceback at most once a minute (call from an ``except`` block)."""
+    errors = RateLimitedLog(log)
+    internal = router.metrics.failures.labels("internal")
+
+    def report(what: str) -> None:
+        internal.inc()
+        errors.error(what)
+
+    return report
+
+
+def shutdown_cutter(writer: ResponseWriter) -> str:
+    """Ends a response still running when the shutdown timeout expires: a request not yet
+    answered gets 503, an event stream an error event in its API's format; a plain body already
+    under way cannot carry an error, so its connection is closed.  Returns what it did."""
+    route = writer.route
+    if writer.unsent:
+        _error(writer, route.style if route is not None else "openai", 503,
+               "the router shut down before this request was answered", retry_after=True)
+        return "answered 503"
+    if writer.sse and route is not None:
+        writer.write(stream_error_event(route, "the router shut down before the response was complete; "
+                                               "it is incomplete", 503))
+        writer.end()
+        return "stream ended with an error event"
+    writer.abort()
+    return "truncated (a plain body under way cannot carry an error)"
+
+
+# Headers aiohttp refuses to see twice (400, and a traceback in its log); host and content-length
+# are set by the relay itself.
+_SINGLETONS = frozenset((b"content-location", b"content-range", b"content-type", b"etag", b"max-forwards",
+                         b"server", b"user-agent"))
+
+
+def _repeated_singleton(headers: list[tuple[bytes, bytes]]) -> bytes | None:
+    """The first header that may appear once but appears twice, if any."""
+    seen: set[bytes] = set()
+    for name, _ in headers:
+        lname = name.lower()
+        if lname in _SINGLETONS:
+            if lname in seen:
+                return lname
+            seen.add(lname)
+    return None
+
+
 async def _pass_to_app(request: FrontRequest, writer: ResponseWriter, router: Router, origin: Origin) -> None:
     """Relay a request to the aiohttp application behind the listening side, and its answer back."""
+    repeated = _repeated_singleton(request.headers)
+    if repeated is not None:
+        _error(writer, style_of_path(request.path), 400,
+               f"the {repeated.decode()} header appears more than once")
+        return
     pool = router.upstream
     assert pool is not None, "the router's upstream pool starts with the app"
     head_only = request.method == b"HEAD"
@@ -136,7 +260,7 @@ async def _pass_to_app(request: FrontRequest, writer: ResponseWriter, router: Ro
         head = await call.head
     except UpstreamError as exc:
         log.error("the router's own application did not answer: %s", exc)
-        writer.respond(502, b"content-type: text/plain; charset=utf-8\r\n", b"router application unavailable")
+        _error(writer, style_of_path(request.path), 502, "router application unavailable")
         return
     except BaseException:
         if call is not None:
@@ -195,9 +319,10 @@ async def _health(request: web.Request) -> web.Response:
 
 
 async def _ready(request: web.Request) -> web.Response:
-    """Readiness: not shutting down, and at least one healthy, undrained worker."""
+    """Readiness: not shutting down, and at least one worker taking requests (healthy, not
+    draining, not ejected by its circuit breaker)."""
     router = request.app[ROUTER]
-    healthy = sum(1 for s in router.registry.states() if s.healthy and not s.draining)
+    healthy = sum(1 for s in router.registry.states() if s.ready)
     if router.closing:
         return _json({"status": "shutting down", "healthy_workers": healthy}, status=503)
     if healthy == 0:
@@ -291,6 +416,10 @@ def build_app(settings: Settings, *, scheduler: Scheduler | None = None, sync: R
     return app
 
 
+# The exit status of a router whose shutdown timeout cut requests (docs/server.md#shutdown).
+CUT_EXIT_CODE = 3
+
+
 @dataclass(slots=True)
 class RunningRouter:
     """A router serving on ``url`` until ``close()``."""
@@ -316,15 +445,17 @@ class RunningRouter:
         """The routing scheduler."""
         return self.app[ROUTER].scheduler
 
-    async def close(self) -> None:
+    async def close(self) -> ShutdownReport:
         """Stop accepting connections, let in-flight requests finish (up to the settings'
-        ``shutdown_timeout_s``), then stop probing and close upstream connections."""
+        ``shutdown_timeout_s``), end what is left cleanly (``FrontServer.close``), then stop
+        probing and close upstream connections.  Returns what had to be cut."""
         router = self.app[ROUTER]
         router.closing = True
-        await self.front.close(router.settings.shutdown_timeout_s)
+        report = await self.front.close(router.settings.shutdown_timeout_s)
         with contextlib.suppress(RuntimeError):  # closing twice is harmless
             await self.runner.cleanup()
         self.app_dir.cleanup()
+        return report
 
 
 async def start_router(settings: Settings, *, host: str = "127.0.0.1", port: int = 0,
@@ -337,14 +468,25 @@ async def start_router(settings: Settings, *, host: str = "127.0.0.1", port: int
     routes are served by the listening side itself (``front_handler``); the other endpoints by the
     aiohttp application, which listens on a private Unix socket behind it."""
     app = build_app(settings, scheduler=scheduler, sync=sync, setup=setup)
+    # The listening side enforces the header limits; the app behind it must not be stricter, or a
+    # request the front accepted would fail there (aiohttp: 8190-byte lines, with a traceback).
+    head = settings.max_header_bytes + 1024
     runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=settings.shutdown_timeout_s,
-                           access_log=None)
+                           access_log=None, max_line_size=head, max_field_size=head,
+                           max_headers=settings.max_headers + 8)
     await runner.setup()
     app_dir = tempfile.TemporaryDirectory(prefix="kvroute-")
     socket_path = os.path.join(app_dir.name, "app.sock")
     router = app[ROUTER]
-    front = FrontServer(front_handler(router, Proxy(router), Origin.from_url("unix:" + socket_path)),
-                        max_body_bytes=settings.max_body_bytes)
+    open_files = raise_open_file_limit()
+    limits = FrontLimits(
+        max_body_bytes=settings.max_body_bytes, max_header_bytes=settings.max_header_bytes,
+        max_headers=settings.max_headers, header_timeout_s=settings.header_timeout_s,
+        body_timeout_s=settings.body_timeout_s, keepalive_timeout_s=settings.keepalive_timeout_s,
+        max_connections=settings.max_connections or connections_allowed(open_files))
+    internal = internal_error_reporter(router)
+    handler = front_handler(router, Proxy(router), Origin.from_url("unix:" + socket_path), internal)
+    front = FrontServer(handler, limits=limits, cutter=shutdown_cutter, internal_error=internal)
     try:
         await web.UnixSite(runner, socket_path).start()
         bound_port = await front.start(host, port, reuse_port=reuse_port)
@@ -353,6 +495,8 @@ async def start_router(settings: Settings, *, host: str = "127.0.0.1", port: int
         await runner.cleanup()
         app_dir.cleanup()
         raise
+    log.info("accepting up to %d client connections (open-file limit %d%s)", limits.max_connections,
+             open_files, "" if settings.max_connections else "; max_connections = 0 derives the cap from it")
     shown = f"[{host}]" if ":" in host else host
     return RunningRouter(url=f"http://{shown}:{bound_port}", app=app, runner=runner, front=front,
                          app_dir=app_dir)

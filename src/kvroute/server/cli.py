@@ -98,23 +98,34 @@ def serve(
         if code:
             raise typer.Exit(code)
         return
-    run_event_loop(_serve(settings))
+    if run_event_loop(_serve(settings)):
+        from kvroute.server.app import CUT_EXIT_CODE
+
+        raise typer.Exit(CUT_EXIT_CODE)
 
 
-async def _serve(settings: Settings) -> None:
-    from kvroute.server.app import start_router
+async def _serve(settings: Settings) -> int:
+    """Serve until SIGINT/SIGTERM; returns how many requests the shutdown timeout cut."""
+    from kvroute.server.app import CUT_EXIT_CODE, start_router
     from kvroute.server.dashboard import setup_dashboard
 
     # With settings.redis_url, start_router shares routing state through the Redis bus.
     running = await start_router(settings, host=settings.host, port=settings.port,
                                  setup=(setup_dashboard,))
     healthy = sum(1 for s in running.registry.states() if s.healthy)
-    log.info("kvroute listening on %s: %d workers (%d healthy), policy %s", running.url,
-             len(running.registry), healthy, settings.policy)
+    log.info("kvroute listening on %s: %d workers (%d healthy), policy %s, up to %d client connections",
+             running.url, len(running.registry), healthy, settings.policy,
+             running.front.limits.max_connections)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("shutting down: finishing in-flight requests (up to %.0f s)", settings.shutdown_timeout_s)
-    await running.close()
+    report = await running.close()
+    if report.cut:
+        log.error("shut down with %d request(s) cut by shutdown_timeout_s (%.0f s); exiting with status %d",
+                  report.cut, settings.shutdown_timeout_s, CUT_EXIT_CODE)
+    else:
+        log.info("shut down cleanly")
+    return report.cut

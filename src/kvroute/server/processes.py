@@ -287,11 +287,14 @@ def child_main(argv: list[str]) -> None:
     logging.basicConfig(level=str(spec["log_level"]).upper(),
                         format=f"%(asctime)s %(levelname)s %(name)s[{index}]: %(message)s")
     settings = Settings.from_dict(spec["settings"])
-    run_event_loop(_serve_child(settings, run_dir, index, int(spec["processes"]), restarted))
+    if run_event_loop(_serve_child(settings, run_dir, index, int(spec["processes"]), restarted)):
+        from kvroute.server.app import CUT_EXIT_CODE
+
+        sys.exit(CUT_EXIT_CODE)  # the shutdown timeout cut requests (logged by the router)
 
 
 async def _serve_child(settings: Settings, run_dir: Path, index: int, processes: int,
-                       restarted: bool) -> None:
+                       restarted: bool) -> int:
     from kvroute.server.app import start_router
     from kvroute.server.dashboard import setup_dashboard
     from kvroute.server.siblings import Siblings, apply_fleet, copy_drains, fleet_specs
@@ -320,8 +323,9 @@ async def _serve_child(settings: Settings, run_dir: Path, index: int, processes:
     log.debug("router process %d (pid %d) serving", index, os.getpid())
     await stop.wait()
     siblings.unpublish()
-    await running.close()
+    report = await running.close()
     await siblings.close()
+    return report.cut
 
 
 if __name__ == "__main__":

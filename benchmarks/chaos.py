@@ -1,0 +1,561 @@
+"""Hostile clients against `kvroute serve` (issue 17, listening side): the long version of
+tests/server/test_front_fuzz.py and test_front_limits.py, printing the figures of
+docs/reliability.md.
+
+Processes as in a deployment: simulated replicas (`kvroute sim`), the router (`kvroute serve`, a
+fresh one per section so that its memory is measured cleanly) and this client.
+
+* fuzz:      N requests (default 20,000): mutated raw requests (each followed by a well-formed
+             GET /health on the same connection), random JSON bodies on every inference route,
+             bodies nested 200-1,100 levels deep; counts router 5xx (answers without
+             x-kvroute-worker), hangs (no answer and no close within 30 s), well-formed requests
+             left unanswered, and kvroute_failures_total{reason="internal"}.
+* header:    one 300 MB header value; the answer and the router's RSS growth.
+* idle:      1,100 idle connections to a router started with a 1,024 open-file soft limit (hard
+             20,000: it raises its own; hard 1,024: it cannot, and closes idle connections at its
+             cap), then GET /health latency on new connections.
+* shutdown:  SIGTERM with 10 streams longer than shutdown_timeout_s: error events, truncations,
+             exit status.
+
+    python benchmarks/chaos.py                          # everything (about 3-5 minutes on 2 cores)
+    python benchmarks/chaos.py --fuzz 2000 --sections fuzz,header
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import json
+import os
+import random
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httptools
+import orjson
+
+KVROUTE = [sys.executable, "-c", "from kvroute.cli import main; main()"]
+MODEL = "qwen3-4b"
+ROUTES = ["/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens",
+          "/v1/responses", "/v1/embeddings"]
+HEALTH = b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n"
+
+
+# --- processes ---------------------------------------------------------------------------------
+
+def free_port(n: int = 1) -> int:
+    """A port with ``n - 1`` free ports after it (best effort: another process may take one)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = int(s.getsockname()[1])
+        if base + n > 65000:
+            continue
+        socks = []
+        try:
+            for i in range(n):
+                sock = socket.socket()
+                socks.append(sock)
+                sock.bind(("127.0.0.1", base + i))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise RuntimeError("no free port range")
+
+
+def rss_kib(pid: int) -> tuple[int, int]:
+    """(VmRSS, VmHWM) of ``pid`` in KiB: resident now, and the peak so far."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                  if ":" in line)
+    return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
+
+
+def _limit_files(soft: int, hard: int) -> Callable[[], None]:
+    def apply() -> None:  # in the child, before exec: what `prlimit --nofile=SOFT:HARD` does
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    return apply
+
+
+@dataclass
+class Router:
+    proc: subprocess.Popen[bytes]
+    url: str
+    log: Path
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+async def wait_ready(url: str, path: str = "/ready") -> None:
+    for _ in range(600):
+        with contextlib.suppress(OSError, TimeoutError):
+            conv = await exchange(url, b"GET " + path.encode() + b" HTTP/1.1\r\nhost: x\r\n\r\n", count=1,
+                                  timeout=2)
+            if conv.answers and conv.answers[0].status == 200:
+                return
+        await asyncio.sleep(0.05)
+    raise RuntimeError(f"{url}{path} never became ready")
+
+
+async def start_router(workers: list[str], logs: Path, name: str, env: dict[str, str] | None = None,
+                       nofile: tuple[int, int] | None = None) -> Router:
+    port = free_port()
+    log = logs / f"router-{name}.log"
+    args = [*KVROUTE, "serve", *[a for u in workers for a in ("--worker", u)], "--port", str(port),
+            "--log-level", "info"]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=open(log, "w"),  # noqa: SIM115
+                            env={**os.environ, "KVROUTE_ADMIN_TOKEN": "", **(env or {})},
+                            preexec_fn=_limit_files(*nofile) if nofile else None)
+    router = Router(proc, f"http://127.0.0.1:{port}", log)
+    await wait_ready(router.url)
+    return router
+
+
+def stop(router: Router) -> int:
+    if router.proc.poll() is None:
+        router.proc.terminate()
+    return router.proc.wait(60)
+
+
+# --- raw HTTP ------------------------------------------------------------------------------------
+
+@dataclass
+class Answer:
+    status: int
+    headers: dict[bytes, bytes]
+    body: bytes
+    complete: bool = True
+
+
+@dataclass
+class Conversation:
+    answers: list[Answer] = field(default_factory=list)
+    closed: bool = False
+    _headers: dict[bytes, bytes] = field(default_factory=dict)
+    _body: list[bytes] = field(default_factory=list)
+    _open: bool = False
+
+    def __post_init__(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+
+    def on_message_begin(self) -> None:
+        self._headers, self._body, self._open = {}, [], True
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers[name.lower()] = value
+
+    def on_body(self, body: bytes) -> None:
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        self._open = False
+        status = self.parser.get_status_code()
+        if status >= 200:  # 100 Continue is not an answer
+            self.answers.append(Answer(status, self._headers, b"".join(self._body)))
+
+    def eof(self) -> None:
+        self.closed = True
+        if self._open:
+            self.answers.append(Answer(self.parser.get_status_code(), self._headers, b"".join(self._body),
+                                       complete=False))
+
+
+async def read(reader: asyncio.StreamReader, conv: Conversation, count: int | None, timeout: float) -> None:
+    async with asyncio.timeout(timeout):
+        while count is None or len(conv.answers) < count:
+            try:
+                data = await reader.read(65536)
+            except ConnectionError:
+                data = b""
+            if not data:
+                conv.eof()
+                return
+            try:
+                conv.parser.feed_data(data)
+            except httptools.HttpParserError:
+                conv.eof()
+                conv.answers.append(Answer(0, {}, b"", complete=False))  # not HTTP: counted as cut
+                return
+
+
+async def exchange(url: str, data: bytes, *, count: int | None = None, timeout: float = 30) -> Conversation:
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port), limit=1 << 16)
+    conv = Conversation()
+    try:
+        writer.write(data)
+        await read(reader, conv, count, timeout)
+    finally:
+        writer.close()
+    return conv
+
+
+def post(path: str, body: bytes, extra: bytes = b"") -> bytes:
+    return (b"POST " + path.encode() + b" HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n" + extra
+            + b"content-length: %d\r\n\r\n" % len(body) + body)
+
+
+# --- fuzz ----------------------------------------------------------------------------------------
+
+BASES = [
+    post("/v1/chat/completions", orjson.dumps({"model": MODEL, "max_tokens": 4,
+                                               "messages": [{"role": "user", "content": "hi"}]})),
+    post("/v1/messages", orjson.dumps({"model": MODEL, "max_tokens": 4, "stream": True,
+                                       "messages": [{"role": "user", "content": "hi"}]})),
+    post("/v1/chat/completions", orjson.dumps({"model": MODEL, "max_tokens": 4, "stream": True,
+                                               "messages": [{"role": "user", "content": "hi"}]}),
+         b"expect: 100-continue\r\n"),
+    b"GET /v1/models HTTP/1.1\r\nhost: x\r\nanthropic-version: 2023-06-01\r\n\r\n",
+    b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n"
+    + b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in (b'{"model":"qwen3-4b",', b'"prompt":"abcdef",',
+                                                        b'"max_tokens":2}')) + b"0\r\n\r\n",
+    HEALTH,
+    b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n",
+]
+TOKENS = [b"\r\n", b"\n", b"\r", b"\x00", b" ", b":", b"%", b"%00", b"%2F", b"\xff", b"\r\n\r\n",
+          b"transfer-encoding: chunked\r\n", b"content-length: 99999999\r\n", b"content-length: -1\r\n",
+          b"upgrade: h2c\r\nconnection: upgrade\r\n", b"expect: 100-continue\r\n", b"x" * 70000,
+          b"GET / HTTP/1.1\r\n\r\n", b"HTTP/1.1", b"\t", b"{", b"}", b"[" * 300, b"0\r\n\r\n",
+          b"".join(b"x-h%d: v\r\n" % i for i in range(200))]
+NAMES = ["model", "messages", "role", "content", "type", "text", "tools", "input", "prompt", "system",
+         "image_url", "url", "tool_use", "id", "name", "arguments", "function", "tool_calls", "stream",
+         "max_tokens", "metadata", "user_id", "source", "data", "instructions", "cache_salt"]
+
+
+def mutate(rng: random.Random, data: bytes) -> bytes:
+    out = bytearray(data)
+    for _ in range(rng.randint(1, 4)):
+        op = rng.randrange(6)
+        i = rng.randrange(len(out) + 1)
+        if op == 0 and out:
+            out[min(i, len(out) - 1)] = rng.randrange(256)
+        elif op == 1:
+            out[i:i] = rng.choice(TOKENS)
+        elif op == 2:
+            del out[i:i + rng.randint(1, 20)]
+        elif op == 3:
+            out[i:i] = out[i:i + rng.randint(1, 40)]
+        elif op == 4:
+            del out[i:]
+        else:
+            out[i:i] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 8)))
+    return bytes(out)
+
+
+def random_json(rng: random.Random, depth: int = 0) -> Any:
+    kind = rng.randrange(9 if depth < 4 else 6)
+    if kind == 0:
+        return None
+    if kind == 1:
+        return rng.random() < 0.5
+    if kind == 2:
+        return rng.choice([0, -1, 1 << 70, 3.5, 10**6])
+    if kind in (3, 4, 5):
+        return rng.choice(["", "hi", MODEL, "user", "assistant", "text", "image_url", "tool_use", "\x00",
+                           "é" * 10, "{\"session_id\": 1}"])
+    if kind in (6, 7):
+        return {rng.choice(NAMES): random_json(rng, depth + 1) for _ in range(rng.randint(0, 4))}
+    return [random_json(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+
+
+def random_body(rng: random.Random, deep: bool) -> bytes:
+    doc: dict[str, Any] = {"model": MODEL if rng.random() < 0.8 else random_json(rng), "max_tokens": 4}
+    for name in rng.sample(NAMES, rng.randint(0, 5)):
+        doc[name] = random_json(rng)
+    if rng.random() < 0.5:
+        doc["messages"] = [{"role": "user", "content": random_json(rng)} for _ in range(rng.randint(1, 3))]
+    if deep:
+        target = rng.choice(["tools", "messages", "input", "system", "metadata", "prompt"])
+        depth = rng.randint(200, 1100)
+        doc[target] = "@@deep@@"
+        nested = b"[" + b'{"a":' * depth + b"1" + b"}" * depth + b"]"
+        return json.dumps(doc).encode().replace(b'"@@deep@@"', nested)
+    return json.dumps(doc).encode()  # integers beyond 64 bits included
+
+
+async def fuzz(url: str, count: int, seed: int, concurrency: int) -> dict[str, Any]:
+    rng = random.Random(seed)
+    tally: collections.Counter[str] = collections.Counter()
+    statuses: collections.Counter[int] = collections.Counter()
+    gate = asyncio.Semaphore(concurrency)
+
+    def record(conv: Conversation) -> None:
+        for a in conv.answers:
+            statuses[a.status] += 1
+            if a.status >= 500 and b"x-kvroute-worker" not in a.headers:
+                tally["router_5xx"] += 1
+            if not a.complete:
+                tally["cut_short"] += 1
+
+    async def raw_case(base: bytes, data: bytes) -> None:
+        async with gate:
+            try:
+                conv = await exchange(url, data + HEALTH, timeout=30)
+            except TimeoutError:
+                tally["hangs"] += 1
+                return
+            except OSError:
+                tally["connect_errors"] += 1
+                return
+        tally["requests"] += 1
+        record(conv)
+        if not conv.answers:
+            tally["unanswered"] += 1
+        if data == base and len(conv.answers) != 2:
+            tally["wellformed_unanswered"] += 1
+
+    async def body_case(path: str, body: bytes) -> None:
+        async with gate:
+            try:
+                conv = await exchange(url, post(path, body), count=1, timeout=30)
+            except TimeoutError:
+                tally["hangs"] += 1
+                return
+            except OSError:
+                tally["connect_errors"] += 1
+                return
+        tally["requests"] += 1
+        record(conv)
+        if not conv.answers:
+            tally["wellformed_unanswered"] += 1
+
+    cases = []
+    for i in range(count):
+        roll = rng.random()
+        if roll < 0.5:
+            base = rng.choice(BASES)
+            cases.append(raw_case(base, base if i % 10 == 0 else mutate(rng, base)))
+        else:
+            cases.append(body_case(rng.choice(ROUTES), random_body(rng, deep=roll > 0.9)))
+    start = time.perf_counter()
+    await asyncio.gather(*cases)
+    return {"tally": dict(tally), "statuses": dict(sorted(statuses.items())),
+            "seconds": time.perf_counter() - start}
+
+
+def metric(text: str, line_start: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(line_start):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def section_fuzz(workers: list[str], logs: Path, args: argparse.Namespace) -> None:
+    # Short client timeouts: a mutation that leaves a request incomplete is answered 408 after them.
+    env = {"KVROUTE_HEADER_TIMEOUT_S": "1", "KVROUTE_BODY_TIMEOUT_S": "1", "KVROUTE_KEEPALIVE_TIMEOUT_S": "1"}
+    router = await start_router(workers, logs, "fuzz", env)
+    try:
+        before = rss_kib(router.proc.pid)
+        result = await fuzz(router.url, args.fuzz, args.seed, args.concurrency)
+        after = rss_kib(router.proc.pid)
+        metrics = await exchange(router.url, b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n", count=1)
+        text = metrics.answers[0].body.decode()
+        internal = metric(text, 'kvroute_failures_total{reason="internal"}')
+        health = await exchange(router.url, HEALTH, count=1)
+    finally:
+        code = stop(router)
+    t = result["tally"]
+    print(f"## fuzz: {t.get('requests', 0)} requests in {result['seconds']:.0f} s (seed {args.seed}, "
+          f"{args.concurrency} connections at a time)")
+    print(f"router 5xx: {t.get('router_5xx', 0)}   hangs: {t.get('hangs', 0)}   well-formed unanswered: "
+          f"{t.get('wellformed_unanswered', 0)}   connections with no answer: {t.get('unanswered', 0)}   "
+          f"answers cut short: {t.get('cut_short', 0)}   connect errors: {t.get('connect_errors', 0)}")
+    print(f"statuses: {result['statuses']}")
+    print(f"kvroute_failures_total{{reason=\"internal\"}}: {internal:g}   /health after: "
+          f"{health.answers[0].status}   router RSS {before[0] / 1024:.0f} -> {after[0] / 1024:.0f} MiB   "
+          f"exit status {code}")
+    tracebacks = router.log_text().count("Traceback")
+    print(f"tracebacks in the router log: {tracebacks}")
+
+
+# --- header --------------------------------------------------------------------------------------
+
+def send_big_header(url: str, size: int) -> tuple[int, bytes]:
+    """Send a request whose one header value is ``size`` bytes; returns (bytes sent, reply)."""
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)))
+    sock.settimeout(30)
+    sent = 0
+    chunk = b"a" * (1 << 20)
+    try:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-big: ")
+        while sent < size:
+            sock.sendall(chunk)
+            sent += len(chunk)
+        sock.sendall(b"\r\n\r\n")
+    except OSError:
+        pass  # the router stopped reading: expected
+    reply = b""
+    with contextlib.suppress(OSError):
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                break
+            reply += data
+    sock.close()
+    return sent, reply
+
+
+async def section_header(workers: list[str], logs: Path, args: argparse.Namespace) -> None:
+    router = await start_router(workers, logs, "header")
+    try:
+        for _ in range(20):  # let start-up settle
+            await exchange(router.url, HEALTH, count=1)
+        before = rss_kib(router.proc.pid)
+        sent, reply = await asyncio.to_thread(send_big_header, router.url, args.header_mb << 20)
+        await asyncio.sleep(2.5)  # past the lingering close
+        after = rss_kib(router.proc.pid)
+        health = await exchange(router.url, HEALTH, count=1)
+    finally:
+        stop(router)
+    status = reply.split(b"\r\n", 1)[0].decode(errors="replace")
+    print(f"## header: one {args.header_mb} MB header value")
+    print(f"answer: {status!r} after the client had sent {sent / (1 << 20):.0f} MiB   "
+          f"router RSS {before[0] / 1024:.1f} -> {after[0] / 1024:.1f} MiB (growth "
+          f"{(after[0] - before[0]) / 1024:.2f} MiB), peak growth {(after[1] - before[1]) / 1024:.2f} MiB   "
+          f"/health after: {health.answers[0].status}")
+
+
+# --- idle ----------------------------------------------------------------------------------------
+
+async def section_idle(workers: list[str], logs: Path, args: argparse.Namespace) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = args.idle + 200
+    if soft < need:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(need, soft)), hard))
+    for hard_limit in (20000, 1024):
+        router = await start_router(workers, logs, f"idle-{hard_limit}", nofile=(1024, hard_limit))
+        host, port = router.url.removeprefix("http://").split(":")
+        idle: list[socket.socket] = []
+        try:
+            for _ in range(args.idle):
+                s = socket.socket()
+                s.setblocking(False)
+                with contextlib.suppress(BlockingIOError):
+                    s.connect((host, int(port)))
+                idle.append(s)
+            await asyncio.sleep(1.0)
+            times = []
+            statuses = []
+            for _ in range(20):
+                start = time.perf_counter()
+                conv = await exchange(router.url, HEALTH, count=1, timeout=10)
+                times.append((time.perf_counter() - start) * 1000)
+                statuses.append(conv.answers[0].status if conv.answers else 0)
+            open_idle = 0
+            for s in idle:
+                try:
+                    open_idle += s.recv(1) != b""
+                except BlockingIOError:
+                    open_idle += 1
+                except OSError:
+                    pass
+            line = next((ln for ln in router.log_text().splitlines() if "client connections" in ln), "")
+        finally:
+            for s in idle:
+                s.close()
+            stop(router)
+        times.sort()
+        print(f"## idle: {args.idle} idle connections, router started with nofile 1024:{hard_limit}")
+        print(f"router log: {line.split(': ', 1)[-1]}")
+        print(f"GET /health on a new connection, 20 times: statuses {sorted(set(statuses))}, median "
+              f"{times[len(times) // 2]:.1f} ms, max {times[-1]:.1f} ms   idle connections still open: "
+              f"{open_idle}/{args.idle}")
+
+
+# --- shutdown ------------------------------------------------------------------------------------
+
+async def section_shutdown(workers: list[str], logs: Path, args: argparse.Namespace) -> None:
+    env = {"KVROUTE_SHUTDOWN_TIMEOUT_S": str(args.shutdown_timeout)}
+    router = await start_router(workers, logs, "shutdown", env)
+    host, port = router.url.removeprefix("http://").split(":")
+    conns = []
+    try:
+        for i in range(args.streams):
+            path = "/v1/messages" if i % 2 else "/v1/chat/completions"
+            doc = {"model": MODEL, "max_tokens": 8000, "ignore_eos": True, "stream": True,
+                   "messages": [{"role": "user", "content": f"stream {i}: count slowly"}]}
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(post(path, orjson.dumps(doc)))
+            conv = Conversation()
+            conv.parser.feed_data(await asyncio.wait_for(reader.read(65536), 30))
+            conns.append((path, reader, writer, conv))
+        start = time.perf_counter()
+        router.proc.send_signal(signal.SIGTERM)
+        for _, reader, _, conv in conns:
+            await read(reader, conv, None, 60)
+        code = await asyncio.to_thread(router.proc.wait, 60)
+        took = time.perf_counter() - start
+    finally:
+        for _, _, writer, _ in conns:
+            writer.close()
+        stop(router)
+    error_events = truncated = 0
+    for path, _, _, conv in conns:
+        answer = conv.answers[0] if conv.answers else None
+        if answer is None or not answer.complete or not answer.body.endswith(b"\n\n"):
+            truncated += 1
+            continue
+        last = answer.body[:-2].rsplit(b"\n\n", 1)[-1]
+        wanted = b"event: error\ndata: " if path == "/v1/messages" else b"data: {\"error\""
+        error_events += last.startswith(wanted)
+    cut_line = next((ln for ln in router.log_text().splitlines() if "request(s) cut" in ln), "")
+    print(f"## shutdown: SIGTERM with {args.streams} streams longer than shutdown_timeout_s = "
+          f"{args.shutdown_timeout:g}")
+    print(f"error events: {error_events}/{args.streams}   truncated: {truncated}   exit status {code}   "
+          f"exited {took:.1f} s after the signal")
+    print(f"router log: {cut_line.split(': ', 1)[-1]}")
+
+
+async def main(args: argparse.Namespace) -> None:
+    logs = Path(tempfile.mkdtemp(prefix="kvroute-chaos-"))
+    sim_port = free_port(args.replicas)
+    sim = subprocess.Popen(
+        [*KVROUTE, "sim", "--preset", "a4000-qwen3-4b", "--replicas", str(args.replicas), "--port",
+         str(sim_port), "--speed", str(args.speed), "--max-num-seqs", "256"],
+        stdout=subprocess.DEVNULL, stderr=open(logs / "sim.log", "w"))  # noqa: SIM115
+    workers = [f"http://127.0.0.1:{sim_port + i}" for i in range(args.replicas)]
+    sections = {"fuzz": section_fuzz, "header": section_header, "idle": section_idle,
+                "shutdown": section_shutdown}
+    print(f"cpus={os.cpu_count()} load average {os.getloadavg()[0]:.2f}; logs in {logs}")
+    try:
+        for url in workers:
+            await wait_ready(url, "/health")
+        for name in args.sections:
+            await sections[name](workers, logs, args)
+    finally:
+        sim.terminate()
+        sim.wait(30)
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sections", type=lambda s: s.split(","), default=["fuzz", "header", "idle", "shutdown"])
+    p.add_argument("--fuzz", type=int, default=20000, help="fuzzed requests (default 20000)")
+    p.add_argument("--seed", type=int, default=17)
+    p.add_argument("--concurrency", type=int, default=64, help="fuzz connections at a time (default 64)")
+    p.add_argument("--header-mb", type=int, default=300, help="size of the header value (default 300 MB)")
+    p.add_argument("--idle", type=int, default=1100, help="idle connections (default 1100)")
+    p.add_argument("--streams", type=int, default=10, help="streams cut at shutdown (default 10)")
+    p.add_argument("--shutdown-timeout", type=float, default=2.0, help="shutdown_timeout_s (default 2)")
+    p.add_argument("--replicas", type=int, default=3)
+    p.add_argument("--speed", type=float, default=20.0, help="simulated replicas' speed-up (default 20)")
+    return p.parse_args()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(parse_args()))
