@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 
 import aiohttp
 
-from kvroute.config import Settings, WorkerSpec
+from kvroute.router_settings import Settings, WorkerSpec
 from kvroute.server.app import RunningRouter, start_router
 from kvroute.sim.presets import PRESETS
 from kvroute.sim.server import start_sim_fleet

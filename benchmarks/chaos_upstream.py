@@ -30,7 +30,7 @@ from typing import Any
 
 import aiohttp
 
-from kvroute.config import Settings, WorkerSpec
+from kvroute.router_settings import Settings, WorkerSpec
 from kvroute.server.app import RunningRouter, start_router
 from kvroute.sim.faults import Fault
 from kvroute.sim.server import start_sim_fleet

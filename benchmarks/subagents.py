@@ -32,7 +32,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from kvroute.config import Settings, parse_worker_spec
+from kvroute.router_settings import Settings, parse_worker_spec
 from kvroute.server.app import start_router
 from kvroute.sim.server import SimFleet, start_sim_fleet
 

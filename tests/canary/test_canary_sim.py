@@ -11,7 +11,7 @@ import pytest
 
 from kvroute.canary.questions import Verdict
 from kvroute.canary.run import CanaryError, CanaryOptions, run_canary
-from kvroute.config import Settings, WorkerSpec
+from kvroute.router_settings import Settings, WorkerSpec
 from kvroute.server.app import start_router
 from kvroute.sim.server import SimFleet, start_sim_fleet
 

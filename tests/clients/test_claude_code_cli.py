@@ -15,7 +15,7 @@ from pathlib import Path
 
 from claude_cli import run_claude
 
-from kvroute.config import Settings, parse_worker_spec
+from kvroute.router_settings import Settings, parse_worker_spec
 from kvroute.server.app import start_router
 from kvroute.sim.server import SimFleet
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from dashboard_setup import TOKEN
 
-from kvroute.config import Settings
+from kvroute.router_settings import Settings
 from kvroute.server.app import RunningRouter, start_router
 from kvroute.server.dashboard import setup_dashboard
 

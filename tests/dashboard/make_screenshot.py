@@ -20,7 +20,7 @@ import aiohttp
 from dashboard_browser import open_dashboard
 from dashboard_traffic import run_session
 
-from kvroute.config import Settings
+from kvroute.router_settings import Settings
 from kvroute.server.app import start_router
 from kvroute.server.dashboard import setup_dashboard
 from kvroute.sim.server import start_sim_fleet

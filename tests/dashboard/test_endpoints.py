@@ -10,8 +10,8 @@ import pytest
 from dashboard_setup import SIM_MODEL, TOKEN
 from dashboard_traffic import run_sessions
 
-from kvroute.config import Settings, SettingsError
 from kvroute.fleet.registry import worker_id_for
+from kvroute.router_settings import Settings, SettingsError
 
 
 async def get_json(http: aiohttp.ClientSession, url: str, **kwargs: object) -> tuple[int, dict]:

@@ -9,13 +9,13 @@ from contextlib import AbstractAsyncContextManager
 import aiohttp
 import pytest
 
-from kvroute.config import Settings, WorkerSpec
 from kvroute.doctor.checks import compare_fleet, diagnose
 from kvroute.doctor.endpoint import EndpointBundle, facts_for_endpoint
 from kvroute.doctor.facts import EngineFacts, MergedFacts
 from kvroute.doctor.finding import Severity
 from kvroute.doctor.report import TargetReport
 from kvroute.doctor.session import DoctorOptions, run_doctor
+from kvroute.router_settings import Settings, WorkerSpec
 from kvroute.server.app import start_router
 from kvroute.sim.server import SimFleet, start_sim_fleet
 

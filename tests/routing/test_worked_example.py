@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pytest
 from routing_helpers import Clock, fleet, key, text
 
-from kvroute.config import Settings
+from kvroute.router_settings import Settings
 from kvroute.routing import filters, pickers, policies, scorers
 from kvroute.routing.decision import DecisionKind
 from kvroute.routing.scheduler import Scheduler

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from echo_engine import EchoEngine
 
-from kvroute.config import Settings, parse_worker_spec
+from kvroute.router_settings import Settings, parse_worker_spec
 from kvroute.server.app import RunningRouter, start_router
 
 

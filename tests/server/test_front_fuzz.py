@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from raw_http import HEALTH, Conversation, exchange, post
 
-from kvroute.config import Settings, parse_worker_spec
+from kvroute.router_settings import Settings, parse_worker_spec
 from kvroute.server.app import RunningRouter, start_router
 
 ROUTES = {

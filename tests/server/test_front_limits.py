@@ -10,7 +10,7 @@ import orjson
 from raw_http import HEALTH, connect, exchange, post, read
 
 from kvroute.api.requests import MAX_JSON_DEPTH
-from kvroute.config import Settings
+from kvroute.router_settings import Settings
 from kvroute.server.app import observer_denied
 from kvroute.server.front import FrontRequest, FrontServer, ResponseWriter
 

@@ -6,9 +6,9 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvroute.config import Settings, SettingsError
 from kvroute.fleet.registry import Registry
 from kvroute.fleet.vllm_metrics import EngineMetrics
+from kvroute.router_settings import Settings, SettingsError
 from kvroute.server.admin import merge_listings
 from kvroute.server.metrics import RouterMetrics, merge_expositions
 

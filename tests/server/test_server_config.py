@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kvroute.config import ModelSettings, Settings, SettingsError, WorkerSpec
+from kvroute.router_settings import ModelSettings, Settings, SettingsError, WorkerSpec
 
 TOML = """
 port = 9000

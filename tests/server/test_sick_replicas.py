@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvroute.config import Settings, SettingsError
+from kvroute.router_settings import Settings, SettingsError
 from kvroute.routing.key import RoutingKey
 from kvroute.server.app import RunningRouter
 from kvroute.server.proxy import first_byte_deadline

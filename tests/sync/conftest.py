@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from kvroute.config import Settings, WorkerSpec
+from kvroute.router_settings import Settings, WorkerSpec
 from kvroute.server.app import RunningRouter, start_router
 from kvroute.sim.server import SimFleet, start_sim_fleet
 from kvroute.sync.local_redis import LocalRedis

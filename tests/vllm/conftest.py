@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from vllm_helpers import ADMIN_TOKEN
 
-from kvroute.config import Settings, WorkerSpec
+from kvroute.router_settings import Settings, WorkerSpec
 from kvroute.server.app import RunningRouter, start_router
 from kvroute_dev.vllm_env import VllmEnv, default_home, problems
 from kvroute_dev.vllm_replicas import ReplicaFleet, start_replicas

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from kvroute.config import Settings, WorkerSpec
 from kvroute.fleet.registry import worker_id_for
+from kvroute.router_settings import Settings, WorkerSpec
 from kvroute.server.app import start_router
 from kvroute_dev.growing_chat import ChatAnswer, GrowingChat, send_chat
 from kvroute_dev.vllm_env import SERVED_MODEL_NAME, VllmEnv, default_home, problems

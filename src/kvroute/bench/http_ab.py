@@ -115,7 +115,7 @@ async def policy_target(spec: HttpBenchSpec, policy: str) -> AsyncIterator[HttpT
         model = spec.model or await discover_model(spec.target)
         yield HttpTarget(spec.target, model, spec.metrics_urls, spec.api, spec.time_scale)
         return
-    from kvroute.config import Settings, WorkerSpec
+    from kvroute.router_settings import Settings, WorkerSpec
     from kvroute.server.app import start_router
 
     async with _replicas(spec) as (urls, scale):

@@ -17,7 +17,7 @@ import orjson
 from aiohttp import web
 
 from kvroute.api.errors import error_body
-from kvroute.config import SettingsError, parse_worker_spec
+from kvroute.router_settings import SettingsError, parse_worker_spec
 from kvroute.server.context import ROUTER, Router
 
 

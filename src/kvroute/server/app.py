@@ -30,9 +30,9 @@ from multidict import CIMultiDict
 
 from kvroute.api.errors import ApiError, ApiStyle, error_body
 from kvroute.api.requests import parse_request
-from kvroute.config import Settings
 from kvroute.fleet.probe import Prober
 from kvroute.fleet.registry import Registry
+from kvroute.router_settings import Settings
 from kvroute.routing.dispatch import Dispatcher
 from kvroute.routing.scheduler import Scheduler
 from kvroute.server.activity import Activity

@@ -15,7 +15,7 @@ from kvroute.event_loop import run_event_loop
 from kvroute.routing.config import policies_help, settings_help
 
 if TYPE_CHECKING:
-    from kvroute.config import Settings
+    from kvroute.router_settings import Settings
 
 log = logging.getLogger("kvroute.server")
 
@@ -67,7 +67,7 @@ def serve(
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
 ) -> None:
     """Route OpenAI- and Anthropic-compatible requests to the replica holding their prefix."""
-    from kvroute.config import Settings, SettingsError
+    from kvroute.router_settings import Settings, SettingsError
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

@@ -9,9 +9,9 @@ from typing import Protocol
 from aiohttp import web
 
 from kvroute.api.requests import RequestOptions
-from kvroute.config import Settings
 from kvroute.fleet.probe import Prober
 from kvroute.fleet.registry import Registry, WorkerRecord
+from kvroute.router_settings import Settings
 from kvroute.routing.dispatch import Dispatcher
 from kvroute.routing.scheduler import Scheduler
 from kvroute.routing.sync_record import SyncRecord

@@ -39,8 +39,8 @@ from typing import Any
 
 import orjson
 
-from kvroute.config import Settings
 from kvroute.event_loop import run_event_loop
+from kvroute.router_settings import Settings
 from kvroute.sync.private_redis import PrivateRedis, exit_with_parent
 from kvroute.sync.redis_bus import redact_url
 

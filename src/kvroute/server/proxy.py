@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvroute.api.errors import error_body
-from kvroute.config import Settings
+from kvroute.router_settings import Settings
 from kvroute.routing.decision import Decision
 from kvroute.routing.dispatch import InFlight
 from kvroute.routing.flow import FlowSettings, Ticket, TicketState

@@ -34,7 +34,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from kvroute.config import WorkerSpec
+from kvroute.router_settings import WorkerSpec
 from kvroute.server.admin import BROADCAST, setup_admin
 from kvroute.server.context import ROUTER, Router
 from kvroute.server.dashboard.merge import activity_json, merged_view
