@@ -179,11 +179,16 @@ def make_app() -> Callable[..., Any]:
             return
         if scope["type"] != "http":
             return
-        # Read the whole body (bounded, as kvroute's listening side does).
+        # Read the whole body (bounded, as kvroute's listening side does).  A declared length over
+        # the limit is refused before the first receive(): ASGI servers send "100 Continue" on
+        # the first receive(), so this is how an ASGI app answers 413 early on Expect.
         parts: list[bytes] = []
         size = 0
         too_large = False
-        while True:
+        for k, v in scope["headers"]:
+            if k == b"content-length" and v.isdigit() and int(v) > limit:
+                too_large = True
+        while not too_large:
             message = await receive()
             if message["type"] == "http.disconnect":
                 return
