@@ -39,10 +39,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def launches(workers: list[str], which: list[str], log_dir: Path) -> dict[str, tuple[Launch, dict[str, str]]]:
+def launches(workers: list[str], which: list[str], log_dir: Path, lean: bool = False) -> dict[str, tuple[Launch, dict[str, str]]]:
     py = sys.executable
     bindir = Path(py).parent
-    env = {"HTTPSTACK_WORKERS": ",".join(workers), "HTTPSTACK_PROBE_INTERVAL_S": "1.0"}
+    env = {"HTTPSTACK_WORKERS": ",".join(workers), "HTTPSTACK_PROBE_INTERVAL_S": "1.0",
+           "HTTPSTACK_LEAN": "1" if lean else "0"}
+    tag = ", lean" if lean else ""
     out: dict[str, tuple[Launch, dict[str, str]]] = {}
     if "kvroute" in which:
         port = free_port()
@@ -58,13 +60,13 @@ def launches(workers: list[str], which: list[str], log_dir: Path) -> dict[str, t
         argv = [str(bindir / "granian"), "--interface", "asgi", "--loop", "uvloop", "--workers", "1",
                 "--host", "127.0.0.1", "--port", str(port), "--no-ws", "--log-level", "warning",
                 "--working-dir", str(HERE), "asgi_router:app"]
-        out["granian 2.8.9 (ASGI prototype)"] = (Launch(tuple(argv), f"http://127.0.0.1:{port}"), env)
+        out[f"granian 2.8.9 (ASGI prototype{tag})"] = (Launch(tuple(argv), f"http://127.0.0.1:{port}"), env)
     if "uvicorn" in which:
         port = free_port()
         argv = [str(bindir / "uvicorn"), "--loop", "uvloop", "--http", "httptools", "--ws", "none",
                 "--no-access-log", "--log-level", "warning", "--host", "127.0.0.1", "--port", str(port),
                 "--app-dir", str(HERE), "asgi_router:app"]
-        out["uvicorn 0.54 httptools (ASGI prototype)"] = (Launch(tuple(argv), f"http://127.0.0.1:{port}"), env)
+        out[f"uvicorn 0.54 httptools (ASGI prototype{tag})"] = (Launch(tuple(argv), f"http://127.0.0.1:{port}"), env)
     return out
 
 
@@ -73,7 +75,7 @@ async def main(a: argparse.Namespace) -> None:
     sim, urls = await start_sim(log_dir, "a4000-qwen3-4b", a.replicas, a.speed)
     procs: list[tuple[str, Launch, Proc]] = []
     try:
-        for label, (launch, env) in launches(urls, a.targets.split(","), log_dir).items():
+        for label, (launch, env) in launches(urls, a.targets.split(","), log_dir, a.lean).items():
             proc = await Proc.start(label.split()[0], launch.argv, log_dir, env=env)
             procs.append((label, launch, proc))
         for label, launch, proc in procs:
@@ -136,6 +138,8 @@ if __name__ == "__main__":
     p.add_argument("--speed", type=float, default=100.0)
     p.add_argument("--logs", default="/tmp/http_stack_logs")
     p.add_argument("--json")
+    p.add_argument("--lean", action="store_true",
+                   help="ASGI prototypes without the disconnect watcher (lower bound of the adapter's cost)")
     args = p.parse_args()
     from kvroute.event_loop import run_event_loop
     run_event_loop(main(args))

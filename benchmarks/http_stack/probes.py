@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -57,11 +58,8 @@ def read_all(s: socket.socket, wait: float = 3.0, limit: int = 1 << 20) -> tuple
 
 
 def statuses(data: bytes) -> list[str]:
-    out = []
-    for line in data.split(b"\r\n"):
-        if line.startswith(b"HTTP/1."):
-            out.append(line.split(b" ", 2)[1].decode())
-    return out
+    """Status codes of every response in ``data`` (a pipelined answer may follow a body directly)."""
+    return [m.decode() for m in re.findall(rb"HTTP/1\.[01] (\d{3}) ", data)]
 
 
 def summary(data: bytes, state: str) -> str:
@@ -86,7 +84,21 @@ def send_and_read(port: int, payload: bytes, wait: float = 3.0) -> str:
     return summary(data, state)
 
 
-def probe_flood_header(port: int, total: int = 300 << 20) -> str:
+def _rss_mib(pid: int) -> int:
+    """Resident memory of ``pid`` and its children (granian's worker), MiB."""
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/status"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+        if int(stat.parent.name) == pid or fields.get("PPid", "").strip() == str(pid):
+            total += int(fields.get("VmRSS", "0 kB").split()[0])
+    return total >> 10
+
+
+def probe_flood_header(port: int, pid: int, total: int = 300 << 20, budget_s: float = 30.0) -> str:
     """One header whose value never ends: how much the server takes before answering or closing."""
     s = connect(port, timeout=10)
     s.sendall(f"POST {PATH} HTTP/1.1\r\nHost: x\r\nX-Flood: ".encode())
@@ -94,6 +106,10 @@ def probe_flood_header(port: int, total: int = 300 << 20) -> str:
     t0 = time.monotonic()
     try:
         while sent < total:
+            if time.monotonic() - t0 > budget_s:
+                data, state = read_all(s, 1)
+                return (f"still taking bytes after {sent >> 20} MiB in {budget_s:.0f}s, no answer "
+                        f"(server RSS {_rss_mib(pid)} MiB): " + summary(data, state))
             s.sendall(chunk)
             sent += len(chunk)
     except OSError as exc:
@@ -149,7 +165,8 @@ def probe_cap(port: int, holders: int = 64) -> str:
 
 
 def probe_shutdown(port: int, pid: int) -> str:
-    """A long stream, then SIGTERM to the server: how the client's stream ends."""
+    """A long stream (replicas at --speed 1: minutes of tokens), then SIGTERM to the server: how
+    the client's stream ends."""
     body = orjson.dumps({"model": "qwen3-4b", "stream": True, "max_tokens": 20000, "ignore_eos": True,
                          "messages": [{"role": "user", "content": "tell a long story"}]})
     s = connect(port, timeout=30)
@@ -157,22 +174,22 @@ def probe_shutdown(port: int, pid: int) -> str:
     first, _ = read_all(s, 1.0)
     os.kill(pid, signal.SIGTERM)
     t0 = time.monotonic()
-    rest, state = read_all(s, 30, limit=1 << 26)
+    rest, state = read_all(s, 40, limit=1 << 26)
     took = time.monotonic() - t0
     data = first + rest
-    events = [e for e in data.split(b"\n\n") if e.strip()]
-    tail = events[-1][-160:] if events else b""
-    err = b"error" in tail
-    ended_chunked = data.endswith(b"0\r\n\r\n")
+    events = [e for e in data.replace(b"\r\n", b"\n").split(b"\n\n") if b"data:" in e]
+    last = events[-1][-120:] if events else b""
+    terminated = data.endswith(b"0\r\n\r\n")
     return (f"{'+'.join(statuses(first)) or 'no answer'}; connection {state} {took:.1f}s after SIGTERM; "
-            f"clean chunked end: {ended_chunked}; last event is an error event: {err}; last bytes {tail[-100:]!r}")
+            f"[DONE] seen: {b'[DONE]' in data}; error event: {b'error' in last}; "
+            f"ends with chunked terminator: {terminated}; last event {last[-90:]!r}")
 
 
 PROBES = {
     "request line 70 KB": lambda p, pid: send_and_read(p, b"GET /" + b"a" * 70000 + b" HTTP/1.1\r\nHost: x\r\n\r\n"),
     "one 64 KB header": lambda p, pid: send_and_read(p, post(extra="X-Big: " + "a" * 65536 + "\r\n")),
     "one 1 MB header": lambda p, pid: send_and_read(p, post(extra="X-Big: " + "a" * (1 << 20) + "\r\n")),
-    "header flood to 300 MB": lambda p, pid: probe_flood_header(p),
+    "header flood to 300 MB": probe_flood_header,
     "200 headers": lambda p, pid: send_and_read(p, post(extra="".join(f"X-H{i}: v\r\n" for i in range(200)))),
     "5000 headers": lambda p, pid: send_and_read(p, post(extra="".join(f"X-H{i}: v\r\n" for i in range(5000)))),
     "Expect 100-continue + 100 MB length": lambda p, pid: probe_expect(p),
@@ -250,8 +267,10 @@ def main() -> None:
     log_dir.mkdir(parents=True, exist_ok=True)
     loop = asyncio.new_event_loop()
     sim, workers = loop.run_until_complete(start_fleet(log_dir))
+    slow, slow_workers = loop.run_until_complete(start_sim(log_dir / "slow", "a4000-qwen3-4b", 1, 1.0))
     results: dict[str, dict[str, str]] = {}
     try:
+        slow_servers = servers(slow_workers, log_dir)
         for name, (argv, env) in servers(workers, log_dir).items():
             if a.only and name not in a.only.split(","):
                 continue
@@ -259,10 +278,11 @@ def main() -> None:
             for probe, fn in PROBES.items():
                 if a.probes and probe not in a.probes.split(","):
                     continue
+                run_argv, run_env = slow_servers[name] if fn is probe_shutdown else (argv, env)
                 port = free_port()
                 log = (log_dir / f"{name.replace(' ', '_')}.log").open("ab")
-                proc = subprocess.Popen([x.replace("{port}", str(port)) for x in argv], stdout=log, stderr=log,
-                                        env={**os.environ, **env})
+                proc = subprocess.Popen([x.replace("{port}", str(port)) for x in run_argv], stdout=log, stderr=log,
+                                        env={**os.environ, **run_env})
                 try:
                     wait_up(port)
                     try:
@@ -273,7 +293,7 @@ def main() -> None:
                     if proc.poll() is None:
                         proc.send_signal(signal.SIGTERM)
                     try:
-                        proc.wait(10)
+                        proc.wait(15)
                     except subprocess.TimeoutExpired:
                         proc.kill()
                         proc.wait()
@@ -281,6 +301,7 @@ def main() -> None:
                 print(f"{name:<20} {probe:<38} {out}", flush=True)
     finally:
         loop.run_until_complete(sim.stop())  # type: ignore[attr-defined]
+        loop.run_until_complete(slow.stop())  # type: ignore[attr-defined]
     if a.json:
         Path(a.json).write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2))
 
