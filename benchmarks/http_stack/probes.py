@@ -40,12 +40,15 @@ def connect(port: int, timeout: float = 5.0) -> socket.socket:
     return s
 
 
-def read_all(s: socket.socket, wait: float = 3.0, limit: int = 1 << 20) -> tuple[bytes, str]:
-    """Read until the peer closes, ``wait`` passes with nothing new, or ``limit`` bytes."""
+def read_all(s: socket.socket, wait: float = 3.0, limit: int = 1 << 20,
+             total: float | None = None) -> tuple[bytes, str]:
+    """Read until the peer closes, ``wait`` passes with nothing new, ``limit`` bytes, or ``total``
+    seconds in all."""
     s.settimeout(wait)
     data = b""
+    end = None if total is None else time.monotonic() + total
     try:
-        while len(data) < limit:
+        while len(data) < limit and (end is None or time.monotonic() < end):
             chunk = s.recv(65536)
             if not chunk:
                 return data, "closed"
@@ -174,7 +177,12 @@ def probe_shutdown(port: int, pid: int) -> str:
     first, _ = read_all(s, 1.0)
     os.kill(pid, signal.SIGTERM)
     t0 = time.monotonic()
-    rest, state = read_all(s, 40, limit=1 << 26)
+    rest, state = b"", "open"
+    while time.monotonic() - t0 < 40 and state == "open":  # a stream that goes on: stop at 40 s
+        more, state = read_all(s, 1.0, limit=1 << 24, total=1.0)
+        rest += more
+        if state == "open" and not more:
+            continue
     took = time.monotonic() - t0
     data = first + rest
     events = [e for e in data.replace(b"\r\n", b"\n").split(b"\n\n") if b"data:" in e]
