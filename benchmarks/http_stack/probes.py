@@ -267,7 +267,7 @@ async def start_fleet(log_dir: Path) -> tuple[object, list[str]]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default="", help="comma-separated server names")
-    ap.add_argument("--probes", default="", help="comma-separated probe names (default all)")
+    ap.add_argument("--probes", default="", help="semicolon-separated probe names (default all)")
     ap.add_argument("--logs", default="/tmp/http_stack_probe_logs")
     ap.add_argument("--json")
     a = ap.parse_args()
@@ -284,7 +284,7 @@ def main() -> None:
                 continue
             results[name] = {}
             for probe, fn in PROBES.items():
-                if a.probes and probe not in a.probes.split(","):
+                if a.probes and probe not in a.probes.split(";"):
                     continue
                 run_argv, run_env = slow_servers[name] if fn is probe_shutdown else (argv, env)
                 port = free_port()
