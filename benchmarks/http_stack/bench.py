@@ -13,9 +13,7 @@ Router CPU is read from /proc for the router's process tree (granian's worker in
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
-import os
 import socket
 import statistics
 import sys
@@ -120,8 +118,8 @@ def summarise(rounds: list[list[dict[str, object]]], base: str) -> None:
             bases = [x for one in rounds for x in one if x["label"] == base and x["stream"] == stream]
             cpu = 1000 * sum(float(x["router_cpu_s"]) for x in rows) / max(1, sum(int(x["requests"]) for x in rows))
             ratios = [(float(x["router_cpu_s"]) / int(x["requests"])) / (float(b["router_cpu_s"]) / int(b["requests"]))
-                      for x, b in zip(rows, bases)]
-            rps_ratios = [float(x["rps"]) / float(b["rps"]) for x, b in zip(rows, bases)]
+                      for x, b in zip(rows, bases, strict=False)]
+            rps_ratios = [float(x["rps"]) / float(b["rps"]) for x, b in zip(rows, bases, strict=False)]
             print(f"| {label} | {'stream' if stream else 'whole'} | {statistics.median(float(x['rps']) for x in rows):,.0f} "
                   f"| {cpu:.3f} | {min(ratios):.2f}–{statistics.median(ratios):.2f}–{max(ratios):.2f} "
                   f"| {statistics.median(rps_ratios):.2f} | {sum(int(x['errors']) for x in rows)} |")

@@ -233,12 +233,10 @@ def servers(workers: list[str], log_dir: Path) -> dict[str, tuple[list[str], dic
           "--log-level", "warning", "--host", "127.0.0.1", "--port", "{port}", "--app-dir", str(HERE)]
     return {
         "kvroute serve": (kv, {}),
-        "granian default": (gr + ["asgi_router:app"], env),
-        "granian configured": (gr + ["--http1-buffer-size", "65536", "--http1-header-read-timeout", "10000",
-                                     "--backpressure", "32", "--workers-kill-timeout", "5", "asgi_router:app"], env),
-        "uvicorn default": (uv + ["asgi_router:app"], env),
-        "uvicorn configured": (uv + ["--limit-concurrency", "32", "--timeout-keep-alive", "5",
-                                     "--timeout-graceful-shutdown", "5", "asgi_router:app"], env),
+        "granian default": ([*gr, "asgi_router:app"], env),
+        "granian configured": ([*gr, "--http1-buffer-size", "65536", "--http1-header-read-timeout", "10000", "--backpressure", "32", "--workers-kill-timeout", "5", "asgi_router:app"], env),
+        "uvicorn default": ([*uv, "asgi_router:app"], env),
+        "uvicorn configured": ([*uv, "--limit-concurrency", "32", "--timeout-keep-alive", "5", "--timeout-graceful-shutdown", "5", "asgi_router:app"], env),
     }
 
 
