@@ -59,7 +59,16 @@ async def request(session: aiohttp.ClientSession, method: str, url: str, *, time
     try:
         async with session.request(method, url, data=data, headers=send_headers,
                                    timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
-            payload = await resp.content.read(_MAX_BODY)
+            # StreamReader.read(n) returns what has arrived so far, not n bytes: a /metrics
+            # page cut at a chunk boundary then read as malformed (found by the real-vLLM test).
+            parts: list[bytes] = []
+            size = 0
+            async for chunk in resp.content.iter_any():
+                parts.append(chunk)
+                size += len(chunk)
+                if size >= _MAX_BODY:
+                    break
+            payload = b"".join(parts)[:_MAX_BODY]
             return Reply(resp.status, payload, None, time.perf_counter() - started)
     except TimeoutError:
         return Reply(None, b"", f"no answer within {timeout_s:g} s", time.perf_counter() - started)
