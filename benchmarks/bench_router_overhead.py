@@ -64,7 +64,7 @@ def free_ports(n: int) -> int:
     for _ in range(50):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
+            base = int(s.getsockname()[1])
         if base + n > 65000:
             continue
         try:

@@ -38,44 +38,24 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httptools
 import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))  # developer tooling, not in the wheel
+from bench_router_overhead import free_ports
+
+from kvroute_dev.raw_http import HEALTH, Conversation, exchange, mutate, post, read
 
 KVROUTE = [sys.executable, "-c", "from kvroute.cli import main; main()"]
 MODEL = "qwen3-4b"
 ROUTES = ["/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens",
           "/v1/responses", "/v1/embeddings"]
-HEALTH = b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n"
 
 
 # --- processes ---------------------------------------------------------------------------------
-
-def free_port(n: int = 1) -> int:
-    """A port with ``n - 1`` free ports after it (best effort: another process may take one)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = int(s.getsockname()[1])
-        if base + n > 65000:
-            continue
-        socks = []
-        try:
-            for i in range(n):
-                sock = socket.socket()
-                socks.append(sock)
-                sock.bind(("127.0.0.1", base + i))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in socks:
-                sock.close()
-    raise RuntimeError("no free port range")
-
 
 def rss_kib(pid: int) -> tuple[int, int]:
     """(VmRSS, VmHWM) of ``pid`` in KiB: resident now, and the peak so far."""
@@ -113,7 +93,7 @@ async def wait_ready(url: str, path: str = "/ready") -> None:
 
 async def start_router(workers: list[str], logs: Path, name: str, env: dict[str, str] | None = None,
                        nofile: tuple[int, int] | None = None) -> Router:
-    port = free_port()
+    port = free_ports(1)
     log = logs / f"router-{name}.log"
     args = [*KVROUTE, "serve", *[a for u in workers for a in ("--worker", u)], "--port", str(port),
             "--log-level", "info"]
@@ -133,90 +113,14 @@ def stop(router: Router) -> int:
 
 # --- raw HTTP ------------------------------------------------------------------------------------
 
-@dataclass
-class Answer:
-    status: int
-    headers: dict[bytes, bytes]
-    body: bytes
-    complete: bool = True
-
-
-@dataclass
-class Conversation:
-    answers: list[Answer] = field(default_factory=list)
-    closed: bool = False
-    _headers: dict[bytes, bytes] = field(default_factory=dict)
-    _body: list[bytes] = field(default_factory=list)
-    _open: bool = False
-
-    def __post_init__(self) -> None:
-        self.parser = httptools.HttpResponseParser(self)
-
-    def on_message_begin(self) -> None:
-        self._headers, self._body, self._open = {}, [], True
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._headers[name.lower()] = value
-
-    def on_body(self, body: bytes) -> None:
-        self._body.append(body)
-
-    def on_message_complete(self) -> None:
-        self._open = False
-        status = self.parser.get_status_code()
-        if status >= 200:  # 100 Continue is not an answer
-            self.answers.append(Answer(status, self._headers, b"".join(self._body)))
-
-    def eof(self) -> None:
-        self.closed = True
-        if self._open:
-            self.answers.append(Answer(self.parser.get_status_code(), self._headers, b"".join(self._body),
-                                       complete=False))
-
-
-async def read(reader: asyncio.StreamReader, conv: Conversation, count: int | None, timeout: float) -> None:
-    async with asyncio.timeout(timeout):
-        while count is None or len(conv.answers) < count:
-            try:
-                data = await reader.read(65536)
-            except ConnectionError:
-                data = b""
-            if not data:
-                conv.eof()
-                return
-            try:
-                conv.parser.feed_data(data)
-            except httptools.HttpParserError:
-                conv.eof()
-                conv.answers.append(Answer(0, {}, b"", complete=False))  # not HTTP: counted as cut
-                return
-
-
-async def exchange(url: str, data: bytes, *, count: int | None = None, timeout: float = 30) -> Conversation:
-    host, port = url.removeprefix("http://").split(":")
-    reader, writer = await asyncio.open_connection(host, int(port), limit=1 << 16)
-    conv = Conversation()
-    try:
-        writer.write(data)
-        await read(reader, conv, count, timeout)
-    finally:
-        writer.close()
-    return conv
-
-
-def post(path: str, body: bytes, extra: bytes = b"") -> bytes:
-    return (b"POST " + path.encode() + b" HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n" + extra
-            + b"content-length: %d\r\n\r\n" % len(body) + body)
-
-
 # --- fuzz ----------------------------------------------------------------------------------------
 
 BASES = [
-    post("/v1/chat/completions", orjson.dumps({"model": MODEL, "max_tokens": 4,
+    post(b"/v1/chat/completions", orjson.dumps({"model": MODEL, "max_tokens": 4,
                                                "messages": [{"role": "user", "content": "hi"}]})),
-    post("/v1/messages", orjson.dumps({"model": MODEL, "max_tokens": 4, "stream": True,
+    post(b"/v1/messages", orjson.dumps({"model": MODEL, "max_tokens": 4, "stream": True,
                                        "messages": [{"role": "user", "content": "hi"}]})),
-    post("/v1/chat/completions", orjson.dumps({"model": MODEL, "max_tokens": 4, "stream": True,
+    post(b"/v1/chat/completions", orjson.dumps({"model": MODEL, "max_tokens": 4, "stream": True,
                                                "messages": [{"role": "user", "content": "hi"}]}),
          b"expect: 100-continue\r\n"),
     b"GET /v1/models HTTP/1.1\r\nhost: x\r\nanthropic-version: 2023-06-01\r\n\r\n",
@@ -234,26 +138,6 @@ TOKENS = [b"\r\n", b"\n", b"\r", b"\x00", b" ", b":", b"%", b"%00", b"%2F", b"\x
 NAMES = ["model", "messages", "role", "content", "type", "text", "tools", "input", "prompt", "system",
          "image_url", "url", "tool_use", "id", "name", "arguments", "function", "tool_calls", "stream",
          "max_tokens", "metadata", "user_id", "source", "data", "instructions", "cache_salt"]
-
-
-def mutate(rng: random.Random, data: bytes) -> bytes:
-    out = bytearray(data)
-    for _ in range(rng.randint(1, 4)):
-        op = rng.randrange(6)
-        i = rng.randrange(len(out) + 1)
-        if op == 0 and out:
-            out[min(i, len(out) - 1)] = rng.randrange(256)
-        elif op == 1:
-            out[i:i] = rng.choice(TOKENS)
-        elif op == 2:
-            del out[i:i + rng.randint(1, 20)]
-        elif op == 3:
-            out[i:i] = out[i:i + rng.randint(1, 40)]
-        elif op == 4:
-            del out[i:]
-        else:
-            out[i:i] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 8)))
-    return bytes(out)
 
 
 def random_json(rng: random.Random, depth: int = 0) -> Any:
@@ -321,7 +205,7 @@ async def fuzz(url: str, count: int, seed: int, concurrency: int) -> dict[str, A
     async def body_case(path: str, body: bytes) -> None:
         async with gate:
             try:
-                conv = await exchange(url, post(path, body), count=1, timeout=30)
+                conv = await exchange(url, post(path.encode(), body), count=1, timeout=30)
             except TimeoutError:
                 tally["hangs"] += 1
                 return
@@ -338,7 +222,7 @@ async def fuzz(url: str, count: int, seed: int, concurrency: int) -> dict[str, A
         roll = rng.random()
         if roll < 0.5:
             base = rng.choice(BASES)
-            cases.append(raw_case(base, base if i % 10 == 0 else mutate(rng, base)))
+            cases.append(raw_case(base, base if i % 10 == 0 else mutate(rng, base, TOKENS)))
         else:
             cases.append(body_case(rng.choice(ROUTES), random_body(rng, deep=roll > 0.9)))
     start = time.perf_counter()
@@ -362,10 +246,10 @@ async def section_fuzz(workers: list[str], logs: Path, args: argparse.Namespace)
         before = rss_kib(router.proc.pid)
         result = await fuzz(router.url, args.fuzz, args.seed, args.concurrency)
         after = rss_kib(router.proc.pid)
-        metrics = await exchange(router.url, b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n", count=1)
+        metrics = await exchange(router.url, b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n", count=1, timeout=30)
         text = metrics.answers[0].body.decode()
         internal = metric(text, 'kvroute_failures_total{reason="internal"}')
-        health = await exchange(router.url, HEALTH, count=1)
+        health = await exchange(router.url, HEALTH, count=1, timeout=30)
     finally:
         code = stop(router)
     t = result["tally"]
@@ -414,12 +298,12 @@ async def section_header(workers: list[str], logs: Path, args: argparse.Namespac
     router = await start_router(workers, logs, "header")
     try:
         for _ in range(20):  # let start-up settle
-            await exchange(router.url, HEALTH, count=1)
+            await exchange(router.url, HEALTH, count=1, timeout=30)
         before = rss_kib(router.proc.pid)
         sent, reply = await asyncio.to_thread(send_big_header, router.url, args.header_mb << 20)
         await asyncio.sleep(2.5)  # past the lingering close
         after = rss_kib(router.proc.pid)
-        health = await exchange(router.url, HEALTH, count=1)
+        health = await exchange(router.url, HEALTH, count=1, timeout=30)
     finally:
         stop(router)
     status = reply.split(b"\r\n", 1)[0].decode(errors="replace")
@@ -490,14 +374,14 @@ async def section_shutdown(workers: list[str], logs: Path, args: argparse.Namesp
             doc = {"model": MODEL, "max_tokens": 8000, "ignore_eos": True, "stream": True,
                    "messages": [{"role": "user", "content": f"stream {i}: count slowly"}]}
             reader, writer = await asyncio.open_connection(host, int(port))
-            writer.write(post(path, orjson.dumps(doc)))
+            writer.write(post(path.encode(), orjson.dumps(doc)))
             conv = Conversation()
-            conv.parser.feed_data(await asyncio.wait_for(reader.read(65536), 30))
+            conv.feed(await asyncio.wait_for(reader.read(65536), 30))
             conns.append((path, reader, writer, conv))
         start = time.perf_counter()
         router.proc.send_signal(signal.SIGTERM)
         for _, reader, _, conv in conns:
-            await read(reader, conv, None, 60)
+            await read(reader, conv, timeout=60)
         code = await asyncio.to_thread(router.proc.wait, 60)
         took = time.perf_counter() - start
     finally:
@@ -523,7 +407,7 @@ async def section_shutdown(workers: list[str], logs: Path, args: argparse.Namesp
 
 async def main(args: argparse.Namespace) -> None:
     logs = Path(tempfile.mkdtemp(prefix="kvroute-chaos-"))
-    sim_port = free_port(args.replicas)
+    sim_port = free_ports(args.replicas)
     sim = subprocess.Popen(
         [*KVROUTE, "sim", "--preset", "a4000-qwen3-4b", "--replicas", str(args.replicas), "--port",
          str(sim_port), "--speed", str(args.speed), "--max-num-seqs", "256"],

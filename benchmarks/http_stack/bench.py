@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import socket
 import statistics
 import sys
 from pathlib import Path
@@ -28,13 +27,9 @@ from peers.cost import CostPlan, run_cost  # noqa: E402
 from peers.procs import Proc, start_sim, wait_serving  # noqa: E402
 from peers.routers import Launch  # noqa: E402
 
+from kvroute.sync.local_redis import free_port  # noqa: E402
+
 MODEL = "qwen3-4b"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def launches(

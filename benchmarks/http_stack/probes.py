@@ -25,6 +25,8 @@ sys.path.insert(0, str(HERE.parent))
 
 from peers.procs import start_sim  # noqa: E402
 
+from kvroute.sync.local_redis import free_port  # noqa: E402
+
 CHAT = orjson.dumps({"model": "qwen3-4b", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]})
 PATH = "/v1/chat/completions"
 
@@ -352,12 +354,6 @@ def servers(workers: list[str], log_dir: Path) -> dict[str, tuple[list[str], dic
             env,
         ),
     }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_up(port: int, timeout: float = 60) -> None:

@@ -296,3 +296,20 @@ def test_session_admission_is_off_by_default() -> None:
     workers = fleet(1, seqs=8, kv_tokens=1000)
     send(d, key(400, session="a"), workers)
     assert d.admit(key(400, session="b"), workers).state is TicketState.GRANTED
+
+
+@pytest.mark.parametrize("flow_control", [False, True])
+def test_sessions_are_remembered_only_for_session_admission(flow_control: bool) -> None:
+    """Without session admission nothing reads the served sessions, so none may pile up: every
+    conversation a router ever saw would otherwise stay in memory."""
+    clock = Clock()
+    d = dispatcher(clock, flow_control=flow_control)
+    ws = fleet(2, seqs=64)
+    for i in range(50):
+        flight = send(d, key(session=f"s{i}"), ws)
+        clock.t += 1.0
+        d.finished(flight, ok=True)
+    assert all(not q.sessions for q in d.flow._queues.values())
+    d = dispatcher(clock, flow_control=True, flow_session_admission=True)
+    flight = send(d, key(session="kept"), ws)
+    assert "kept" in d.flow._queues[MODEL].sessions

@@ -20,10 +20,10 @@ import pytest
 from echo_engine import EchoEngine
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from raw_http import HEALTH, Conversation, exchange, post
 
 from kvroute.router_settings import Settings, parse_worker_spec
 from kvroute.server.app import RunningRouter, start_router
+from kvroute_dev.raw_http import HEALTH, Conversation, exchange, mutate, post
 
 ROUTES = {
     "/v1/chat/completions": "openai",
@@ -160,27 +160,6 @@ TOKENS = [b"\r\n", b"\n", b"\r", b"\x00", b" ", b":", b"%", b"%00", b"%2F", b"\x
           b"GET / HTTP/1.1\r\n\r\n", b"HTTP/1.1", b"\t", b"{", b"}", b"[" * 300, b"0\r\n\r\n"]
 
 
-def mutate(rng: random.Random, data: bytes) -> bytes:
-    """A few random edits: flips, insertions of protocol tokens, deletions, duplications, cuts."""
-    out = bytearray(data)
-    for _ in range(rng.randint(1, 4)):
-        op = rng.randrange(6)
-        i = rng.randrange(len(out) + 1)
-        if op == 0 and out:
-            out[min(i, len(out) - 1)] = rng.randrange(256)
-        elif op == 1:
-            out[i:i] = rng.choice(TOKENS)
-        elif op == 2:
-            del out[i:i + rng.randint(1, 20)]
-        elif op == 3:
-            out[i:i] = out[i:i + rng.randint(1, 40)]
-        elif op == 4:
-            del out[i:]
-        else:
-            out[i:i] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 8)))
-    return bytes(out)
-
-
 def _metric(text: str, name: str, reason: str) -> float:
     m = re.search(rf'^{name}\{{reason="{reason}"\}} (\S+)$', text, re.M)
     return float(m.group(1)) if m else 0.0
@@ -191,7 +170,7 @@ async def fuzz_raw(url: str, count: int, *, seed: int = 17, concurrency: int = 5
     """Send ``count`` mutated requests, each followed by a well-formed ``GET /health``, on their own
     connections; asserts the invariants and returns tallies."""
     rng = random.Random(seed)
-    cases = [(base, mutate(rng, base) if i % 10 else base) for i, base in
+    cases = [(base, mutate(rng, base, TOKENS) if i % 10 else base) for i, base in
              ((i, rng.choice(BASES)) for i in range(count))]
     gate = asyncio.Semaphore(concurrency)
     reset_cases: list[tuple[bytes, list[int]]] = []

@@ -7,12 +7,12 @@ from __future__ import annotations
 import asyncio
 
 import orjson
-from raw_http import HEALTH, connect, exchange, post, read
 
 from kvroute.api.requests import MAX_JSON_DEPTH
 from kvroute.router_settings import Settings
 from kvroute.server.app import observer_denied
 from kvroute.server.front import FrontRequest, FrontServer, ResponseWriter
+from kvroute_dev.raw_http import HEALTH, connect, exchange, post, read
 
 CHAT = orjson.dumps({"model": "echo", "messages": [{"role": "user", "content": "hi"}]})
 MESSAGES = orjson.dumps({"model": "echo", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]})

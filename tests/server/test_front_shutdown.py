@@ -11,9 +11,10 @@ import subprocess
 import sys
 
 import orjson
-from raw_http import HEALTH, Conversation, connect, read
-from raw_http import post as raw_post
 from test_server_cli import SERVE, free_port
+
+from kvroute_dev.raw_http import HEALTH, Conversation, connect, read
+from kvroute_dev.raw_http import post as raw_post
 
 STREAMS = {
     b"/v1/chat/completions": {"model": "echo", "stream": True,

@@ -26,7 +26,3 @@ def bound_kind(view: View, chosen: Candidate) -> DecisionKind | None:
         return None
     return DecisionKind.STICKY if chosen.worker.id == view.bound else DecisionKind.OVERFLOW
 
-
-def least_busy(cands: list[Candidate]) -> int:
-    """The lowest ``busy`` among the candidates (what the slack is counted from)."""
-    return min(c.busy for c in cands)

@@ -204,9 +204,9 @@ class FlowControl:
         s = self._settings(key.model)
         self._seq += 1
         ticket = Ticket(key, now, seq=self._seq)
-        q = self._queues.get(key.model)
         if not s.flow_control:
             return ticket
+        q = self._queues.get(key.model)
         if q is None:
             q = self._queues[key.model] = _Queue()
         q.workers = workers
@@ -270,8 +270,10 @@ class FlowControl:
         return working == 0 or working + footprint(key) <= s.flow_session_fill * fleet
 
     def session_sent(self, key: RoutingKey) -> None:
-        """A request of ``key``'s session was sent: the session is served, with this footprint."""
-        if key.session_id is None:
+        """A request of ``key``'s session was sent: the session is served, with this footprint.
+        Tracked only where session admission reads it (its idle sessions are dropped there):
+        otherwise every conversation ever seen would stay in this table."""
+        if key.session_id is None or not self._settings(key.model).flow_session_admission:
             return
         q = self._queues.get(key.model)
         if q is None:

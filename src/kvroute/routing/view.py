@@ -108,10 +108,6 @@ class View:
         """Estimated prompt tokens ``c`` holds in its cache, by the index."""
         return min(float(self.key.est_prompt_tokens), c.matched_blocks * self.block_tokens)
 
-    def is_bound(self, c: Candidate) -> bool:
-        """Whether ``c`` is the worker the request's session is bound to."""
-        return self.bound is not None and c.worker.id == self.bound
-
     def bound_in(self, cands: list[Candidate]) -> bool:
         """Whether the session's worker is among ``cands``."""
         bound = self.bound

@@ -111,8 +111,7 @@ class _Prices:
         s, realisation = self.s, c.realisation
         backlog = s.backlog_weight * c.backlog_tokens * (1.0 + s.eviction_weight * (1.0 - realisation))
         queue = backlog + s.inflight_tokens * c.busy + s.waiting_tokens * (c.worker.waiting or 0)
-        matched = min(float(self.est), c.matched_blocks * self.block_tokens)
-        return queue, matched * (1.0 - self.trust * (1.0 - realisation))
+        return queue, self.held(c)
 
     def sessions(self, c: Candidate) -> float:
         """Token-equivalents of future load on ``c`` from the other sessions active there (0 for

@@ -1,8 +1,10 @@
-"""Raw-socket HTTP/1.1 helpers for protocol tests: send exact bytes, parse whatever comes back."""
+"""Raw-socket HTTP/1.1 helpers for the listening side's tests and benchmarks/chaos.py: send exact
+bytes, parse whatever comes back, and mutate requests for fuzzing."""
 
 from __future__ import annotations
 
 import asyncio
+import random
 import socket
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -90,13 +92,18 @@ async def read(reader: asyncio.StreamReader, conv: Conversation | None = None, *
         while count is None or len(conv.answers) < count:
             try:
                 data = await reader.read(65536)
-            except ConnectionResetError:
+            except ConnectionError:
                 conv.reset = True
                 data = b""
             if not data:
                 conv.eof()
                 break
-            conv.feed(data)
+            try:
+                conv.feed(data)
+            except httptools.HttpParserError:  # not HTTP: kept as an answer cut short, status 0
+                conv.eof()
+                conv.answers.append(Answer(0, {}, b"", complete=False))
+                break
     return conv
 
 
@@ -117,3 +124,24 @@ def post(path: bytes, body: bytes, extra: bytes = b"", *, close: bool = False) -
 
 
 HEALTH = b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n"
+
+
+def mutate(rng: random.Random, data: bytes, tokens: list[bytes]) -> bytes:
+    """A few random edits: flips, insertions of protocol ``tokens``, deletions, duplications, cuts."""
+    out = bytearray(data)
+    for _ in range(rng.randint(1, 4)):
+        op = rng.randrange(6)
+        i = rng.randrange(len(out) + 1)
+        if op == 0 and out:
+            out[min(i, len(out) - 1)] = rng.randrange(256)
+        elif op == 1:
+            out[i:i] = rng.choice(tokens)
+        elif op == 2:
+            del out[i:i + rng.randint(1, 20)]
+        elif op == 3:
+            out[i:i] = out[i:i + rng.randint(1, 40)]
+        elif op == 4:
+            del out[i:]
+        else:
+            out[i:i] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 8)))
+    return bytes(out)
