@@ -100,6 +100,7 @@ class WorkerRecord:
             "healthy": s.healthy,
             "draining": s.draining,
             "ejected": s.ejected,
+            "guard_holds": sorted(s.guard_holds),
             "breaker": self.breaker.to_json(time.time() if now is None else now),
             "max_num_seqs": s.max_num_seqs,
             "max_model_len": s.max_model_len,
@@ -211,6 +212,15 @@ class Registry:
         record = self._records.get(worker_id)
         if record is not None:
             record.state.draining = draining
+        return record
+
+    def set_guard_hold(self, worker_id: str, reason: str, hold: bool = True) -> WorkerRecord | None:
+        """Keep a worker out of rotation for ``reason`` (a fleet-guard check), or release that
+        reason's hold; other reasons' holds and an admin drain are untouched."""
+        record = self._records.get(worker_id)
+        if record is not None:
+            holds = record.state.guard_holds
+            record.state.guard_holds = holds | {reason} if hold else holds - {reason}
         return record
 
     # -- reading ----------------------------------------------------------------------------

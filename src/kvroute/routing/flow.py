@@ -241,7 +241,7 @@ class FlowControl:
         ready = 0
         room = 0
         for w in q.workers:
-            if not w.healthy or w.draining or not w.serves(model):
+            if not w.healthy or w.draining or w.guard_holds or not w.serves(model):
                 continue
             ready += 1
             if admissible(w, need, placement, fill):
@@ -257,7 +257,7 @@ class FlowControl:
             return True
         fleet = 0
         for w in q.workers:
-            if w.healthy and not w.draining and w.serves(key.model):
+            if w.healthy and not w.draining and not w.guard_holds and w.serves(key.model):
                 if w.kv_tokens is None:
                     return True
                 fleet += w.kv_tokens

@@ -28,6 +28,9 @@ class WorkerState:
     # Out of rotation by the registry's circuit breaker or latency-outlier ejection (also while a
     # half-open breaker's one trial request is under way); /health answering does not clear it.
     ejected: bool = False
+    # Why the fleet guard keeps this replica out of rotation (e.g. "canary", "doctor"): one entry
+    # per guard check that failed, so clearing one does not undo another, nor an admin drain.
+    guard_holds: frozenset[str] = frozenset()
     max_num_seqs: int | None = None
     max_model_len: int | None = None
     inflight: int = 0
@@ -50,8 +53,9 @@ class WorkerState:
 
     @property
     def ready(self) -> bool:
-        """Whether new requests may be sent here: healthy, not draining, not ejected."""
-        return self.healthy and not self.draining and not self.ejected
+        """Whether new requests may be sent here: healthy, not draining, not ejected, not held out
+        by the fleet guard."""
+        return self.healthy and not self.draining and not self.ejected and not self.guard_holds
 
     def serves(self, model: str) -> bool:
         """Whether this worker serves ``model`` (an empty model list means not yet known: accept)."""

@@ -85,10 +85,13 @@ def _usable(record: WorkerRecord) -> bool:
 
 
 def _status(record: WorkerRecord) -> str:
-    """draining, down (unhealthy), ejected (breaker open), trial (half-open) or healthy."""
+    """draining, down (unhealthy), guarded (held out by the fleet guard), ejected (breaker open),
+    trial (half-open) or healthy."""
     s, breaker = record.state, record.breaker.state
     if s.draining:
         return "draining"
+    if s.guard_holds:
+        return "guarded"
     if not s.healthy:
         return "down"
     if breaker is BreakerState.OPEN:
