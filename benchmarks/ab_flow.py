@@ -6,7 +6,11 @@
     python benchmarks/ab_flow.py --variants auto/sessions,auto,auto/off,least-loaded/off --steps 24,32,48
 
 A variant is ``POLICY`` (flow control with its defaults and ``--set``), ``POLICY/off``
-(``flow_control = false``) or ``POLICY/sessions`` (``flow_session_admission = true``).  Per
+(``flow_control = false``), ``POLICY/sessions`` (``flow_session_admission = true``) or
+``POLICY/footprint`` (session admission with the first version's rule,
+``flow_session_rule = "footprint"``), optionally followed by ``+FIELD=VALUE`` settings of that
+variant alone (``auto/sessions+flow_session_fill=1.2``).  ``--think-time 0`` is the closed loop
+with no pause between rounds.  Per
 step, the mean over seeds of: output tokens/min, TTFB p50 / p95, prefix hits, engine
 preemptions, the router-queue wait p50 / p95 (over every routed request, zero for those
 admitted at once) and the requests shed.  Each (variant, seed) runs on a fresh fleet, in
@@ -40,10 +44,14 @@ def _seeds(text: str) -> list[int]:
 
 def _run(job: tuple[str, dict[str, Any], int, float, list[int], float]) -> list[Row]:
     variant, fields, seed, think, steps, duration = job
-    policy, _, switch = variant.partition("/")
+    name, *extra = variant.split("+")
+    policy, _, switch = name.partition("/")
     settings = {**fields, "flow_control": switch != "off"}
-    if switch == "sessions":
+    if switch in ("sessions", "footprint"):
         settings["flow_session_admission"] = True
+    if switch == "footprint":
+        settings["flow_session_rule"] = "footprint"
+    settings.update({k: ast.literal_eval(v) for k, _, v in (e.partition("=") for e in extra)})
     cluster = cluster_for(ClusterConfig(policy=settings), policy)
     records_by_step: list[list[Any]] = []
     run = cluster.run(AgentWorkload(AgentWorkloadConfig(think_time_s=think), seed), steps, duration,
@@ -72,6 +80,8 @@ def main() -> int:
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="ModelPolicy field for every variant (repeatable)")
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--spread", action="store_true",
+                        help="also print each cell's standard deviation over the seeds")
     args = parser.parse_args()
 
     fields = {name: ast.literal_eval(value) for name, _, value in (s.partition("=") for s in args.set)}
@@ -96,6 +106,20 @@ def main() -> int:
             print(f"| {n} | {v} | {mean('tokens'):,.0f} | {mean('p50'):.2f} | {mean('p95'):.2f} "
                   f"| {mean('hits'):.1f} | {mean('preempt'):.0f} | {mean('wait50'):.2f} / "
                   f"{mean('wait95'):.2f} | {mean('shed'):.1f} |")
+    if args.spread and len(seeds) > 1:
+        print("\nStandard deviation over the seeds:\n")
+        print("| Sessions | Variant | Output tokens/min | TTFB p50 (s) | TTFB p95 (s) "
+              "| Prefix hits (%) |")
+        print("|---|---|---|---|---|---|")
+        for k, n in enumerate(steps):
+            for i, v in enumerate(variants):
+                rows = [run[k] for run in runs[i * len(seeds):(i + 1) * len(seeds)]]
+
+                def sd(name: str, rows: list[Row] = rows) -> float:
+                    return statistics.stdev(r[name] for r in rows)
+
+                print(f"| {n} | {v} | {sd('tokens'):,.0f} | {sd('p50'):.2f} | {sd('p95'):.2f} "
+                      f"| {sd('hits'):.1f} |")
     return 0
 
 

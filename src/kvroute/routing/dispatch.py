@@ -34,10 +34,11 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from kvroute.routing.decision import Decision
-from kvroute.routing.flow import FlowControl, FlowSettings, Ticket, footprint
+from kvroute.routing.flow import FlowControl, FlowSettings, Ticket
 from kvroute.routing.key import RoutingKey
 from kvroute.routing.loadbook import LoadBook
 from kvroute.routing.scheduler import Scheduler
+from kvroute.routing.session_admission import footprint
 from kvroute.routing.sync_record import SyncRecord
 from kvroute.routing.worker import WorkerState
 
@@ -118,8 +119,8 @@ class Dispatcher:
         state.inflight_tokens += tokens
         self.book.touch(state)
         records = self.scheduler.commit(key, decision)
-        self.flow.session_sent(key)
         now = self._timer()
+        self.flow.session_sent(key, decision.prefill_tokens, now)
         self.flow.pump(now)
         return InFlight(state, decision, now, model=key.model, tokens=tokens,
                         session_id=key.session_id), records

@@ -28,6 +28,7 @@ from enum import StrEnum
 
 from kvroute.routing.filters import seq_slots
 from kvroute.routing.key import RoutingKey
+from kvroute.routing.session_admission import RULES, SessionBook, footprint
 from kvroute.routing.settings import PlacementSettings, check_non_negative, setting
 from kvroute.routing.view import Candidate
 from kvroute.routing.worker import WorkerState
@@ -61,18 +62,27 @@ class FlowSettings:
         60.0, "a request queued this long is shed with the API's overload answer")
 
     flow_session_admission: bool = setting(
-        False, "start a new session only while the KV footprint of the sessions the fleet already "
-               "serves (their last request's prompt + max_tokens), plus the new one's, fits in "
-               "flow_session_fill x the fleet's KV cache; a held first turn waits in the queue")
+        False, "start a new session only while the working set of the sessions the fleet already "
+               "serves (flow_session_rule), plus the new one's, fits in flow_session_fill x the "
+               "fleet's KV cache; a held first turn waits in the queue")
+    flow_session_rule: str = setting(
+        "unique", "what a served session counts in the working set: 'unique' (its last request's "
+                  "prompt + max_tokens less the prefix other sessions had cached, e.g. a shared "
+                  "system prompt) or 'footprint' (prompt + max_tokens)")
     flow_session_fill: float = setting(
         1.0, "share of the fleet's KV cache the working set of active sessions may take before a new "
              "session waits (with flow_session_admission)")
     flow_session_idle_s: float = setting(
         15.0, "a session stops counting in the working set this long after its last request ended")
+    flow_session_door_s: float = setting(
+        0.0, "a new session's first turn held this long at the door is admitted anyway "
+             "(0: it waits until flow_queue_ttl_s)")
 
     def __post_init__(self) -> None:
         check_non_negative(self, "flow_aging_s", "flow_max_queued", "flow_max_queued_tokens",
-                           "flow_session_idle_s")
+                           "flow_session_idle_s", "flow_session_door_s")
+        if self.flow_session_rule not in RULES:
+            raise ValueError(f"flow_session_rule must be one of {', '.join(RULES)}")
         if not isinstance(self.flow_session_fill, int | float) or not self.flow_session_fill > 0:
             raise ValueError("flow_session_fill must be a positive share")
         if not isinstance(self.flow_kv_fill, int | float) or not self.flow_kv_fill > 0:
@@ -149,11 +159,6 @@ def fifo_order(t: Ticket, now: float, s: FlowSettings) -> tuple[float, ...]:
 ORDERS: dict[str, Order] = {"cache": cache_order, "fifo": fifo_order}
 
 
-def footprint(key: RoutingKey) -> int:
-    """KV tokens a request holds while it runs: its prompt and at most ``max_tokens`` of output."""
-    return key.est_prompt_tokens + key.max_tokens
-
-
 def admissible(w: WorkerState, need: int, placement: PlacementSettings, kv_fill: float) -> bool:
     """Whether ``w`` can start a request needing ``need`` KV tokens without queueing it behind a full
     batch or preempting: a free sequence slot by every count the router has (its own, the other
@@ -178,8 +183,7 @@ class _Queue:
     tokens: int = 0
     reserved: int = 0  # granted from the queue, not yet claimed by their edge
     finished: deque[float] = field(default_factory=lambda: deque(maxlen=64))
-    # Sessions the fleet serves: id -> [footprint of the last request, requests in flight, last end]
-    sessions: dict[str, list[float]] = field(default_factory=dict)
+    sessions: SessionBook = field(default_factory=SessionBook)  # for session admission
 
 
 class FlowControl:
@@ -210,14 +214,19 @@ class FlowControl:
         if q is None:
             q = self._queues[key.model] = _Queue()
         q.workers = workers
-        if not q.tickets and self._room(key, q) > q.reserved and self._session_fits(key, q, now, s):
+        predicted = self._new_session(key, q, s)
+        if predicted:  # the door needs what the fleet holds of its prompt already
+            ticket.prefill_tokens, ticket.resident = predict()
+        if not q.tickets and self._room(key, q) > q.reserved and \
+                self._session_fits(ticket, q, now, s):
             self._count_admitted(key.model, waited=False)
             return ticket
         if len(q.tickets) >= s.flow_max_queued:
             return self._shed(ticket, q, ShedReason.QUEUE_FULL, now, s, queued=False)
         if s.flow_max_queued_tokens and q.tokens + key.est_prompt_tokens > s.flow_max_queued_tokens:
             return self._shed(ticket, q, ShedReason.QUEUE_TOKENS, now, s, queued=False)
-        ticket.prefill_tokens, ticket.resident = predict()
+        if not predicted:
+            ticket.prefill_tokens, ticket.resident = predict()
         ticket.state = TicketState.QUEUED
         q.tickets.append(ticket)
         q.tokens += key.est_prompt_tokens
@@ -248,50 +257,48 @@ class FlowControl:
                 room += 1
         return room if ready else 1 << 30
 
-    def _session_fits(self, key: RoutingKey, q: _Queue, now: float, s: FlowSettings) -> bool:
-        """Session admission: a request of a session the fleet already serves always fits; a new
-        session's first request fits while the working set of the served sessions plus its own
-        footprint stays within ``flow_session_fill`` of the fleet's KV cache (always, when the
-        setting is off, the request has no session, the KV sizes are unknown or nothing is served)."""
-        if not s.flow_session_admission or key.session_id is None or key.session_id in q.sessions:
+    def _new_session(self, key: RoutingKey, q: _Queue, s: FlowSettings) -> bool:
+        """Whether session admission applies to ``key``: on, and a session the fleet does not
+        serve yet."""
+        return s.flow_session_admission and key.session_id is not None and \
+            key.session_id not in q.sessions
+
+    def _session_fits(self, t: Ticket, q: _Queue, now: float, s: FlowSettings) -> bool:
+        """Session admission (routing/session_admission.py): a request of a session the fleet
+        serves, or whose prefix is still resident (a session forgotten while idle), always fits; a
+        new session's first request fits while the working set has room for it, or once it has
+        waited ``flow_session_door_s`` (always, when the setting is off, the request has no
+        session or the KV sizes are unknown)."""
+        if not self._new_session(t.key, q, s) or t.resident:
+            return True
+        if s.flow_session_door_s and now - t.arrived >= s.flow_session_door_s:
             return True
         fleet = 0
         for w in q.workers:
-            if w.healthy and not w.draining and not w.guard_holds and w.serves(key.model):
+            if w.healthy and not w.draining and not w.guard_holds and w.serves(t.key.model):
                 if w.kv_tokens is None:
                     return True
                 fleet += w.kv_tokens
-        working = 0.0
-        for sid, (tokens, inflight, ended) in list(q.sessions.items()):
-            if inflight <= 0 and now - ended > s.flow_session_idle_s:
-                del q.sessions[sid]  # idle: no longer part of the working set
-            else:
-                working += tokens
-        return working == 0 or working + footprint(key) <= s.flow_session_fill * fleet
+        return q.sessions.fits(t.key, t.prefill_tokens, fleet, s.flow_session_fill,
+                               s.flow_session_rule, now, s.flow_session_idle_s)
 
-    def session_sent(self, key: RoutingKey) -> None:
-        """A request of ``key``'s session was sent: the session is served, with this footprint.
-        Tracked only where session admission reads it (its idle sessions are dropped there):
-        otherwise every conversation ever seen would stay in this table."""
-        if key.session_id is None or not self._settings(key.model).flow_session_admission:
+    def session_sent(self, key: RoutingKey, prefill_tokens: int, now: float) -> None:
+        """A request of ``key``'s session was sent to a replica that computes ``prefill_tokens``
+        of its prompt.  Tracked only where session admission reads it (its idle sessions are
+        dropped there): otherwise every conversation ever seen would stay in this table."""
+        s = self._settings(key.model)
+        if key.session_id is None or not s.flow_session_admission:
             return
         q = self._queues.get(key.model)
         if q is None:
             q = self._queues[key.model] = _Queue()
-        entry = q.sessions.get(key.session_id)
-        if entry is None:
-            q.sessions[key.session_id] = [float(footprint(key)), 1.0, 0.0]
-        else:
-            entry[0] = float(footprint(key))
-            entry[1] += 1
+        q.sessions.sent(key, prefill_tokens, s.flow_session_rule, now)
 
     def session_finished(self, model: str, session_id: str, now: float) -> None:
         """A request of the session ended."""
         q = self._queues.get(model)
-        entry = q.sessions.get(session_id) if q is not None else None
-        if entry is not None:
-            entry[1] -= 1
-            entry[2] = now
+        if q is not None:
+            q.sessions.finished(session_id, now)
 
     def pump(self, now: float) -> list[Ticket]:
         """Grant queued requests, in each model's order, while a replica is admissible for the next
@@ -305,7 +312,7 @@ class FlowControl:
             for best in sorted(q.tickets, key=lambda t: order(t, now, s)):
                 if self._room(best.key, q) <= q.reserved:
                     break
-                if not self._session_fits(best.key, q, now, s):
+                if not self._session_fits(best, q, now, s):
                     continue  # a new session held back; a continuing one behind it may go
                 self._leave(best, q, now)
                 best.state = TicketState.GRANTED
