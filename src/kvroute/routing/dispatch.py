@@ -119,8 +119,8 @@ class Dispatcher:
         state.inflight_tokens += tokens
         self.book.touch(state)
         records = self.scheduler.commit(key, decision)
+        self.flow.session_sent(key, decision.prefill_tokens)
         now = self._timer()
-        self.flow.session_sent(key, decision.prefill_tokens, now)
         self.flow.pump(now)
         return InFlight(state, decision, now, model=key.model, tokens=tokens,
                         session_id=key.session_id), records

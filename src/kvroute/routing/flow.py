@@ -204,7 +204,7 @@ class FlowControl:
               predict: Callable[[], tuple[int, bool]]) -> Ticket:
         """A request arrived: grant it at once while some replica is admissible for it and nothing
         waits ahead of it; else queue it (``predict`` gives its predicted prefill and whether its
-        prefix is resident, for the order) or shed it past the caps."""
+        prefix is resident, for the order and session admission) or shed it past the caps."""
         s = self._settings(key.model)
         self._seq += 1
         ticket = Ticket(key, now, seq=self._seq)
@@ -214,6 +214,8 @@ class FlowControl:
         if q is None:
             q = self._queues[key.model] = _Queue()
         q.workers = workers
+        if key.session_id is not None:
+            q.sessions.arrived(key.session_id, now)
         predicted = self._new_session(key, q, s)
         if predicted:  # the door needs what the fleet holds of its prompt already
             ticket.prefill_tokens, ticket.resident = predict()
@@ -230,6 +232,8 @@ class FlowControl:
         ticket.state = TicketState.QUEUED
         q.tickets.append(ticket)
         q.tokens += key.est_prompt_tokens
+        if key.session_id is not None:
+            q.sessions.queued(key.session_id, +1)
         if self._room(key, q) > q.reserved:
             # Room, but requests wait (new sessions held back): the order decides, now.
             self.pump(now)
@@ -265,10 +269,10 @@ class FlowControl:
 
     def _session_fits(self, t: Ticket, q: _Queue, now: float, s: FlowSettings) -> bool:
         """Session admission (routing/session_admission.py): a request of a session the fleet
-        serves, or whose prefix is still resident (a session forgotten while idle), always fits; a
-        new session's first request fits while the working set has room for it, or once it has
-        waited ``flow_session_door_s`` (always, when the setting is off, the request has no
-        session or the KV sizes are unknown)."""
+        serves, or whose prefix is still resident (a session forgotten while quiet), always fits;
+        a new session's first request fits while the working set has room for it in the fleet's
+        KV cache, or once it has waited ``flow_session_door_s`` (always, when the setting is off,
+        the request has no session or the KV sizes are unknown)."""
         if not self._new_session(t.key, q, s) or t.resident:
             return True
         if s.flow_session_door_s and now - t.arrived >= s.flow_session_door_s:
@@ -282,7 +286,7 @@ class FlowControl:
         return q.sessions.fits(t.key, t.prefill_tokens, fleet, s.flow_session_fill,
                                s.flow_session_rule, now, s.flow_session_idle_s)
 
-    def session_sent(self, key: RoutingKey, prefill_tokens: int, now: float) -> None:
+    def session_sent(self, key: RoutingKey, prefill_tokens: int) -> None:
         """A request of ``key``'s session was sent to a replica that computes ``prefill_tokens``
         of its prompt.  Tracked only where session admission reads it (its idle sessions are
         dropped there): otherwise every conversation ever seen would stay in this table."""
@@ -292,7 +296,7 @@ class FlowControl:
         q = self._queues.get(key.model)
         if q is None:
             q = self._queues[key.model] = _Queue()
-        q.sessions.sent(key, prefill_tokens, s.flow_session_rule, now)
+        q.sessions.sent(key, prefill_tokens, s.flow_session_rule)
 
     def session_finished(self, model: str, session_id: str, now: float) -> None:
         """A request of the session ended."""
@@ -309,10 +313,14 @@ class FlowControl:
                 continue
             s = self._settings(model)
             order = ORDERS[s.flow_order]
+            door_shut = False  # new sessions go through the door in the order, none past another
             for best in sorted(q.tickets, key=lambda t: order(t, now, s)):
                 if self._room(best.key, q) <= q.reserved:
                     break
+                if door_shut and self._new_session(best.key, q, s) and not best.resident:
+                    continue
                 if not self._session_fits(best, q, now, s):
+                    door_shut = True
                     continue  # a new session held back; a continuing one behind it may go
                 self._leave(best, q, now)
                 best.state = TicketState.GRANTED
@@ -407,6 +415,8 @@ class FlowControl:
     def _leave(self, t: Ticket, q: _Queue, now: float) -> None:
         q.tickets.remove(t)
         q.tokens -= t.key.est_prompt_tokens
+        if t.key.session_id is not None:
+            q.sessions.queued(t.key.session_id, -1)
         t.waited_s = now - t.arrived
 
     def _shed(self, t: Ticket, q: _Queue, reason: ShedReason, now: float, s: FlowSettings, *,

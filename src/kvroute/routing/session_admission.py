@@ -41,12 +41,13 @@ class ServedSession:
 
     tokens: int  # what it counts in the working set (by the rule)
     shared: int  # prompt tokens of its first request the fleet already held from other sessions
-    inflight: int = 0
+    inflight: int = 0  # requests sent and not finished
+    queued: int = 0  # requests waiting at the router's gate
     ended: float = 0.0  # when its last request ended
 
-
-# A rule maps (the session's last request, its shared tokens) to the tokens it counts.
-Rule = Callable[[RoutingKey, int], int]
+    def quiet(self) -> bool:
+        """Nothing of it in flight or waiting at the gate."""
+        return self.inflight <= 0 and self.queued <= 0
 
 
 def unique_tokens(key: RoutingKey, shared: int) -> int:
@@ -59,7 +60,29 @@ def footprint_tokens(key: RoutingKey, shared: int) -> int:
     return footprint(key)
 
 
-RULES: dict[str, Rule] = {"unique": unique_tokens, "footprint": footprint_tokens}
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """How a served session counts in the working set.
+
+    ``tokens`` maps (the session's last request, its shared tokens) to the tokens it counts.  A
+    rule that ``learns`` counts each session at least at the size the last sessions to leave had
+    reached (a session grows turn by turn: one admitted at its first turn's size would later push
+    the working set past the cache), and forgets a quiet session after 1.5 x the longest of the
+    recent pauses between a session's answer and its next request, rather than after the fixed
+    ``flow_session_idle_s`` (a session that ended holds its place until it is forgotten, keeping
+    a new one out).
+    """
+
+    tokens: Callable[[RoutingKey, int], int]
+    learns: bool
+
+
+RULES: dict[str, Rule] = {
+    "unique": Rule(unique_tokens, learns=True),
+    "footprint": Rule(footprint_tokens, learns=False),  # the first version, for reference
+}
+
+_SAMPLES = 8  # pauses or ended sessions seen before a rule learns from them
 
 
 @dataclass(slots=True)
@@ -67,25 +90,8 @@ class SessionBook:
     """The sessions one model's fleet serves, and the door for new ones."""
 
     sessions: dict[str, ServedSession] = field(default_factory=dict)
-    # What the last sessions to leave counted at the end: a session grows turn by turn, so one
-    # admitted at its first turn's size is counted at the size sessions end up with.
-    peaks: deque[int] = field(default_factory=lambda: deque(maxlen=64))
-    # The last pauses between a session's answer and its next request: a session silent for much
-    # longer than they has most likely ended, and holding its place would keep a new one out.
-    gaps: deque[float] = field(default_factory=lambda: deque(maxlen=256))
-
-    def idle_after(self, idle_s: float) -> float:
-        """How long a session may be silent before it is forgotten: twice the longest of the
-        recent pauses between turns (at least 1 s), at most ``idle_s`` (``idle_s`` until a few
-        pauses were seen)."""
-        if len(self.gaps) < 8:
-            return idle_s
-        return min(idle_s, max(1.0, 2.0 * max(self.gaps)))
-
-    def expected(self) -> int:
-        """The size a session is expected to reach: the median of the last ones' (0 until a few
-        have left)."""
-        return int(statistics.median(self.peaks)) if len(self.peaks) >= 4 else 0
+    peaks: deque[int] = field(default_factory=lambda: deque(maxlen=64))  # forgotten sessions' sizes
+    gaps: deque[float] = field(default_factory=lambda: deque(maxlen=256))  # answer -> next request
 
     def __contains__(self, session_id: object) -> bool:
         return session_id in self.sessions
@@ -96,17 +102,43 @@ class SessionBook:
     def __iter__(self) -> Iterator[str]:
         return iter(self.sessions)
 
-    def sent(self, key: RoutingKey, prefill_tokens: int, rule: str, now: float) -> None:
-        """A request of ``key``'s session left for a replica that had to compute ``prefill_tokens``
-        of its prompt (the routing decision's prediction)."""
+    def idle_after(self, rule: Rule, idle_s: float) -> float:
+        """How long a quiet session is kept: 1.5 x the longest recent pause between turns (at
+        least 1 s, at most ``idle_s``) for a rule that learns, else ``idle_s``."""
+        if not rule.learns or len(self.gaps) < _SAMPLES:
+            return idle_s
+        return min(idle_s, max(1.0, 1.5 * max(self.gaps)))
+
+    def expected(self, rule: Rule) -> int:
+        """The size a session is expected to reach: the median of the last forgotten ones' (0 for
+        a rule that does not learn, or until a few have left)."""
+        if not rule.learns or len(self.peaks) < _SAMPLES:
+            return 0
+        return int(statistics.median(self.peaks))
+
+    def arrived(self, session_id: str, now: float) -> None:
+        """A request of the session reached the router's gate: if the session was quiet, the
+        pause since its last answer is one more sample."""
+        entry = self.sessions.get(session_id)
+        if entry is not None and entry.quiet():
+            self.gaps.append(max(0.0, now - entry.ended))
+
+    def queued(self, session_id: str, delta: int) -> None:
+        """A request of the session started (+1) or stopped (-1) waiting at the gate: a session
+        waiting there is not idle, however long it waits."""
+        entry = self.sessions.get(session_id)
+        if entry is not None:
+            entry.queued = max(0, entry.queued + delta)
+
+    def sent(self, key: RoutingKey, prefill_tokens: int, rule: str) -> None:
+        """A request of ``key``'s session left for a replica that had to compute
+        ``prefill_tokens`` of its prompt (the routing decision's prediction)."""
         assert key.session_id is not None
         entry = self.sessions.get(key.session_id)
-        if entry is not None and entry.inflight <= 0:
-            self.gaps.append(now - entry.ended)
         if entry is None:
             shared = max(0, key.est_prompt_tokens - prefill_tokens)
             entry = self.sessions[key.session_id] = ServedSession(0, shared)
-        entry.tokens = RULES[rule](key, entry.shared)
+        entry.tokens = RULES[rule].tokens(key, entry.shared)
         entry.inflight += 1
 
     def finished(self, session_id: str, now: float) -> None:
@@ -116,15 +148,16 @@ class SessionBook:
             entry.inflight -= 1
             entry.ended = now
 
-    def working_set(self, now: float, idle_s: float) -> int:
-        """KV tokens the served sessions count; a session idle for more than ``idle_s`` (nothing
-        in flight since its last request ended) is forgotten first."""
-        idle_s = self.idle_after(idle_s)
+    def working_set(self, now: float, idle_s: float, rule: str) -> int:
+        """KV tokens the served sessions count; a session quiet for longer than the rule keeps
+        one (see :class:`Rule`) is forgotten first."""
+        r = RULES[rule]
+        keep = self.idle_after(r, idle_s)
         for sid, entry in list(self.sessions.items()):
-            if entry.inflight <= 0 and now - entry.ended > idle_s:
+            if entry.quiet() and now - entry.ended > keep:
                 del self.sessions[sid]
                 self.peaks.append(entry.tokens)
-        expected = self.expected()
+        expected = self.expected(r)
         return sum(max(entry.tokens, expected) for entry in self.sessions.values())
 
     def fits(self, key: RoutingKey, prefill_tokens: int, fleet_kv: int, share: float, rule: str,
@@ -133,7 +166,8 @@ class SessionBook:
         may start: the working set plus what it would add stays within ``share`` of the fleet's KV
         cache (always, when nothing is served: a fleet too small for one session is the engine's
         to refuse)."""
-        working = self.working_set(now, idle_s)
+        working = self.working_set(now, idle_s, rule)
+        r = RULES[rule]
         shared = max(0, key.est_prompt_tokens - prefill_tokens)
-        need = max(RULES[rule](key, shared), self.expected())
+        need = max(r.tokens(key, shared), self.expected(r))
         return working == 0 or working + need <= share * fleet_kv
