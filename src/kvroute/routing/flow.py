@@ -267,12 +267,18 @@ class FlowControl:
         return s.flow_session_admission and key.session_id is not None and \
             key.session_id not in q.sessions
 
-    def _session_fits(self, t: Ticket, q: _Queue, now: float, s: FlowSettings) -> bool:
+    def _at_door(self, t: Ticket, q: _Queue, s: FlowSettings) -> bool:
+        """A new session's request that session admission may hold (its prefix not resident)."""
+        return not t.resident and self._new_session(t.key, q, s)
+
+    def _session_fits(self, t: Ticket, q: _Queue, now: float, s: FlowSettings,
+                      opened: int = 0) -> bool:
         """Session admission (routing/session_admission.py): a request of a session the fleet
         serves, or whose prefix is still resident (a session forgotten while quiet), always fits;
         a new session's first request fits while the working set has room for it in the fleet's
         KV cache, or once it has waited ``flow_session_door_s`` (always, when the setting is off,
-        the request has no session or the KV sizes are unknown)."""
+        the request has no session or the KV sizes are unknown).  ``opened``: what new sessions
+        let in just before it and not sent yet add to the working set."""
         if not self._new_session(t.key, q, s) or t.resident:
             return True
         if s.flow_session_door_s and now - t.arrived >= s.flow_session_door_s:
@@ -284,7 +290,7 @@ class FlowControl:
                     return True
                 fleet += w.kv_tokens
         return q.sessions.fits(t.key, t.prefill_tokens, fleet, s.flow_session_fill,
-                               s.flow_session_rule, now, s.flow_session_idle_s)
+                               s.flow_session_rule, now, s.flow_session_idle_s, opened)
 
     def session_sent(self, key: RoutingKey, prefill_tokens: int) -> None:
         """A request of ``key``'s session was sent to a replica that computes ``prefill_tokens``
@@ -313,15 +319,25 @@ class FlowControl:
                 continue
             s = self._settings(model)
             order = ORDERS[s.flow_order]
-            door_shut = False  # new sessions go through the door in the order, none past another
+            # New sessions pass the door oldest first, none past another: where the order reaches
+            # one, the longest-held one takes its place (a bounded wait at the door, not the
+            # shortest prompt first forever).
+            door = deque(sorted((t for t in q.tickets if self._at_door(t, q, s)),
+                                key=lambda t: (t.arrived, t.seq)))
+            door_shut = False
+            opened = 0  # tokens of the new sessions let in by this pass, not yet sent
             for best in sorted(q.tickets, key=lambda t: order(t, now, s)):
                 if self._room(best.key, q) <= q.reserved:
                     break
-                if door_shut and self._new_session(best.key, q, s) and not best.resident:
-                    continue
-                if not self._session_fits(best, q, now, s):
-                    door_shut = True
-                    continue  # a new session held back; a continuing one behind it may go
+                if self._at_door(best, q, s):
+                    if door_shut or not door:
+                        continue
+                    best = door[0]
+                    if not self._session_fits(best, q, now, s, opened):
+                        door_shut = True
+                        continue  # held back; a continuing session's turn behind it may go
+                    door.popleft()
+                    opened += footprint(best.key)
                 self._leave(best, q, now)
                 best.state = TicketState.GRANTED
                 best.holds = True

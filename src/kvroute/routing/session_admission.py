@@ -161,12 +161,12 @@ class SessionBook:
         return sum(max(entry.tokens, expected) for entry in self.sessions.values())
 
     def fits(self, key: RoutingKey, prefill_tokens: int, fleet_kv: int, share: float, rule: str,
-             now: float, idle_s: float) -> bool:
+             now: float, idle_s: float, opened: int = 0) -> bool:
         """Whether a new session whose first request has ``prefill_tokens`` not cached anywhere
-        may start: the working set plus what it would add stays within ``share`` of the fleet's KV
-        cache (always, when nothing is served: a fleet too small for one session is the engine's
-        to refuse)."""
-        working = self.working_set(now, idle_s, rule)
+        may start: the working set (plus ``opened``, the sessions let in and not sent yet) plus
+        what it would add stays within ``share`` of the fleet's KV cache (always, when nothing is
+        served: a fleet too small for one session is the engine's to refuse)."""
+        working = self.working_set(now, idle_s, rule) + opened
         r = RULES[rule]
         shared = max(0, key.est_prompt_tokens - prefill_tokens)
         need = max(r.tokens(key, shared), self.expected(r))

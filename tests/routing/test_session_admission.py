@@ -1,0 +1,141 @@
+"""Session admission (routing/session_admission.py): what a served session counts in the working
+set, what the door learns (the size sessions reach, the pauses between turns), and the door through
+the dispatcher (order among held first turns, the bounded door wait).  Pure: an injected clock."""
+
+from __future__ import annotations
+
+import pytest
+from test_flow import MODEL, Clock, dispatcher, fleet, key, send
+
+from kvroute.routing.config import ModelPolicy
+from kvroute.routing.flow import TicketState
+from kvroute.routing.key import RoutingKey
+from kvroute.routing.session_admission import RULES, SessionBook
+
+
+def turn(session: str, tokens: int, max_tokens: int = 0) -> RoutingKey:
+    return RoutingKey(MODEL, session.encode(), session, tokens, max_tokens)
+
+
+# --- the rules ----------------------------------------------------------------------------------
+
+def test_unique_counts_a_shared_prefix_once_footprint_per_session() -> None:
+    """Two sessions whose first prompts (1000 tokens) start with a 600-token prefix the fleet
+    already held: 'unique' counts what each adds (400 + 100 output), 'footprint' the whole
+    request."""
+    for rule, expected in (("unique", 2 * 500), ("footprint", 2 * 1100)):
+        book = SessionBook()
+        for sid in ("a", "b"):
+            book.sent(turn(sid, 1000, max_tokens=100), prefill_tokens=400, rule=rule)
+        assert book.working_set(0.0, 15.0, rule) == expected
+
+
+def test_a_session_grows_by_its_turns_less_the_shared_prefix() -> None:
+    book = SessionBook()
+    book.sent(turn("a", 1000), prefill_tokens=400, rule="unique")  # 600 shared
+    book.finished("a", 1.0)
+    book.sent(turn("a", 1500), prefill_tokens=500, rule="unique")  # its own turn cached
+    assert book.working_set(1.0, 15.0, "unique") == 900
+
+
+def test_sessions_count_at_the_size_the_last_ones_reached() -> None:
+    """Once eight sessions were forgotten at 5000 tokens, a session at its first turn (1000)
+    counts 5000, and so does a new one at the door: 2 x 5000 + 5000 > 12000."""
+    book = SessionBook()
+    for i in range(8):
+        book.sent(turn(f"old{i}", 5000), prefill_tokens=5000, rule="unique")
+        book.finished(f"old{i}", 0.0)
+    assert book.working_set(100.0, 15.0, "unique") == 0  # all forgotten, their sizes kept
+    book.sent(turn("a", 1000), prefill_tokens=1000, rule="unique")
+    book.sent(turn("b", 1000), prefill_tokens=1000, rule="unique")
+    assert book.working_set(100.0, 15.0, "unique") == 10_000
+    assert not book.fits(turn("c", 1000), 1000, 12_000, 1.0, "unique", 100.0, 15.0)
+    assert book.fits(turn("c", 1000), 1000, 15_000, 1.0, "unique", 100.0, 15.0)
+    # the first version's rule learns nothing: 3 x 1000
+    book.sessions.clear()
+    book.sent(turn("a", 1000), prefill_tokens=1000, rule="footprint")
+    book.sent(turn("b", 1000), prefill_tokens=1000, rule="footprint")
+    assert book.fits(turn("c", 1000), 1000, 3000, 1.0, "footprint", 100.0, 15.0)
+
+
+def test_a_quiet_session_is_forgotten_after_the_pauses_seen() -> None:
+    """After sessions paused 1-2 s between turns, one quiet for 3.5 s (> 1.5 x 2 s) has most
+    likely ended: it is forgotten, not kept for flow_session_idle_s (15 s); the first version's
+    rule keeps it."""
+    book = SessionBook()
+    t = 0.0
+    for i in range(8):
+        sid = f"s{i}"
+        book.sent(turn(sid, 100), 100, "unique")
+        book.finished(sid, t)
+        t += 1.0 + (i % 2)
+        book.arrived(sid, t)
+        book.sent(turn(sid, 200), 100, "unique")
+        book.finished(sid, t)
+    assert max(book.gaps) == 2.0
+    assert book.idle_after(RULES["unique"], 15.0) == 3.0
+    assert book.idle_after(RULES["footprint"], 15.0) == 15.0
+    book.sent(turn("a", 100), 100, "unique")
+    book.finished("a", t)
+    assert "a" in book and book.working_set(t + 2.9, 15.0, "unique") > 0
+    book.working_set(t + 3.5, 15.0, "unique")
+    assert "a" not in book
+
+
+def test_a_session_waiting_at_the_gate_is_not_forgotten() -> None:
+    book = SessionBook()
+    book.sent(turn("a", 100), 100, "unique")
+    book.finished("a", 0.0)
+    book.arrived("a", 1.0)
+    book.queued("a", +1)
+    book.working_set(100.0, 15.0, "unique")
+    assert "a" in book
+    book.queued("a", -1)
+    book.working_set(100.0, 15.0, "unique")
+    assert "a" not in book
+
+
+def test_the_rule_setting_is_validated() -> None:
+    with pytest.raises(ValueError, match="flow_session_rule"):
+        ModelPolicy(flow_session_rule="guess")
+    with pytest.raises(ValueError):
+        ModelPolicy(flow_session_door_s=-1.0)
+
+
+# --- the door through the dispatcher ------------------------------------------------------------
+
+def test_held_first_turns_pass_the_door_oldest_first() -> None:
+    """A fleet (2 x 1000 tokens of KV) full of served sessions holds two new sessions; when one
+    session goes quiet and is forgotten, room for one: the older held session goes first, even
+    though the younger one's prompt is shorter (the 'cache' order would pick it otherwise)."""
+    clock = Clock()
+    d = dispatcher(clock, flow_session_admission=True, flow_session_idle_s=5.0, flow_kv_fill=10.0)
+    workers = fleet(2, seqs=8, kv_tokens=1000)
+    a = send(d, key(900, session="a"), workers)
+    send(d, key(900, session="b"), workers)
+    old = d.admit(key(800, session="old"), workers)
+    clock.t += 1.0
+    young = d.admit(key(400, session="young"), workers)
+    assert old.queued and young.queued
+    d.finished(a, ok=True)
+    clock.t += 6.0
+    d.scraped(workers[0], 0, 0, 0.0)  # "a" forgotten: 900 + 800 fits, then 900 + 800 + 400 not
+    assert old.state is TicketState.GRANTED
+    assert young.queued
+
+
+def test_a_held_first_turn_is_admitted_after_the_door_wait() -> None:
+    clock = Clock()
+    d = dispatcher(clock, flow_session_admission=True, flow_kv_fill=10.0, flow_session_door_s=4.0)
+    workers = fleet(2, seqs=8, kv_tokens=1000)
+    send(d, key(900, session="a"), workers)
+    send(d, key(900, session="b"), workers)
+    new = d.admit(key(300, session="c"), workers)
+    assert new.queued
+    clock.t += 3.0
+    d.scraped(workers[0], 0, 0, 0.0)
+    assert new.queued
+    clock.t += 1.0
+    d.scraped(workers[0], 0, 0, 0.0)
+    assert new.state is TicketState.GRANTED
+    assert new.waited_s == 4.0
