@@ -5,6 +5,7 @@ their own overload exception, with ``Retry-After``."""
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import aiohttp
 import anthropic
@@ -62,6 +63,30 @@ async def test_a_queued_request_waits_then_is_served(one_slot, http):
         text = await resp.text()
     assert 'kvroute_queue_wait_seconds_count{model="qwen3-4b"} 1.0' in text
     assert 'kvroute_queue_depth{model="qwen3-4b"} 0.0' in text
+
+
+async def test_a_request_that_waited_logs_one_decision_line_with_its_wait(one_slot, http, caplog):
+    r, worker = await one_slot()
+    secret = "the secret words of the waiting prompt"
+    first = await occupy(http, r.url)
+    await until(lambda: worker.inflight == 1)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="kvroute.decision"):
+        async with http.post(r.url + "/v1/chat/completions", json=chat(secret, 5)) as resp:
+            assert resp.status == 200
+            await resp.read()
+    assert await first == 200
+    lines = [rec.getMessage() for rec in caplog.records if rec.name == "kvroute.decision"]
+    # one line: the decision, with how long it waited and why; no separate [FLOW] line
+    assert len(lines) == 1, lines
+    line = lines[0]
+    assert f"model={MODEL} worker={worker.id} waited=" in line
+    waited = float(line.split("waited=")[1].split("s ")[0])
+    assert waited > 0
+    assert "(no replica admissible; predicted prefill " in line and "prefix cold)" in line
+    assert secret not in line and "[FLOW]" not in line
+    # the dashboard's activity log carries it too
+    assert "waited=" in r.router.activity.requests[-1].reason
 
 
 async def test_ttl_answers_each_api_with_its_overload_error(one_slot, http):

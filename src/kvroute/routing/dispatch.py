@@ -83,9 +83,21 @@ class Dispatcher:
                 2 * d.prefill_tokens < d.est_tokens
             return d.prefill_tokens, resident
 
+        ahead = len(self.flow.queued(key.model))
         ticket = self.flow.admit(key, workers, self._timer(), predict)
         ticket.on_decided = on_decided
+        if ticket.queued:
+            ticket.why = self._why(ticket, ahead)
         return ticket
+
+    def _why(self, ticket: Ticket, ahead: int) -> str:
+        """Why a request just queued has to wait, in words (no prompt text): for its decision line."""
+        held = "no replica admissible" if self.flow.free_room(ticket.key) <= 0 else \
+            "a replica is free but its session is new (session admission)"
+        if ahead:
+            held += f", {ahead} queued ahead"
+        prefix = "resident" if ticket.resident else "cold"
+        return f"{held}; predicted prefill {ticket.prefill_tokens} tokens, prefix {prefix}"
 
     def claim(self, ticket: Ticket) -> None:
         """A ticket woken from the queue is being routed now (call it, then ``route`` and ``sent``

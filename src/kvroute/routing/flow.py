@@ -108,7 +108,8 @@ class Ticket:
     ``prefill_tokens`` and ``resident`` are the queue's prediction at arrival (what the order
     reads): the prompt tokens the replica it would go to does not hold, and whether it is a
     continuing session's turn whose prefix is still there.  ``waited_s`` is set when it leaves the
-    queue; ``retry_after_s`` when it is shed.
+    queue; ``retry_after_s`` when it is shed; ``why``, by the dispatcher, when it is queued (why it
+    had to wait, in words, for the decision log).
     """
 
     key: RoutingKey
@@ -122,6 +123,7 @@ class Ticket:
     on_decided: Callable[[Ticket], None] | None = None
     seq: int = 0
     holds: bool = False  # granted from the queue and not yet claimed: counts as a reservation
+    why: str = ""
 
     @property
     def queued(self) -> bool:
@@ -389,6 +391,12 @@ class FlowControl:
     def depth(self) -> dict[str, tuple[int, int]]:
         """Queued requests and queued estimated prompt tokens, by model."""
         return {m: (len(q.tickets), q.tokens) for m, q in self._queues.items()}
+
+    def free_room(self, key: RoutingKey) -> int:
+        """How many replicas are admissible for ``key`` now beyond the grants not yet claimed
+        (read-only; 0 or less: none is free for it)."""
+        q = self._queues.get(key.model)
+        return 1 if q is None else self._room(key, q) - q.reserved
 
     def queued(self, model: str) -> list[Ticket]:
         """The model's queued tickets, in arrival order."""
