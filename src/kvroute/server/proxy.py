@@ -189,9 +189,10 @@ class Proxy:
         attempts = 0
         dispatch = r.dispatch
         ticket = dispatch.admit(key, r.registry.states())
-        if ticket.state is not TicketState.GRANTED and \
-                not await self._wait(ticket, writer, route, key, started):
-            return
+        if ticket.state is not TicketState.GRANTED:
+            self._queue_changed(key.model)
+            if not await self._wait(ticket, writer, route, key, started):
+                return
         waited = waited_note(ticket)
         while attempts <= r.settings.retries:
             decision = dispatch.route(key, r.registry.states(), exclude)
@@ -277,14 +278,22 @@ class Proxy:
                 dispatch.expire(ticket)
             except asyncio.CancelledError:
                 dispatch.withdraw(ticket)
+                self._queue_changed(key.model)
                 r.metrics.failures.labels("client_disconnect").inc()
                 raise
+            self._queue_changed(key.model)
         if ticket.state is TicketState.GRANTED:
             dispatch.claim(ticket)
             r.metrics.queue_wait.labels(key.model).observe(ticket.waited_s)
+            r.activity.queue.waited(key.model, time.time(), ticket.waited_s)
             return True
         self._overloaded(ticket, writer, route, key, started)
         return False
+
+    def _queue_changed(self, model: str) -> None:
+        """The model's queue may have changed (a request joined or left it): the dashboard's history."""
+        depth, tokens = self._r.dispatch.flow.depth().get(model, (0, 0))
+        self._r.activity.queue.changed(model, time.time(), depth, tokens)
 
     def _overloaded(self, ticket: Ticket, writer: ResponseWriter, route: Route, key: RoutingKey,
                     started: float) -> None:
