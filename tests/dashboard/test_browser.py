@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+from pathlib import Path
 from typing import Any
 
 import aiohttp
-from pathlib import Path
-
 import pytest
 from dashboard_browser import chromium_available, open_dashboard
 from dashboard_setup import SIM_MODEL, TOKEN
@@ -134,8 +133,8 @@ async def test_the_queue_with_flow_control_on(sim_fleet, dashboard_router, tmp_p
         rest = []
         for i in range(1, 6):  # one at a time, so that the first three queue and the last two are shed
             rest.append(asyncio.create_task(one(client, i)))
-            while sum(flow.depth()[SIM_MODEL]) == 0 and i <= 3 or \
-                    i > 3 and sum(flow.shed.values()) < i - 3:
+            while (sum(flow.depth()[SIM_MODEL]) == 0 and i <= 3) or \
+                    (i > 3 and sum(flow.shed.values()) < i - 3):
                 await asyncio.sleep(0.005)
         statuses = [await first, *[await t for t in rest]]
     assert sorted(statuses) == [200, 200, 200, 200, 429, 429]
@@ -154,7 +153,8 @@ async def test_the_queue_with_flow_control_on(sim_fleet, dashboard_router, tmp_p
         # The depth reached three: the chart has a bin with it, drawn in the queue's colour.
         assert int(await page.get_attribute("section.model canvas.queue-chart", "data-points") or 0) >= 1
         assert await colour_pixels(page, "section.model canvas.queue-chart", QUEUED_AMBER) > 8
-        assert int(await page.get_attribute("section.model canvas.queue-tokens-chart", "data-points") or 0) >= 1
+        tokens_chart = "section.model canvas.queue-tokens-chart"
+        assert int(await page.get_attribute(tokens_chart, "data-points") or 0) >= 1
         # The shed requests are in the activity log, as such.
         shed_rows = page.locator("#decisions tr", has=page.locator(".kind.shed"))
         assert await shed_rows.count() == 2
