@@ -83,17 +83,17 @@ class Dispatcher:
                 2 * d.prefill_tokens < d.est_tokens
             return d.prefill_tokens, resident
 
-        ahead = len(self.flow.queued(key.model))
         ticket = self.flow.admit(key, workers, self._timer(), predict)
         ticket.on_decided = on_decided
         if ticket.queued:
-            ticket.why = self._why(ticket, ahead)
+            ticket.why = self._why(ticket)
         return ticket
 
-    def _why(self, ticket: Ticket, ahead: int) -> str:
+    def _why(self, ticket: Ticket) -> str:
         """Why a request just queued has to wait, in words (no prompt text): for its decision line."""
         held = "no replica admissible" if self.flow.free_room(ticket.key) <= 0 else \
             "a replica is free but its session is new (session admission)"
+        ahead = len(self.flow.queued(ticket.key.model)) - 1
         if ahead:
             held += f", {ahead} queued ahead"
         prefix = "resident" if ticket.resident else "cold"
