@@ -57,11 +57,11 @@ async def test_a_queued_request_waits_then_is_served(one_slot, http):
         assert resp.status == 200
         await resp.read()
     assert first.done() and await first == 200
-    assert flow.admitted[(MODEL, "after_wait")] == 1
+    assert flow.admitted[(MODEL, "after_wait", "normal")] == 1
     async with http.get(r.url + "/metrics") as resp:
         text = await resp.text()
     assert 'kvroute_queue_wait_seconds_count{model="qwen3-4b"} 1.0' in text
-    assert 'kvroute_queue_depth{model="qwen3-4b"} 0.0' in text
+    assert 'kvroute_queue_depth{model="qwen3-4b",class="normal"} 0.0' in text
 
 
 async def test_ttl_answers_each_api_with_its_overload_error(one_slot, http):
@@ -83,7 +83,7 @@ async def test_ttl_answers_each_api_with_its_overload_error(one_slot, http):
     assert err.value.status_code == 529
     assert err.value.body["error"]["type"] == "overloaded_error"
     assert int(err.value.response.headers["retry-after"]) >= 1
-    assert r.router.dispatch.flow.shed[(MODEL, "ttl")] == 2
+    assert r.router.dispatch.flow.shed[(MODEL, "ttl", "normal")] == 2
     first.cancel()
 
 
@@ -111,7 +111,7 @@ async def test_a_client_leaving_while_queued_leaves_no_trace(one_slot, http):
     assert await first == 200
     await until(lambda: worker.inflight == 0)
     assert worker.inflight_tokens == 0
-    assert flow.admitted.get((MODEL, "after_wait"), 0) == 0  # nobody was woken for it
+    assert flow.admitted.get((MODEL, "after_wait", "normal"), 0) == 0  # nobody was woken for it
 
 
 async def test_shutdown_answers_queued_requests_at_once(one_slot, http):
@@ -129,5 +129,5 @@ async def test_shutdown_answers_queued_requests_at_once(one_slot, http):
     r.router.closing = True
     status, retry = await asyncio.wait_for(waiting, 5.0)
     assert status == 429 and retry is not None
-    assert r.router.dispatch.flow.shed[(MODEL, "shutdown")] == 1
+    assert r.router.dispatch.flow.shed[(MODEL, "shutdown", "normal")] == 1
     first.cancel()
