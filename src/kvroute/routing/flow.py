@@ -636,6 +636,10 @@ class FlowControl:
         start = band.start(tenant)
         band.finish[tenant] = start + cost / tenant_weights(s.flow_tenant_weights).get(tenant, 1.0)
         band.vtime = start
+        if not any(other.priority == t.priority for other in q.tickets):
+            # The class's busy period ended (SFQ): what was served without contention is nobody's
+            # debt, and every tenant starts level when requests queue again.
+            band.vtime = max(band.vtime, band.finish[tenant])
         if len(band.finish) > band.sweep_at:
             self._forget_idle(band, q)
         labelled = self._labelled.setdefault(model, set())
