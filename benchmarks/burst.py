@@ -7,8 +7,10 @@ Processes as in a deployment: 4 simulated replicas (`kvroute sim`), the router (
 * burst:   ``--factor`` x the fleet's sequence slots requests at once (connections opened
            first, then every request written together), ``--rounds`` times.  Per round: answers
            by status and code; the rejected answers' latency p50 / p99 / max (write to last
-           byte, on this client), the share carrying Retry-After and its values, 5xx, and
-           accepted requests lost (not rejected, but not a complete 200 with a finished answer).
+           byte, on this client), the share carrying Retry-After and its values, 5xx,
+           accepted requests lost (not rejected, but not a complete 200 with a finished answer),
+           and the router process's CPU time over the round per request (what sets the
+           latency of the last of a burst read one after another on one core).
 * tenants: closed loops of tenant ``a`` (10 x the fleet's slots) and ``b`` (1 x), each with
            ``x-kvroute-tenant``, for ``--seconds``; each tenant's share of the tokens served
            (prompt + completion tokens from the answers' usage, completed after a warm-up).
@@ -130,6 +132,12 @@ async def burst_round(url: str, n: int, args: argparse.Namespace, offset: int) -
     return list(await asyncio.gather(*tasks)), await probing
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds ``pid`` has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def ms(values: list[float], q: float) -> str:
     return f"{percentile(values, q) * 1000:.1f}" if values else "-"
 
@@ -138,12 +146,12 @@ def _counts(counter: collections.Counter[str]) -> str:
     return ", ".join(f"{k}: {n}" for k, n in sorted(counter.items(), key=lambda kv: (len(kv[0]), kv[0])))
 
 
-def report_burst(rounds: list[list[Outcome]], slots: int, args: argparse.Namespace) -> None:
+def report_burst(rounds: list[list[Outcome]], cpu: list[float], slots: int, args: argparse.Namespace) -> None:
     print(f"\n### Burst: {len(rounds[0])} requests at once = {args.factor} x {slots} sequence slots "
           f"(flow_max_queued={args.max_queued}, flow_queue_ttl_s={args.ttl})\n")
     print("| Round | Served 200 | Rejected (by code) | Rejected latency p50 / p99 / max (ms) | "
-          "With Retry-After | Retry-After values (s) | 5xx | Accepted lost |")
-    print("|---|---|---|---|---|---|---|---|")
+          "With Retry-After | Retry-After values (s) | 5xx | Accepted lost | Router CPU per request (ms) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for i, outs in enumerate(rounds, 1):
         rejected = [o for o in outs if o.status in (429, 529)]
         lat = [o.latency_s for o in rejected]
@@ -156,13 +164,13 @@ def report_burst(rounds: list[list[Outcome]], slots: int, args: argparse.Namespa
         share = f"{100 * with_retry / len(rejected):.0f} %" if rejected else "-"
         print(f"| {i} | {served} | {len(rejected)} ({_counts(codes)}) "
               f"| {ms(lat, 50)} / {ms(lat, 99)} / {max(lat) * 1000 if lat else 0:.1f} | {share} "
-              f"| {_counts(values)} | {fivexx} | {lost} |")
+              f"| {_counts(values)} | {fivexx} | {lost} | {1000 * cpu[i - 1] / len(outs):.2f} |")
         by_code: dict[str, list[float]] = collections.defaultdict(list)
         for o in rejected:
             by_code[o.code].append(o.latency_s)
         for code, values_s in sorted(by_code.items()):
             print(f"|   | {code} | {len(values_s)} | {ms(values_s, 50)} / {ms(values_s, 99)} / "
-                  f"{max(values_s) * 1000:.1f} | | | | |")
+                  f"{max(values_s) * 1000:.1f} | | | | | |")
 
 
 async def tenants(url: str, slots: int, args: argparse.Namespace) -> None:
@@ -255,12 +263,15 @@ async def main(args: argparse.Namespace) -> None:
             await asyncio.sleep(2.0)  # the probe has read every replica's max_num_seqs and KV size
             rounds: list[list[Outcome]] = []
             probed: list[list[Outcome]] = []
+            cpu: list[float] = []
             for r in range(args.rounds):
+                before = cpu_s(proc.pid)
                 burst, probes = await burst_round(url, args.factor * slots, args, r * 100_000)
+                cpu.append(cpu_s(proc.pid) - before)
                 rounds.append(burst)
                 probed.append(probes)
                 await asyncio.sleep(1.0)
-            report_burst(rounds, slots, args)
+            report_burst(rounds, cpu, slots, args)
             print(f"\n{args.probes} single requests, one after another, {args.probe_after} s "
                   "into each burst:\n")
             print("| Round | Answers | Rejected latency p50 / p99 / max (ms) | With Retry-After | "
