@@ -61,8 +61,10 @@ class FlowSettings:
         10.0, "floor of the aging threshold: a queued request goes ahead of every younger one of its "
               "class and tenant (oldest first) once it has waited flow_aging_factor x the median "
               "recent queue wait, and never before this many seconds")
+    # 1.0: at 24-48 agent sessions in virtual time 2 and 4 made TTFB p95 worse (and 4 shed at 48
+    # sessions) for no better median (docs/flow-control.md, "Aging as a multiple of the median").
     flow_aging_factor: float = setting(
-        4.0, "a queued request ages (goes ahead of younger ones, so the 'cache' order cannot starve "
+        1.0, "a queued request ages (goes ahead of younger ones, so the 'cache' order cannot starve "
              "a long prompt) once it has waited this multiple of the median recent queue wait "
              "(at least flow_aging_s)")
     flow_tenant_weights: str = setting(
