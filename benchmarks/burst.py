@@ -14,9 +14,11 @@ Processes as in a deployment: 4 simulated replicas (`kvroute sim`), the router (
 * tenants: closed loops of tenant ``a`` (10 x the fleet's slots) and ``b`` (1 x), each with
            ``x-kvroute-tenant``, for ``--seconds``; each tenant's share of the tokens served
            (prompt + completion tokens from the answers' usage, completed after a warm-up).
+           ``tenants-off`` (not run by default): the same against a router with flow control off.
 
     python benchmarks/burst.py
     python benchmarks/burst.py --max-num-seqs 8 --factor 10 --max-queued 64 --ttl 30 --rounds 2
+    python benchmarks/burst.py --sections tenants-off --seconds 20
 """
 
 from __future__ import annotations
@@ -287,12 +289,16 @@ async def main(args: argparse.Namespace) -> None:
                       f"{_counts(collections.Counter(o.retry_after or '' for o in rejected))} |")
             for line in await metric_lines(url, b"kvroute_shed_total"):
                 print("   ", line)
-        if "tenants" in args.sections:
-            proc, url = start_router(workers, logs, "tenants", {
-                "flow_control": "true", "flow_max_queued": 16 * slots, "flow_queue_ttl_s": args.ttl})
+        for section in ("tenants", "tenants-off"):
+            if section not in args.sections:
+                continue
+            on = section == "tenants"
+            proc, url = start_router(workers, logs, section, {
+                "flow_control": str(on).lower(), "flow_max_queued": 16 * slots, "flow_queue_ttl_s": args.ttl})
             routers.append(proc)
             await wait_ready(url)
             await asyncio.sleep(2.0)
+            print(f"\nflow_control={str(on).lower()}:")
             await tenants(url, slots, args)
             for line in await metric_lines(url, b"kvroute_tenant_tokens_total"):
                 print("   ", line)
