@@ -27,18 +27,19 @@ log = logging.getLogger("kvroute.dashboard")
 def activity_json(router: Router) -> dict[str, Any]:
     """This process's recent requests, TTFB samples, requests and in-flight counts per worker, and
     its flow-control queues (depth now, admitted and shed counts, waits, depth history)."""
-    flow, recent = router.dispatch.flow, router.activity.queue
+    queue = local_queue(router)
     return {
         "requests": [r.to_json() for r in router.activity.requests],
         "ttfb": list(router.activity.ttfb),
         "workers": {r.id: {"inflight": r.state.inflight, "requests": dict(r.requests)}
                     for r in router.registry.records()},
         "queue": {
-            "depth": {m: list(d) for m, d in flow.depth().items()},
-            "admitted": [[m, when, n] for (m, when), n in flow.admitted.items()],
-            "shed": [[m, reason, n] for (m, reason), n in flow.shed.items()],
-            "waits": list(recent.waits),
-            "history": {m: [s.to_json() for s in samples] for m, samples in recent.history.items()},
+            "depth": {m: list(d) for m, d in queue.depth.items()},
+            "admitted": [[m, when, n] for (m, when), n in queue.admitted.items()],
+            "shed": [[m, reason, n] for (m, reason), n in queue.shed.items()],
+            "waits": list(queue.waits),
+            "history": {m: [s.to_json() for s in samples]
+                        for m, samples in router.activity.queue.history.items()},
         },
     }
 
