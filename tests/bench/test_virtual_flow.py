@@ -27,7 +27,7 @@ def test_queue_in_virtual_time_holds_and_drains() -> None:
     flow = cluster.dispatch.flow
     assert flow.depth() == {"qwen3-4b": (0, 0)}
     assert all(w.inflight == 0 and w.inflight_tokens == 0 for w in cluster.workers)
-    assert flow.admitted[("qwen3-4b", "after_wait")] > 10
+    assert flow.admitted[("qwen3-4b", "after_wait", "normal")] > 10
     _, waits_again = run()
     assert waits_again == waits  # deterministic
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import shutil
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import pytest
 from dashboard_browser import chromium_available, open_dashboard
 from dashboard_setup import SIM_MODEL, TOKEN
@@ -73,6 +75,10 @@ async def test_cards_and_charts_after_traffic(sim_fleet, dashboard_router, tmp_p
         assert await colour_pixels(page, "section.model canvas.tokens-chart", CACHED_GREEN) > 200
         assert int(await page.get_attribute("#ttfb-chart", "data-points") or 0) > 0
         assert await colour_pixels(page, "#ttfb-chart", P50_BLUE) > 8  # a dot at least
+        # Flow control is off by default: the model's queue says so plainly, and draws no chart.
+        assert "Flow control off" in await page.locator("section.model .flow-off").inner_text()
+        assert await page.locator("section.model .queue-charts").is_hidden()
+        assert await page.locator("section.model .queue-figures .chip").count() == 0
 
     shot = tmp_path / "dashboard.png"
     await open_dashboard(router.url, shot, check=check)
@@ -96,3 +102,68 @@ async def test_protected_empty_dashboard_with_token_in_the_address(dashboard_rou
     await open_dashboard(router.url, shot, query=f"?token={TOKEN}", check=check)
     TEST_OUTPUT.mkdir(exist_ok=True)
     shutil.copyfile(shot, TEST_OUTPUT / "dashboard-empty.png")
+
+
+QUEUED_AMBER = (217, 139, 0)
+
+
+async def test_the_queue_with_flow_control_on(sim_fleet, dashboard_router, tmp_path: Path) -> None:
+    """One replica with one sequence slot, six requests at once, room for three in the queue: one
+    runs, three wait and are served, two are shed (429).  The model's queue shows it all."""
+    fleet = await sim_fleet(1, max_num_seqs=1)
+    router = await dashboard_router(fleet.urls, routing={"flow_control": True, "flow_max_queued": 3})
+    [worker] = router.registry.states()
+    for _ in range(500):
+        if worker.max_num_seqs == 1 and worker.kv_tokens is not None:
+            break
+        await asyncio.sleep(0.01)
+    flow = router.router.dispatch.flow
+
+    async def one(client: aiohttp.ClientSession, i: int) -> int:
+        body: dict[str, Any] = {"model": SIM_MODEL, "max_tokens": 60, "stream": True,
+                                "messages": [{"role": "user", "content": f"request {i} " * 50}]}
+        async with client.post(router.url + "/v1/chat/completions", json=body) as resp:
+            await resp.read()
+            return resp.status
+
+    async with aiohttp.ClientSession() as client:
+        first = asyncio.create_task(one(client, 0))
+        while worker.inflight == 0:
+            await asyncio.sleep(0.005)
+        rest = []
+        for i in range(1, 6):  # one at a time, so that the first three queue and the last two are shed
+            rest.append(asyncio.create_task(one(client, i)))
+            while (sum(flow.depth()[SIM_MODEL]) == 0 and i <= 3) or \
+                    (i > 3 and sum(flow.shed.values()) < i - 3):
+                await asyncio.sleep(0.005)
+        statuses = [await first, *[await t for t in rest]]
+    assert sorted(statuses) == [200, 200, 200, 200, 429, 429]
+
+    async def check(page: Page) -> None:
+        queue = page.locator("section.model .queue")
+        assert await queue.get_attribute("data-flow") == "on"
+        assert await page.locator("section.model .flow-off").is_hidden()
+        figure = lambda name: queue.locator(f".queue-figures [data-field={name}] b").inner_text()  # noqa: E731
+        assert await figure("queued") == "0 requests · 0 tokens"
+        assert await figure("at-once") == "1"
+        assert await figure("after-wait") == "3"
+        assert await figure("shed") == "2 (queue_full 2)"
+        p50, _, p95 = (await figure("wait")).partition(" / ")
+        assert p50 != "–" and p95 != "–"
+        # The depth reached three: the chart has a bin with it, drawn in the queue's colour.
+        assert int(await page.get_attribute("section.model canvas.queue-chart", "data-points") or 0) >= 1
+        assert await colour_pixels(page, "section.model canvas.queue-chart", QUEUED_AMBER) > 8
+        tokens_chart = "section.model canvas.queue-tokens-chart"
+        assert int(await page.get_attribute(tokens_chart, "data-points") or 0) >= 1
+        # The shed requests are in the activity log, as such.
+        shed_rows = page.locator("#decisions tr", has=page.locator(".kind.shed"))
+        assert await shed_rows.count() == 2
+        row = await shed_rows.first.inner_text()
+        assert "shed" in row and "429" in row and "queue_full" in row
+        waited_rows = page.locator("#decisions tr", has_text="waited=")
+        assert await waited_rows.count() == 3
+
+    shot = tmp_path / "dashboard-queue.png"
+    await open_dashboard(router.url, shot, check=check)
+    TEST_OUTPUT.mkdir(exist_ok=True)
+    shutil.copyfile(shot, TEST_OUTPUT / "dashboard-queue.png")

@@ -1,4 +1,5 @@
-"""The charts' series: the shared window, prompt-token rates from counter deltas, TTFB percentiles."""
+"""The charts' series: the shared window, prompt-token rates from counter deltas, TTFB percentiles,
+the queue's depth."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ from hypothesis import strategies as st
 
 from kvroute.fleet.registry import CounterSample
 from kvroute.quantiles import percentile_of_sorted
+from kvroute.server.activity import QueueActivity
 from kvroute.server.dashboard.series import (
     Window,
     choose_window,
     latency_percentiles,
+    queue_depths,
     token_rates,
 )
 
@@ -107,3 +110,32 @@ def test_percentile_of_sorted_interpolates() -> None:
     assert percentile_of_sorted([], 50) is None
     assert percentile_of_sorted([1.0, 2.0, 3.0, 4.0], 50) == pytest.approx(2.5)
     assert percentile_of_sorted([1.0, 2.0, 3.0, 4.0, 5.0], 95) == pytest.approx(4.8)
+
+
+def test_queue_history_keeps_one_sample_per_second_with_its_peak() -> None:
+    q = QueueActivity(seconds=3)
+    q.changed("m", 100.1, 1, 10)
+    q.changed("m", 100.5, 4, 40)
+    q.changed("m", 100.9, 2, 20)
+    (s,) = q.history["m"]
+    assert (s.second, s.peak, s.peak_tokens, s.depth, s.tokens) == (100, 4, 40, 2, 20)
+    for t in (101, 102, 103):
+        q.changed("m", t, 0, 0)
+    assert [s.second for s in q.history["m"]] == [101, 102, 103]  # bounded: an hour by default
+
+
+def test_queue_depth_per_bin_is_the_peak_and_carries_over_quiet_bins() -> None:
+    w = Window(end=120.0, bin_s=10.0, bins=6)  # bins start at 60, 70, ..., 110
+    q = QueueActivity()
+    q.changed("m", 50, 2, 200)  # before the window: the depth it starts with
+    q.changed("m", 71, 5, 500)
+    q.changed("m", 75, 3, 300)
+    q.changed("m", 101, 0, 0)
+    series = queue_depths([q.history["m"]], w)
+    assert series.depth == (2, 5, 3, 3, 3, 0)
+    assert series.tokens == (200, 500, 300, 300, 300, 0)
+    # Another router process's queue adds to it, bin by bin.
+    other = QueueActivity()
+    other.changed("m", 112, 7, 70)
+    assert queue_depths([q.history["m"], other.history["m"]], w).depth == (2, 5, 3, 3, 3, 7)
+    assert queue_depths([], w).depth == (0,) * 6

@@ -12,7 +12,7 @@ from kvroute.fleet.registry import ProbeResult, Registry
 from kvroute.fleet.vllm_metrics import EngineMetrics
 from kvroute.routing.config import ModelPolicy, RoutingConfig
 from kvroute.server.activity import Activity, RoutedRequest
-from kvroute.server.dashboard.snapshot import UNKNOWN_MODEL, FleetView, build_snapshot
+from kvroute.server.dashboard.snapshot import UNKNOWN_MODEL, FleetView, QueueView, build_snapshot
 
 
 class Clock:
@@ -159,3 +159,54 @@ def test_no_prompt_text_reaches_the_snapshot() -> None:
     assert set(snap["decisions"][0]) == {"time", "route", "model", "worker", "kind", "reason",
                                          "matched_blocks", "total_blocks", "attempts", "status", "ttfb_s",
                                          "duration_s"}
+
+
+def test_the_queue_per_model_or_flow_control_off() -> None:
+    clock = Clock()
+    reg = Registry(clock=clock)
+    reg.add("http://a:1", worker_id="a", models=["on"])
+    reg.add("http://b:1", worker_id="b", models=["off"])
+    routing = RoutingConfig(models={"on": ModelPolicy(flow_control=True)})
+    activity = Activity()
+    now = clock.now
+    for i, depth in enumerate((1, 3, 2, 0)):
+        activity.queue.changed("on", now - 8 + i, depth, depth * 100)
+    for wait in (0.1, 0.2, 0.3, 0.4, 2.0):
+        activity.queue.waited("on", now - 5, wait)
+    activity.queue.waited("on", now - 7200, 99.0)  # outside the window
+    flow = QueueView(depth={"on": (2, 250)},
+                     admitted={("on", "at_once"): 40, ("on", "after_wait"): 5},
+                     shed={("on", "ttl"): 1, ("on", "queue_full"): 2},
+                     waits=activity.queue.waits,
+                     history={m: [h] for m, h in activity.queue.history.items()})
+    v = FleetView(records=reg.records(), scheduler_stats={}, routing=routing, requests=activity.requests,
+                  ttfb=activity.ttfb, queue=flow)
+
+    snap = build_snapshot(v, now)
+
+    off, on = snap["models"]
+    q = on["queue"]
+    assert q["flow_control"] is True and (q["depth"], q["tokens"]) == (2, 250)
+    assert len(q["series"]["depth"]) == snap["window"]["bins"]
+    assert max(q["series"]["depth"]) == 3 and max(q["series"]["tokens"]) == 300
+    assert q["wait"]["count"] == 5
+    assert q["wait"]["p50"] == pytest.approx(0.3) and q["wait"]["p95"] == pytest.approx(1.68)
+    assert q["admitted"] == {"at_once": 40, "after_wait": 5}
+    assert q["shed"] == {"queue_full": 2, "ttl": 1} and q["shed_total"] == 3
+    # The default is off: the page says so, and there is nothing to count.
+    assert off["queue"]["flow_control"] is False
+    quiet = off["queue"]
+    assert quiet["depth"] == 0 and quiet["wait"]["count"] == 0 and quiet["shed_total"] == 0
+    orjson.dumps(snap)
+
+
+def test_a_shed_request_is_an_activity_row() -> None:
+    clock = Clock()
+    activity = Activity()
+    activity.record(RoutedRequest(time=clock.now, route="chat", model="m", worker=None, kind="shed",
+                                  reason="[FLOW] shed: ttl after 60.000 s in the queue", matched_blocks=0,
+                                  total_blocks=0, attempts=0, status=429, ttfb_s=None, duration_s=60.0))
+    snap = build_snapshot(view(Registry(clock=clock), activity), clock())
+    (row,) = snap["decisions"]
+    assert (row["kind"], row["status"], row["worker"], row["ttfb_s"]) == ("shed", 429, None, None)
+    assert snap["ttfb"]["count"] == 0  # a shed request has no first byte

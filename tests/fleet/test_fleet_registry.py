@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from kvroute.fleet.registry import ProbeResult, Registry, worker_id_for
 from kvroute.fleet.vllm_metrics import EngineMetrics
+from kvroute.routing.view import Candidate
 
 
 class Clock:
@@ -132,3 +133,17 @@ def test_draining_and_request_counts():
     registry.count_request("a:1", "sticky")
     registry.count_request("a:1", "sticky")
     assert record.to_json()["requests"] == {"sticky": 2}
+
+
+def test_a_request_that_ended_while_metrics_were_read_is_not_foreign_load() -> None:
+    registry, _, _ = make()
+    registry.add("http://a:1", worker_id="a")
+    state = registry.get("a").state  # type: ignore[union-attr]
+    # The read began with one request of ours in flight; the engine still ran it then, and it
+    # ended (the router saw the response end) before the answer to /metrics arrived.
+    running = EngineMetrics(running=1, waiting=0)
+    registry.apply_probe("a", ProbeResult(reachable=True, healthy=True, metrics=running, inflight_at_start=1))
+    assert state.inflight == 0 and Candidate.of(state).busy == 0
+    # Without knowing when the read began, the same figures read as one request from elsewhere.
+    registry.apply_probe("a", ProbeResult(reachable=True, healthy=True, metrics=running))
+    assert Candidate.of(state).busy == 1

@@ -96,8 +96,8 @@ def ticket(arrived: float, prefill: int, resident: bool = False, seq: int = 0) -
 def test_cache_order(tickets: list[tuple[float, int, bool]], now: float, expected: list[int]) -> None:
     ts = [ticket(a, p, r, seq=i) for i, (a, p, r) in enumerate(tickets)]
     s = FlowSettings()
-    assert [t.seq for t in sorted(ts, key=lambda t: cache_order(t, now, s))] == expected
-    assert [t.seq for t in sorted(ts, key=lambda t: fifo_order(t, now, s))] == sorted(expected)
+    assert [t.seq for t in sorted(ts, key=lambda t: cache_order(t, now, s.flow_aging_s))] == expected
+    assert [t.seq for t in sorted(ts, key=lambda t: fifo_order(t, now, s.flow_aging_s))] == sorted(expected)
 
 
 def test_aging_bounds_the_wait_of_a_long_prompt() -> None:
@@ -185,7 +185,7 @@ def test_caps_shed_at_once(settings: dict[str, Any], reason: ShedReason) -> None
     assert d.admit(key(text="b"), workers).queued
     shed = d.admit(key(text="c"), workers)
     assert shed.state is TicketState.SHED and shed.reason is reason and shed.retry_after_s >= 1
-    assert d.flow.shed == {(MODEL, reason.value): 1}
+    assert d.flow.shed == {(MODEL, reason.value, "normal"): 1}
 
 
 def test_ttl_expiry_sheds_and_calls_back() -> None:

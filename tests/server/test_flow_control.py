@@ -5,6 +5,7 @@ their own overload exception, with ``Retry-After``."""
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import aiohttp
 import anthropic
@@ -57,11 +58,35 @@ async def test_a_queued_request_waits_then_is_served(one_slot, http):
         assert resp.status == 200
         await resp.read()
     assert first.done() and await first == 200
-    assert flow.admitted[(MODEL, "after_wait")] == 1
+    assert flow.admitted[(MODEL, "after_wait", "normal")] == 1
     async with http.get(r.url + "/metrics") as resp:
         text = await resp.text()
     assert 'kvroute_queue_wait_seconds_count{model="qwen3-4b"} 1.0' in text
-    assert 'kvroute_queue_depth{model="qwen3-4b"} 0.0' in text
+    assert 'kvroute_queue_depth{class="normal",model="qwen3-4b"} 0.0' in text
+
+
+async def test_a_request_that_waited_logs_one_decision_line_with_its_wait(one_slot, http, caplog):
+    r, worker = await one_slot()
+    secret = "the secret words of the waiting prompt"
+    first = await occupy(http, r.url)
+    await until(lambda: worker.inflight == 1)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="kvroute.decision"):
+        async with http.post(r.url + "/v1/chat/completions", json=chat(secret, 5)) as resp:
+            assert resp.status == 200
+            await resp.read()
+    assert await first == 200
+    lines = [rec.getMessage() for rec in caplog.records if rec.name == "kvroute.decision"]
+    # one line: the decision, with how long it waited and why; no separate [FLOW] line
+    assert len(lines) == 1, lines
+    line = lines[0]
+    assert f"model={MODEL} worker={worker.id} waited=" in line
+    waited = float(line.split("waited=")[1].split("s ")[0])
+    assert waited > 0
+    assert "(no replica admissible; predicted prefill " in line and "prefix cold)" in line
+    assert secret not in line and "[FLOW]" not in line
+    # the dashboard's activity log carries it too
+    assert "waited=" in r.router.activity.requests[-1].reason
 
 
 async def test_ttl_answers_each_api_with_its_overload_error(one_slot, http):
@@ -83,7 +108,7 @@ async def test_ttl_answers_each_api_with_its_overload_error(one_slot, http):
     assert err.value.status_code == 529
     assert err.value.body["error"]["type"] == "overloaded_error"
     assert int(err.value.response.headers["retry-after"]) >= 1
-    assert r.router.dispatch.flow.shed[(MODEL, "ttl")] == 2
+    assert r.router.dispatch.flow.shed[(MODEL, "ttl", "normal")] == 2
     first.cancel()
 
 
@@ -111,7 +136,7 @@ async def test_a_client_leaving_while_queued_leaves_no_trace(one_slot, http):
     assert await first == 200
     await until(lambda: worker.inflight == 0)
     assert worker.inflight_tokens == 0
-    assert flow.admitted.get((MODEL, "after_wait"), 0) == 0  # nobody was woken for it
+    assert flow.admitted.get((MODEL, "after_wait", "normal"), 0) == 0  # nobody was woken for it
 
 
 async def test_shutdown_answers_queued_requests_at_once(one_slot, http):
@@ -129,5 +154,61 @@ async def test_shutdown_answers_queued_requests_at_once(one_slot, http):
     r.router.closing = True
     status, retry = await asyncio.wait_for(waiting, 5.0)
     assert status == 429 and retry is not None
-    assert r.router.dispatch.flow.shed[(MODEL, "shutdown")] == 1
+    assert r.router.dispatch.flow.shed[(MODEL, "shutdown", "normal")] == 1
     first.cancel()
+
+
+async def test_priority_classes_over_http(one_slot, http):
+    """A queued ``high`` goes before an earlier ``low``; a ``high`` arriving at a full queue pushes
+    out the newest ``low`` (429, code displaced, Retry-After); the metrics carry class and tenant."""
+    r, worker = await one_slot(flow_max_queued=2)
+    flow = r.router.dispatch.flow
+    first = await occupy(http, r.url, max_tokens=100)
+    await until(lambda: worker.inflight == 1)
+    done: list[str] = []
+
+    async def send(name: str, priority: str, tenant: str) -> tuple[int, dict[str, object], str | None]:
+        headers = {"x-kvroute-priority": priority, "x-kvroute-tenant": tenant}
+        async with http.post(r.url + "/v1/chat/completions", json=chat(name, 5), headers=headers) as resp:
+            body = await resp.json() if resp.status != 200 else {}
+            if resp.status == 200:
+                await resp.read()
+            done.append(name)
+            return resp.status, body, resp.headers.get("retry-after")
+
+    low = asyncio.create_task(send("low", "low", "team-a"))
+    await until(lambda: flow.depth()[MODEL][0] == 1)
+    pushed = asyncio.create_task(send("pushed", "-1", "team-a"))
+    await until(lambda: flow.depth()[MODEL][0] == 2)
+    high = asyncio.create_task(send("high", "high", "team-b"))
+    status, body, retry = await asyncio.wait_for(pushed, 5.0)
+    assert status == 429 and body["error"]["code"] == "displaced" and int(retry) >= 1
+    assert (await high)[0] == 200 and (await low)[0] == 200 and await first == 200
+    assert done == ["pushed", "high", "low"]
+    async with http.get(r.url + "/metrics") as resp:
+        text = await resp.text()
+    for line in ('kvroute_queue_depth{class="high",model="qwen3-4b"} 0.0',
+                 'kvroute_queue_tokens{class="low",model="qwen3-4b"} 0.0',
+                 'kvroute_admitted_total{class="high",model="qwen3-4b",when="after_wait"} 1.0',
+                 'kvroute_admitted_total{class="low",model="qwen3-4b",when="after_wait"} 1.0',
+                 'kvroute_shed_total{class="low",model="qwen3-4b",reason="displaced"} 1.0',
+                 'kvroute_tenant_tokens_total{model="qwen3-4b",tenant="team-b"}'):
+        assert line in text, line
+
+
+async def test_a_bad_priority_is_each_apis_400(one_slot, http):
+    r, _ = await one_slot()
+    oa = openai.AsyncOpenAI(base_url=r.url + "/v1", api_key="sk-test", max_retries=0,
+                            default_headers={"x-kvroute-priority": "urgent"})
+    async with oa:
+        with pytest.raises(openai.BadRequestError) as caught:
+            await oa.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                             max_tokens=5)
+    assert caught.value.body["param"] == "x-kvroute-priority"
+    an = anthropic.AsyncAnthropic(base_url=r.url, api_key="sk-ant-test", max_retries=0,
+                                  default_headers={"x-kvroute-priority": "urgent"})
+    async with an:
+        with pytest.raises(anthropic.BadRequestError) as err:
+            await an.messages.create(model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "x"}])
+    assert err.value.body["error"]["type"] == "invalid_request_error"
+    assert "x-kvroute-priority" in err.value.body["error"]["message"]

@@ -9,7 +9,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvroute.fleet.registry import Registry
 from kvroute.fleet.vllm_metrics import EngineMetrics
 from kvroute.router_settings import Settings, SettingsError
+from kvroute.server.activity import QueueActivity
 from kvroute.server.admin import merge_listings
+from kvroute.server.dashboard.merge import _merged_queue, _parse_queue
+from kvroute.server.dashboard.snapshot import QueueView
 from kvroute.server.metrics import RouterMetrics, merge_expositions
 
 WORKER = "127.0.0.1:9000"
@@ -90,3 +93,21 @@ def test_processes_setting_from_toml_env_and_its_bounds(tmp_path):
         Settings.from_dict({"processes": 0})
     with pytest.raises(SettingsError, match="processes must be an integer"):
         Settings.from_dict({"processes": "many"})
+
+
+def test_the_dashboard_sums_the_processes_queues():
+    mine = QueueActivity()
+    mine.changed("m", 100.0, 2, 20)
+    mine.waited("m", 101.0, 0.5)
+    local = QueueView(depth={"m": (2, 20)}, admitted={("m", "at_once"): 3}, shed={("m", "ttl"): 1},
+                      waits=list(mine.waits), history={"m": [list(mine.history["m"])]})
+    # Another process's share as it travels (JSON), with a queue of its own.
+    sibling = orjson.loads(orjson.dumps({
+        "depth": {"m": [1, 30]}, "admitted": [["m", "at_once", 2], ["m", "after_wait", 4]],
+        "shed": [["m", "ttl", 2]], "waits": [[99.0, "m", 1.5]], "history": {"m": [[100, 3, 40, 1, 30]]}}))
+    merged = _merged_queue([local, _parse_queue(sibling), _parse_queue({})])  # {}: an older process
+    assert merged.depth == {"m": (3, 50)}
+    assert merged.admitted == {("m", "at_once"): 5, ("m", "after_wait"): 4}
+    assert merged.shed == {("m", "ttl"): 3}
+    assert list(merged.waits) == [(99.0, "m", 1.5), (101.0, "m", 0.5)]
+    assert [[s.second for s in t] for t in merged.history["m"]] == [[100], [100]]

@@ -527,6 +527,46 @@ def session_id_of(body: Mapping[str, Any], headers: Mapping[str, str], options: 
     return None
 
 
+PRIORITY_HEADER = "x-kvroute-priority"
+_PRIORITIES = {"high": 1, "normal": 0, "low": -1, "1": 1, "0": 0, "-1": -1}
+# The tenant flow control shares the fleet fairly between: kvroute's own header, then llm-d's
+# (Gateway API Inference Extension) fairness id, then the API key (hashed).
+TENANT_HEADERS = ("x-kvroute-tenant", "x-gateway-inference-fairness-id")
+_MAX_TENANT = 128
+
+
+def priority_of(headers: Mapping[str, str]) -> int:
+    """The request's priority class from ``x-kvroute-priority``: ``high`` 1, ``normal`` (or no
+    header) 0, ``low`` -1; the integers 1 / 0 / -1 also.  Anything else is a 400."""
+    value = _header(headers, PRIORITY_HEADER)
+    if value is None:
+        return 0
+    found = _PRIORITIES.get(value.strip().lower())
+    if found is None:
+        raise ApiError(400, f"{PRIORITY_HEADER} must be one of high, normal, low (or 1, 0, -1), "
+                            f"not {value[:40]!r}", param=PRIORITY_HEADER)
+    return found
+
+
+def tenant_of(headers: Mapping[str, str]) -> str | None:
+    """Whose request this is, for flow control's fair share: ``x-kvroute-tenant``, else
+    ``x-gateway-inference-fairness-id``, else ``key:`` and a 64-bit hash of the API key
+    (``Authorization: Bearer ...`` or ``x-api-key``: the key itself is never kept), else None
+    (the default tenant)."""
+    for name in TENANT_HEADERS:
+        value = _header(headers, name)
+        if value is not None and value.strip():
+            return value.strip()[:_MAX_TENANT]
+    api_key = _header(headers, "x-api-key")
+    if not api_key:
+        auth = _header(headers, "authorization")
+        if auth is not None and auth[:7].lower() == "bearer ":
+            api_key = auth[7:].strip()
+    if api_key:
+        return "key:" + xxhash.xxh3_64_hexdigest(api_key.encode("utf-8", "replace"))
+    return None
+
+
 def conversation_id(first_turn: bytes) -> str:
     """The identity of a conversation that sent no session id, from the canonical bytes of its
     shared head and its first own message (``conv:`` and a 128-bit digest, never the text)."""
@@ -593,4 +633,6 @@ def parse_request(route: str, body: Any, headers: Mapping[str, str],
         cache_salt=salt,
         cacheable=cacheable,
         stream=body.get("stream") is True,
+        priority=priority_of(headers),
+        tenant=tenant_of(headers),
     )

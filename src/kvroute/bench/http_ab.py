@@ -153,6 +153,7 @@ class ChatRow:
     worker: str
     prompt_tokens: int
     seconds: float
+    cached_tokens: int = 0  # as the replica reported it
 
 
 async def run_http_chat(spec: HttpBenchSpec, policy: str, steps: Sequence[ChatStep]) -> list[ChatRow]:
@@ -173,6 +174,7 @@ async def run_http_chat(spec: HttpBenchSpec, policy: str, steps: Sequence[ChatSt
                 raise BenchSetupError(f"chat request {step.label!r} failed: {rec.error}")
             worker = rec.worker or "?"
             letter = letters.setdefault(worker, chr(ord("A") + len(letters)))
-            rows.append(ChatRow(step.label, letter, rec.prompt_tokens, rec.end_s - rec.start_s))
+            rows.append(ChatRow(step.label, letter, rec.prompt_tokens, rec.end_s - rec.start_s,
+                                rec.cached_tokens))
     return rows
 

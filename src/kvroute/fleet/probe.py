@@ -79,6 +79,7 @@ class Prober:
         if record is None:
             return None
         url = record.state.url
+        inflight = record.state.inflight + record.state.peer_inflight
         session = self._client()
         try:
             health, metrics, models, info = await asyncio.gather(
@@ -99,6 +100,7 @@ class Prober:
                 metrics=_metrics(metrics),
                 models=_models(models),
                 max_num_seqs=_server_info(info),
+                inflight_at_start=inflight,
             )
         if self._registry.get(worker_id) is record:  # not removed or re-registered meanwhile
             self._registry.apply_probe(worker_id, result)

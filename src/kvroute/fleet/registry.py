@@ -54,6 +54,8 @@ class ProbeResult:
     ``reachable`` is False when the connection itself failed (nothing listening, reset, timeout);
     ``healthy`` is whether ``/health`` answered 2xx.  ``models`` is None when ``/v1/models`` was not
     asked this round; ``metrics`` None when ``/metrics`` is absent or unreadable.
+    ``inflight_at_start`` is what the routers had in flight there when the round began (None: not
+    known), so that a request that ended while ``/metrics`` was on its way is not load.
     """
 
     reachable: bool
@@ -62,6 +64,7 @@ class ProbeResult:
     metrics: EngineMetrics | None = None
     models: tuple[Mapping[str, Any], ...] | None = None
     max_num_seqs: int | None = None
+    inflight_at_start: int | None = None
 
 
 @dataclass(slots=True)
@@ -344,7 +347,8 @@ class Registry:
         if m is None:
             return
         record.metrics = m
-        self.dispatch.scraped(state, m.running, m.waiting, m.kv_usage, m.kv_tokens)
+        self.dispatch.scraped(state, m.running, m.waiting, m.kv_usage, m.kv_tokens,
+                              inflight_before=result.inflight_at_start)
         if m.process_start_time is not None:
             if record.engine_start_time is not None and m.process_start_time != record.engine_start_time:
                 self._restarted(record, m.process_start_time)

@@ -86,7 +86,19 @@ class Dispatcher:
 
         ticket = self.flow.admit(key, workers, self._timer(), predict)
         ticket.on_decided = on_decided
+        if ticket.queued:
+            ticket.why = self._why(ticket)
         return ticket
+
+    def _why(self, ticket: Ticket) -> str:
+        """Why a request just queued has to wait, in words (no prompt text): for its decision line."""
+        held = "no replica admissible" if self.flow.free_room(ticket.key) <= 0 else \
+            "a replica is free but its session is new (session admission)"
+        ahead = len(self.flow.queued(ticket.key.model)) - 1
+        if ahead:
+            held += f", {ahead} queued ahead"
+        prefix = "resident" if ticket.resident else "cold"
+        return f"{held}; predicted prefill {ticket.prefill_tokens} tokens, prefix {prefix}"
 
     def claim(self, ticket: Ticket) -> None:
         """A ticket woken from the queue is being routed now (call it, then ``route`` and ``sent``
@@ -152,14 +164,19 @@ class Dispatcher:
         self.flow.pump(now)
 
     def scraped(self, state: WorkerState, running: int | None, waiting: int | None,
-                kv_usage: float | None, kv_tokens: int | None = None) -> None:
+                kv_usage: float | None, kv_tokens: int | None = None, *,
+                inflight_before: int | None = None) -> None:
         """The engine's own figures, as just read from it (``kv_tokens``: its KV cache size, when
         known).  What the routers had in flight at this moment is stamped beside them: only load
-        beyond it is load the routers cannot see."""
+        beyond it is load the routers cannot see.  ``inflight_before`` is what they had in flight
+        when the read began (over HTTP it takes a while): the larger of the two is stamped, so a
+        request that ended meanwhile, still counted by the engine, is not taken for foreign load
+        until the next read (the virtual clock reads in no time and never sees such a request)."""
         state.running, state.waiting, state.kv_usage = running, waiting, kv_usage
         if kv_tokens is not None:
             state.kv_tokens = kv_tokens
-        state.scraped_inflight = state.inflight + state.peer_inflight
+        seen = state.inflight + state.peer_inflight
+        state.scraped_inflight = seen if inflight_before is None else max(seen, inflight_before)
         self.book.touch(state)
         self.flow.pump(self._timer())
 

@@ -9,6 +9,12 @@ otherwise it waits in its model's queue and is decided — the whole pipeline, a
 replica frees up.  Past the queue's caps, or after its TTL, it is *shed*: the edge answers with
 the API's own overload error and a ``Retry-After`` from the predicted drain (:meth:`retry_after`).
 
+Which queued request goes next: the highest priority class first (strict; a full queue sheds the
+lowest class first); within a class the tenant with the least token-weighted service (start-time
+fair queuing over each request's prompt + ``max_tokens``); within the tenant the pluggable order
+(``flow_order``), in which a request that has waited ``flow_aging_factor`` x the median recent
+queue wait (at least ``flow_aging_s``) goes ahead of younger ones.
+
 Pure: no clock (the dispatcher passes its timer's readings), no I/O.  The dispatcher
 (routing/dispatch.py) owns the one ``FlowControl`` of a router and calls it from both clocks:
 ``admit`` on arrival, ``pump`` whenever a replica may have freed up (a response ended, a scrape,
@@ -20,7 +26,9 @@ on the virtual clock in simulation).
 
 from __future__ import annotations
 
+import functools
 import math
+import statistics
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -51,8 +59,18 @@ class FlowSettings:
         "cache", "order of queued requests: 'cache' (continuing sessions' turns with a resident "
                  "prefix first, then shortest predicted prefill, aged) or 'fifo'")
     flow_aging_s: float = setting(
-        10.0, "a queued request waiting this long goes ahead of every younger one (oldest first), "
-              "so the 'cache' order cannot starve a long prompt")
+        10.0, "floor of the aging threshold: a queued request goes ahead of every younger one of its "
+              "class and tenant (oldest first) once it has waited flow_aging_factor x the median "
+              "recent queue wait, and never before this many seconds")
+    # 1.0: at 24-48 agent sessions in virtual time 2 and 4 made TTFB p95 worse (and 4 shed at 48
+    # sessions) for no better median (docs/flow-control.md, "Aging as a multiple of the median").
+    flow_aging_factor: float = setting(
+        1.0, "a queued request ages (goes ahead of younger ones, so the 'cache' order cannot starve "
+             "a long prompt) once it has waited this multiple of the median recent queue wait "
+             "(at least flow_aging_s)")
+    flow_tenant_weights: str = setting(
+        "", "weights of tenants' fair shares, 'tenant=weight,...' (a tenant not named weighs 1); "
+            "tenants come from x-kvroute-tenant, x-gateway-inference-fairness-id or the API key")
     flow_max_queued: int = setting(
         1024, "most requests a model's queue holds; past it a request is shed (429 / 529)")
     flow_max_queued_tokens: int = setting(
@@ -79,8 +97,9 @@ class FlowSettings:
              "(0: it waits until flow_queue_ttl_s)")
 
     def __post_init__(self) -> None:
-        check_non_negative(self, "flow_aging_s", "flow_max_queued", "flow_max_queued_tokens",
-                           "flow_session_idle_s", "flow_session_door_s")
+        check_non_negative(self, "flow_aging_s", "flow_aging_factor", "flow_max_queued",
+                           "flow_max_queued_tokens", "flow_session_idle_s", "flow_session_door_s")
+        tenant_weights(self.flow_tenant_weights)  # raises ValueError when malformed
         if self.flow_session_rule not in RULES:
             raise ValueError(f"flow_session_rule must be one of {', '.join(RULES)}")
         if not isinstance(self.flow_session_fill, int | float) or not self.flow_session_fill > 0:
@@ -91,6 +110,41 @@ class FlowSettings:
             raise ValueError("flow_queue_ttl_s must be a positive number of seconds")
         if self.flow_order not in ORDERS:
             raise ValueError(f"flow_order must be one of {', '.join(ORDERS)}")
+
+
+@functools.lru_cache(maxsize=64)
+def tenant_weights(text: str) -> dict[str, float]:
+    """``flow_tenant_weights`` read: ``'a=2,b=0.5'`` -> ``{'a': 2.0, 'b': 0.5}`` (ValueError when
+    malformed or a weight is not positive)."""
+    out: dict[str, float] = {}
+    if not isinstance(text, str):
+        raise ValueError("flow_tenant_weights must be a string 'tenant=weight,...'")
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        tenant, sep, weight = part.rpartition("=")
+        try:
+            value = float(weight)
+        except ValueError:
+            value = 0.0
+        if not sep or not tenant.strip() or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"flow_tenant_weights: {part!r} is not 'tenant=positive weight'")
+        out[tenant.strip()] = value
+    return out
+
+
+# Priority classes (the ``x-kvroute-priority`` header): the metric label of each.
+CLASSES: dict[int, str] = {1: "high", 0: "normal", -1: "low"}
+DEFAULT_TENANT = "default"
+# Tenants with a label of their own in ``tenant_tokens`` per model (the first seen keep it, so the
+# counters stay monotone); the rest are counted as "other".
+TENANT_LABELS = 32
+# Tenants whose fair-queuing tag is remembered per model and class before idle ones are forgotten.
+_MAX_TENANTS = 4096
+_RECENT_WAITS = 256
+
+
+def class_name(priority: int) -> str:
+    """The metric label of a priority class."""
+    return CLASSES.get(priority, "normal")
 
 
 class TicketState(StrEnum):
@@ -109,6 +163,7 @@ class ShedReason(StrEnum):
     QUEUE_TOKENS = "queue_tokens"
     TTL = "ttl"
     SHUTDOWN = "shutdown"
+    DISPLACED = "displaced"  # a queued request pushed out by a higher class arriving at a full queue
 
 
 @dataclass(slots=True, eq=False)
@@ -118,7 +173,8 @@ class Ticket:
     ``prefill_tokens`` and ``resident`` are the queue's prediction at arrival (what the order
     reads): the prompt tokens the replica it would go to does not hold, and whether it is a
     continuing session's turn whose prefix is still there.  ``waited_s`` is set when it leaves the
-    queue; ``retry_after_s`` when it is shed.
+    queue; ``retry_after_s`` when it is shed; ``why``, by the dispatcher, when it is queued (why it
+    had to wait, in words, for the decision log).
     """
 
     key: RoutingKey
@@ -132,26 +188,38 @@ class Ticket:
     on_decided: Callable[[Ticket], None] | None = None
     seq: int = 0
     holds: bool = False  # granted from the queue and not yet claimed: counts as a reservation
+    why: str = ""
 
     @property
     def queued(self) -> bool:
         """Still waiting for a replica."""
         return self.state is TicketState.QUEUED
 
+    @property
+    def priority(self) -> int:
+        """Its priority class (1 high, 0 normal, -1 low)."""
+        return self.key.priority
 
-# An order maps (ticket, now, settings) to a sort key; the smallest key is admitted first.
-Order = Callable[[Ticket, float, FlowSettings], tuple[float, ...]]
+    @property
+    def tenant(self) -> str:
+        """Whose request it is, for the fair share."""
+        return self.key.tenant or DEFAULT_TENANT
 
 
-def cache_order(t: Ticket, now: float, s: FlowSettings) -> tuple[float, ...]:
+# An order maps (ticket, now, aging threshold in seconds) to a sort key; the smallest key goes
+# first.  It orders one tenant's requests of one class (classes and tenants are decided before).
+Order = Callable[[Ticket, float, float], tuple[float, ...]]
+
+
+def cache_order(t: Ticket, now: float, aged_after_s: float) -> tuple[float, ...]:
     """Aged requests first (oldest first); then continuing sessions whose prefix is resident, then
     the shortest predicted prefill, then arrival."""
-    if now - t.arrived >= s.flow_aging_s:
+    if now - t.arrived >= aged_after_s:
         return (0.0, t.arrived, t.seq)
     return (1.0, 0.0 if t.resident else 1.0, float(t.prefill_tokens), t.arrived, t.seq)
 
 
-def fifo_order(t: Ticket, now: float, s: FlowSettings) -> tuple[float, ...]:
+def fifo_order(t: Ticket, now: float, aged_after_s: float) -> tuple[float, ...]:
     """Arrival order."""
     return (t.arrived, t.seq)
 
@@ -175,6 +243,22 @@ def admissible(w: WorkerState, need: int, placement: PlacementSettings, kv_fill:
 
 
 @dataclass(slots=True)
+class _Band:
+    """Start-time fair queuing between the tenants of one class: ``finish`` is each tenant's
+    virtual finish tag (token-weighted service so far), ``vtime`` the start tag of the last
+    request granted.  A tenant's next request starts at ``max(vtime, finish)``, so a tenant that
+    was idle comes back level with the others, with no credit banked."""
+
+    vtime: float = 0.0
+    finish: dict[str, float] = field(default_factory=dict)
+    sweep_at: int = 64  # forget idle tenants once this many are remembered
+
+    def start(self, tenant: str) -> float:
+        """The virtual start tag of ``tenant``'s next request."""
+        return max(self.vtime, self.finish.get(tenant, 0.0))
+
+
+@dataclass(slots=True)
 class _Queue:
     """One model's waiting requests and the fleet they wait for."""
 
@@ -184,6 +268,31 @@ class _Queue:
     reserved: int = 0  # granted from the queue, not yet claimed by their edge
     finished: deque[float] = field(default_factory=lambda: deque(maxlen=64))
     sessions: SessionBook = field(default_factory=SessionBook)  # for session admission
+    bands: dict[int, _Band] = field(default_factory=dict)  # by priority class
+    waits: deque[float] = field(default_factory=lambda: deque(maxlen=_RECENT_WAITS))
+    median_wait: float | None = None  # of ``waits``; None: to be computed again
+
+
+@dataclass(frozen=True, slots=True)
+class ClassFigures:
+    """One priority class of one model's queue, as :meth:`FlowControl.snapshot` reads it."""
+
+    queued: int
+    tokens: int  # estimated prompt tokens queued
+    oldest_wait_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSnapshot:
+    """One model's queue for a reader (the dashboard): depth by class, the waits that set the aging
+    threshold, and each tenant label's share of the tokens admitted so far."""
+
+    classes: dict[str, ClassFigures]
+    median_wait_s: float
+    aged_after_s: float
+    tenant_tokens: dict[str, int]
+    tenant_shares: dict[str, float]
+    queued_by_tenant: dict[str, int]
 
 
 class FlowControl:
@@ -195,8 +304,12 @@ class FlowControl:
         self._placement = placement
         self._queues: dict[str, _Queue] = {}
         self._seq = 0
-        self.admitted: dict[tuple[str, str], int] = {}  # by (model, "at_once" | "after_wait")
-        self.shed: dict[tuple[str, str], int] = {}  # by (model, reason)
+        self.admitted: dict[tuple[str, str, str], int] = {}  # by (model, "at_once" | "after_wait", class)
+        self.shed: dict[tuple[str, str, str], int] = {}  # by (model, reason, class)
+        # Estimated tokens (prompt + max_tokens) admitted, by (model, tenant label): TENANT_LABELS
+        # tenants per model have their own label, the rest are "other".
+        self.tenant_tokens: dict[tuple[str, str], int] = {}
+        self._labelled: dict[str, set[str]] = {}
 
     # --- the gate ---------------------------------------------------------------------------------
 
@@ -221,12 +334,17 @@ class FlowControl:
             ticket.prefill_tokens, ticket.resident = predict()
         if not q.tickets and self._room(key, q) > q.reserved and \
                 self._session_fits(ticket, q, now, s):
-            self._count_admitted(key.model, waited=False)
+            self._granted(ticket, q, s, waited=False)
             return ticket
-        if len(q.tickets) >= s.flow_max_queued:
-            return self._shed(ticket, q, ShedReason.QUEUE_FULL, now, s, queued=False)
-        if s.flow_max_queued_tokens and q.tokens + key.est_prompt_tokens > s.flow_max_queued_tokens:
-            return self._shed(ticket, q, ShedReason.QUEUE_TOKENS, now, s, queued=False)
+        full = len(q.tickets) >= s.flow_max_queued
+        if full or (s.flow_max_queued_tokens and q.tokens + key.est_prompt_tokens > s.flow_max_queued_tokens):
+            reason = ShedReason.QUEUE_FULL if full else ShedReason.QUEUE_TOKENS
+            victims = self._displaceable(ticket, q, s)
+            if victims is None:
+                return self._shed(ticket, q, reason, now, s, queued=False)
+            for victim in victims:
+                self._leave(victim, q, now)
+                self._shed(victim, q, ShedReason.DISPLACED, now, s, queued=True)
         if not predicted:
             ticket.prefill_tokens, ticket.resident = predict()
         ticket.state = TicketState.QUEUED
@@ -240,9 +358,29 @@ class FlowControl:
             if ticket.holds:  # granted at once: its edge routes it without a callback
                 ticket.holds = False
                 q.reserved -= 1
-                self.admitted[(key.model, "after_wait")] -= 1
-                self._count_admitted(key.model, waited=False)
+                cls = class_name(key.priority)
+                self.admitted[(key.model, "after_wait", cls)] -= 1
+                self._count_admitted(key.model, cls, waited=False)
         return ticket
+
+    def _displaceable(self, ticket: Ticket, q: _Queue, s: FlowSettings) -> list[Ticket] | None:
+        """The queued requests ``ticket`` pushes out of a full queue — of lower classes only, the
+        lowest class first and within it the newest — or None when those cannot make room."""
+        lower = sorted((t for t in q.tickets if t.priority < ticket.priority),
+                       key=lambda t: (t.priority, -t.seq))
+        victims: list[Ticket] = []
+        count, tokens = len(q.tickets), q.tokens
+        need = ticket.key.est_prompt_tokens
+        for victim in lower:
+            if count < s.flow_max_queued and (
+                    not s.flow_max_queued_tokens or tokens + need <= s.flow_max_queued_tokens):
+                break
+            victims.append(victim)
+            count -= 1
+            tokens -= victim.key.est_prompt_tokens
+        fits = count < s.flow_max_queued and (
+            not s.flow_max_queued_tokens or tokens + need <= s.flow_max_queued_tokens)
+        return victims if fits else None
 
     def _room(self, key: RoutingKey, q: _Queue) -> int:
         """How many replicas are admissible for ``key`` (the replicas able to serve its model at
@@ -319,34 +457,69 @@ class FlowControl:
                 continue
             s = self._settings(model)
             order = ORDERS[s.flow_order]
-            # New sessions pass the door oldest first, none past another: where the order reaches
-            # one, the longest-held one takes its place (a bounded wait at the door, not the
-            # shortest prompt first forever).
+            aged_after = self._aged_after(q, s)
+            held_back: set[int] = set()
+            # New sessions pass the door oldest first (highest class first), none past another:
+            # where the order reaches one, the longest-held one takes its place (a bounded wait
+            # at the door, not the shortest prompt first forever).
             door = deque(sorted((t for t in q.tickets if self._at_door(t, q, s)),
-                                key=lambda t: (t.arrived, t.seq)))
+                                key=lambda t: (-t.priority, t.arrived, t.seq)))
             door_shut = False
             opened = 0  # tokens of the new sessions let in by this pass, not yet sent
-            for best in sorted(q.tickets, key=lambda t: order(t, now, s)):
+            while (best := self._next(q, now, order, aged_after, held_back)) is not None:
                 if self._room(best.key, q) <= q.reserved:
                     break
                 if self._at_door(best, q, s):
-                    if door_shut or not door:
-                        continue
-                    best = door[0]
-                    if not self._session_fits(best, q, now, s, opened):
+                    if door_shut or not door or not self._session_fits(door[0], q, now, s, opened):
                         door_shut = True
-                        continue  # held back; a continuing session's turn behind it may go
-                    door.popleft()
+                        held_back.add(best.seq)  # a continuing session's turn behind it may go
+                        continue
+                    best = door.popleft()
                     opened += footprint(best.key)
                 self._leave(best, q, now)
+                q.waits.append(best.waited_s)
+                q.median_wait = None
                 best.state = TicketState.GRANTED
                 best.holds = True
                 q.reserved += 1
-                self._count_admitted(model, waited=True)
+                self._granted(best, q, s, waited=True)
                 granted.append(best)
                 if best.on_decided is not None:
                     best.on_decided(best)
         return granted
+
+    def _next(self, q: _Queue, now: float, order: Order, aged_after: float,
+              held_back: set[int]) -> Ticket | None:
+        """The queued request to grant next: of the highest class waiting; within it, of the
+        tenant whose next request has the earliest virtual start tag (ties: the better head by
+        ``order``); within the tenant, the first by ``order``."""
+        top: int | None = None
+        for t in q.tickets:
+            if (top is None or t.priority > top) and t.seq not in held_back:
+                top = t.priority
+        if top is None:
+            return None
+        heads: dict[str, tuple[tuple[float, ...], Ticket]] = {}
+        for t in q.tickets:
+            if t.priority != top or t.seq in held_back:
+                continue
+            k = order(t, now, aged_after)
+            head = heads.get(t.tenant)
+            if head is None or k < head[0]:
+                heads[t.tenant] = (k, t)
+        if len(heads) == 1:
+            return next(iter(heads.values()))[1]
+        band = q.bands.get(top) or _Band()
+        return min(heads.values(), key=lambda h: (band.start(h[1].tenant), h[0]))[1]
+
+    def _aged_after(self, q: _Queue, s: FlowSettings) -> float:
+        """Seconds after which a queued request ages: ``flow_aging_factor`` x the median of the
+        recent queue waits, never below ``flow_aging_s``."""
+        if not q.waits:
+            return s.flow_aging_s
+        if q.median_wait is None:
+            q.median_wait = statistics.median(q.waits)
+        return max(s.flow_aging_s, s.flow_aging_factor * q.median_wait)
 
     def claim(self, ticket: Ticket) -> None:
         """A ticket granted from the queue is about to be routed and sent (with no pause in between,
@@ -421,6 +594,50 @@ class FlowControl:
         """Queued requests and queued estimated prompt tokens, by model."""
         return {m: (len(q.tickets), q.tokens) for m, q in self._queues.items()}
 
+    def free_room(self, key: RoutingKey) -> int:
+        """How many replicas are admissible for ``key`` now beyond the grants not yet claimed
+        (read-only; 0 or less: none is free for it)."""
+        q = self._queues.get(key.model)
+        return 1 if q is None else self._room(key, q) - q.reserved
+
+    def depth_by_class(self) -> dict[tuple[str, str], tuple[int, int]]:
+        """Queued requests and queued estimated prompt tokens by (model, class), every class of
+        every model the gate has seen (zeros included, so the series stay)."""
+        out: dict[tuple[str, str], tuple[int, int]] = {}
+        for model, q in self._queues.items():
+            for name in CLASSES.values():
+                out[(model, name)] = (0, 0)
+            for t in q.tickets:
+                n, tokens = out[(model, class_name(t.priority))]
+                out[(model, class_name(t.priority))] = (n + 1, tokens + t.key.est_prompt_tokens)
+        return out
+
+    def snapshot(self, now: float) -> dict[str, QueueSnapshot]:
+        """Every model's queue as a reader sees it (read-only; see :class:`QueueSnapshot`)."""
+        out: dict[str, QueueSnapshot] = {}
+        for model, q in self._queues.items():
+            s = self._settings(model)
+            classes: dict[str, ClassFigures] = {}
+            for priority, name in CLASSES.items():
+                mine = [t for t in q.tickets if t.priority == priority]
+                classes[name] = ClassFigures(
+                    len(mine), sum(t.key.est_prompt_tokens for t in mine),
+                    max((now - t.arrived for t in mine), default=0.0))
+            queued_by_tenant: dict[str, int] = {}
+            for t in q.tickets:
+                queued_by_tenant[t.tenant] = queued_by_tenant.get(t.tenant, 0) + 1
+            tokens = {tenant: n for (m, tenant), n in self.tenant_tokens.items() if m == model}
+            total = sum(tokens.values())
+            out[model] = QueueSnapshot(
+                classes=classes,
+                median_wait_s=statistics.median(q.waits) if q.waits else 0.0,
+                aged_after_s=self._aged_after(q, s),
+                tenant_tokens=tokens,
+                tenant_shares={t: n / total for t, n in tokens.items()} if total else {},
+                queued_by_tenant=queued_by_tenant,
+            )
+        return out
+
     def queued(self, model: str) -> list[Ticket]:
         """The model's queued tickets, in arrival order."""
         q = self._queues.get(model)
@@ -440,12 +657,52 @@ class FlowControl:
         t.state = TicketState.SHED
         t.reason = reason
         t.retry_after_s = self.retry_after(t.key.model, now)
-        label = (t.key.model, reason.value)
+        label = (t.key.model, reason.value, class_name(t.priority))
         self.shed[label] = self.shed.get(label, 0) + 1
         if queued and t.on_decided is not None:
             t.on_decided(t)
         return t
 
-    def _count_admitted(self, model: str, *, waited: bool) -> None:
-        label = (model, "after_wait" if waited else "at_once")
+    def _granted(self, t: Ticket, q: _Queue, s: FlowSettings, *, waited: bool) -> None:
+        """Count a grant and charge its tenant's fair share: its virtual finish tag advances by the
+        request's footprint over the tenant's weight."""
+        model = t.key.model
+        self._count_admitted(model, class_name(t.priority), waited=waited)
+        cost = footprint(t.key)
+        band = q.bands.get(t.priority)
+        if band is None:
+            band = q.bands[t.priority] = _Band()
+        tenant = t.tenant
+        start = band.start(tenant)
+        band.finish[tenant] = start + cost / tenant_weights(s.flow_tenant_weights).get(tenant, 1.0)
+        band.vtime = start
+        if not any(other.priority == t.priority for other in q.tickets):
+            # The class's busy period ended (SFQ): what was served without contention is nobody's
+            # debt, and every tenant starts level when requests queue again.
+            band.vtime = max(band.vtime, band.finish[tenant])
+        if len(band.finish) > band.sweep_at:
+            self._forget_idle(band, q)
+        labelled = self._labelled.setdefault(model, set())
+        if tenant not in labelled and len(labelled) < TENANT_LABELS:
+            labelled.add(tenant)
+        label = (model, tenant if tenant in labelled else "other")
+        self.tenant_tokens[label] = self.tenant_tokens.get(label, 0) + cost
+
+    @staticmethod
+    def _forget_idle(band: _Band, q: _Queue) -> None:
+        """Bound the tenants remembered: a tenant with nothing queued whose finish tag the virtual
+        time has passed would start at ``vtime`` anyway, so forgetting it changes nothing; past
+        ``_MAX_TENANTS`` idle tenants still ahead of it are forgotten too (their debt is dropped)."""
+        waiting = {t.tenant for t in q.tickets}
+        for tenant, tag in list(band.finish.items()):
+            if tenant not in waiting and tag <= band.vtime:
+                del band.finish[tenant]
+        if len(band.finish) > _MAX_TENANTS:
+            for tenant in list(band.finish):
+                if tenant not in waiting:
+                    del band.finish[tenant]
+        band.sweep_at = max(64, 2 * len(band.finish))
+
+    def _count_admitted(self, model: str, cls: str, *, waited: bool) -> None:
+        label = (model, "after_wait" if waited else "at_once", cls)
         self.admitted[label] = self.admitted.get(label, 0) + 1

@@ -20,6 +20,8 @@ class RoutingKey:
     ``cacheable`` is False for requests that leave nothing in the engine's prefix cache
     (embeddings, token counting): they are routed but their blocks are not recorded.
     ``stream`` says the client asked for a streamed answer (its first byte is the first token).
+    ``priority`` (1 high, 0 normal, -1 low) and ``tenant`` (None: the default tenant) are what flow
+    control orders by: strictly by class, then fairly between tenants (routing/flow.py).
     """
 
     model: str
@@ -30,6 +32,8 @@ class RoutingKey:
     cache_salt: str | None = None
     cacheable: bool = True
     stream: bool = False
+    priority: int = 0
+    tenant: str | None = None
 
     @property
     def cache_scope(self) -> bytes:

@@ -19,6 +19,7 @@ from prometheus_client.samples import Sample
 from kvroute.fleet.breaker import STATE_VALUE
 from kvroute.fleet.metric_names import ROUTER_WORKER_PREFIX_HITS, ROUTER_WORKER_PREFIX_QUERIES
 from kvroute.fleet.registry import Registry
+from kvroute.routing.flow import TENANT_LABELS
 
 TTFB_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
                 120.0)
@@ -58,8 +59,9 @@ class RouterMetrics:
             ["model"], buckets=QUEUE_BUCKETS, registry=r,
         )
         self.shed = Counter(
-            "kvroute_shed", "Requests answered with the overload error by flow control, by model and reason",
-            ["model", "reason"], registry=r,
+            "kvroute_shed",
+            "Requests answered with the overload error by flow control, by model, reason and priority class",
+            ["model", "reason", "class"], registry=r,
         )
         r.register(_StateCollector(registry, scheduler_stats))
 
@@ -142,22 +144,30 @@ class _StateCollector(Collector):
 
 
 def _flow_families(registry: Registry) -> Iterator[Metric]:
-    """Flow control's queues (routing/flow.py): depth and queued tokens per model, admissions."""
+    """Flow control's queues (routing/flow.py): depth and queued tokens per model and priority
+    class, admissions, and the tokens admitted per tenant."""
     flow = registry.dispatch.flow
-    depth = GaugeMetricFamily("kvroute_queue_depth", "Requests waiting at the router's gate, by model",
-                              labels=["model"])
+    depth = GaugeMetricFamily("kvroute_queue_depth",
+                              "Requests waiting at the router's gate, by model and priority class",
+                              labels=["model", "class"])
     tokens = GaugeMetricFamily("kvroute_queue_tokens",
-                               "Estimated prompt tokens waiting at the router's gate, by model",
-                               labels=["model"])
-    for model, (n, t) in sorted(flow.depth().items()):
-        depth.add_metric([model], n)
-        tokens.add_metric([model], t)
+                               "Estimated prompt tokens waiting at the router's gate, by model and "
+                               "priority class", labels=["model", "class"])
+    for (model, cls), (n, t) in sorted(flow.depth_by_class().items()):
+        depth.add_metric([model, cls], n)
+        tokens.add_metric([model, cls], t)
     admitted = CounterMetricFamily("kvroute_admitted",
-                                   "Requests flow control admitted, by model and whether they waited",
-                                   labels=["model", "when"])
-    for (model, when), count in sorted(flow.admitted.items()):
-        admitted.add_metric([model, when], count)
-    yield from (depth, tokens, admitted)
+                                   "Requests flow control admitted, by model, whether they waited "
+                                   "and priority class", labels=["model", "when", "class"])
+    for (model, when, cls), count in sorted(flow.admitted.items()):
+        admitted.add_metric([model, when, cls], count)
+    tenants = CounterMetricFamily("kvroute_tenant_tokens",
+                                  "Tokens flow control admitted (estimated prompt + max_tokens), by model "
+                                  f"and tenant (a model's first {TENANT_LABELS} tenants; the rest 'other')",
+                                  labels=["model", "tenant"])
+    for (model, tenant), count in sorted(flow.tenant_tokens.items()):
+        tenants.add_metric([model, tenant], count)
+    yield from (depth, tokens, admitted, tenants)
 
 
 def _gauge(name: str, doc: str, value: Any) -> GaugeMetricFamily:

@@ -21,7 +21,7 @@ from kvroute.api.errors import error_body
 from kvroute.router_settings import Settings
 from kvroute.routing.decision import Decision
 from kvroute.routing.dispatch import InFlight
-from kvroute.routing.flow import FlowSettings, Ticket, TicketState
+from kvroute.routing.flow import FlowSettings, Ticket, TicketState, class_name
 from kvroute.routing.key import RoutingKey
 from kvroute.routing.worker import WorkerState
 from kvroute.server.activity import RoutedRequest
@@ -76,6 +76,14 @@ def first_byte_deadline(settings: Settings, predicted_ttft_s: float, key: Routin
     if key.max_tokens and settings.first_byte_decode_s_per_token:
         return deadline + key.max_tokens * settings.first_byte_decode_s_per_token
     return None
+
+
+def waited_note(ticket: Ticket) -> str:
+    """What a request's decision line adds when it waited at the gate: `` waited=0.412s (why)``;
+    empty when it did not wait."""
+    if not ticket.why:
+        return ""
+    return f" waited={ticket.waited_s:.3f}s ({ticket.why})"
 
 
 def serves_model(states: Sequence[WorkerState], model: str) -> bool:
@@ -181,9 +189,11 @@ class Proxy:
         attempts = 0
         dispatch = r.dispatch
         ticket = dispatch.admit(key, r.registry.states())
-        if ticket.state is not TicketState.GRANTED and \
-                not await self._wait(ticket, writer, route, key, started):
-            return
+        if ticket.state is not TicketState.GRANTED:
+            self._queue_changed(key.model)
+            if not await self._wait(ticket, writer, route, key, started):
+                return
+        waited = waited_note(ticket)
         while attempts <= r.settings.retries:
             decision = dispatch.route(key, r.registry.states(), exclude)
             if decision.worker_id is None:
@@ -196,7 +206,7 @@ class Proxy:
             if failure is not None:
                 r.metrics.retries.labels(failure).inc()
             call: Call | None = None
-            self._log(decision, key, attempts)
+            self._log(decision, key, attempts, waited)
             r.registry.sending(record)  # a half-open breaker's trial: nothing else goes there
             flight, records = dispatch.sent(key, decision, state)
             deadline = first_byte_deadline(r.settings, decision.predicted_ttft_s, key)
@@ -239,7 +249,8 @@ class Proxy:
                     continue
                 r.registry.mark_success(state.id, ttft_s=flight.ttft_s,
                                         predicted_s=decision.predicted_ttft_s)
-                await self._relay(request, writer, route, call, head, flight, key, started, attempts)
+                await self._relay(request, writer, route, call, head, flight, key, started, attempts,
+                                  waited)
                 return
             finally:
                 dispatch.finished(flight, ok=False)  # a no-op once the relay accounted for it
@@ -267,18 +278,22 @@ class Proxy:
                 dispatch.expire(ticket)
             except asyncio.CancelledError:
                 dispatch.withdraw(ticket)
+                self._queue_changed(key.model)
                 r.metrics.failures.labels("client_disconnect").inc()
                 raise
+            self._queue_changed(key.model)
         if ticket.state is TicketState.GRANTED:
             dispatch.claim(ticket)
             r.metrics.queue_wait.labels(key.model).observe(ticket.waited_s)
-            if decision_log.isEnabledFor(logging.INFO):
-                decision_log.info("[FLOW] waited %.3f s: no replica was admissible (predicted prefill %d, "
-                                  "resident %s) model=%s", ticket.waited_s, ticket.prefill_tokens,
-                                  ticket.resident, key.model)
+            r.activity.queue.waited(key.model, time.time(), ticket.waited_s)
             return True
         self._overloaded(ticket, writer, route, key, started)
         return False
+
+    def _queue_changed(self, model: str) -> None:
+        """The model's queue may have changed (a request joined or left it): the dashboard's history."""
+        depth, tokens = self._r.dispatch.flow.depth().get(model, (0, 0))
+        self._r.activity.queue.changed(model, time.time(), depth, tokens)
 
     def _overloaded(self, ticket: Ticket, writer: ResponseWriter, route: Route, key: RoutingKey,
                     started: float) -> None:
@@ -288,7 +303,7 @@ class Proxy:
         r = self._r
         reason = ticket.reason.value if ticket.reason is not None else "shed"
         status = 529 if route.style == "anthropic" else 429
-        r.metrics.shed.labels(key.model, reason).inc()
+        r.metrics.shed.labels(key.model, reason, class_name(key.priority)).inc()
         message = (f"the router's queue for model {key.model!r} is over its limit ({reason}); "
                    f"retry after {ticket.retry_after_s} s")
         writer.respond(status, JSON_HEADERS + b"retry-after: %d\r\n" % ticket.retry_after_s,
@@ -356,17 +371,19 @@ class Proxy:
             status=status, ttfb_s=None, duration_s=time.perf_counter() - started,
         ))
 
-    def _log(self, decision: Decision, key: RoutingKey, attempt: int) -> None:
+    def _log(self, decision: Decision, key: RoutingKey, attempt: int, waited: str) -> None:
         if not decision_log.isEnabledFor(logging.INFO):
             return
-        extra = f" attempt={attempt}" if attempt > 1 else ""
+        extra = waited
+        if attempt > 1:
+            extra += f" attempt={attempt}"
         if self._r.settings.log_prompts:
             extra += f" prompt_tail={key.prefix[-300:].decode('utf-8', 'replace')!r}"
         decision_log.info("%s model=%s worker=%s%s", decision.reason, key.model, decision.worker_id, extra)
 
     async def _relay(self, request: FrontRequest, writer: ResponseWriter, route: Route, call: Call,
                      head: ResponseHead, flight: InFlight, key: RoutingKey, started: float,
-                     attempts: int) -> None:
+                     attempts: int, waited: str) -> None:
         """Pass the worker's answer through as it arrives; account for it when it ends."""
         r = self._r
         state, decision = flight.state, flight.decision
@@ -405,7 +422,8 @@ class Proxy:
         finally:
             writer.on_pause(None)
             call.abort()  # closing the connection is what makes the engine abort the request
-            self._finished(route, key, flight, usage, outcome, relay.ttfb, sse, completed, attempts, started)
+            self._finished(route, key, flight, usage, outcome, relay.ttfb, sse, completed, attempts, started,
+                           waited)
 
     def _broken(self, request: FrontRequest, writer: ResponseWriter, route: Route, state: WorkerState,
                 exc: UpstreamError, sse: bool) -> None:
@@ -423,7 +441,8 @@ class Proxy:
             writer.abort()
 
     def _finished(self, route: Route, key: RoutingKey, flight: InFlight, usage: UsageSniffer, status: int,
-                  ttfb: float | None, sse: bool, completed: bool, attempts: int, started: float) -> None:
+                  ttfb: float | None, sse: bool, completed: bool, attempts: int, started: float,
+                  waited: str) -> None:
         r = self._r
         state, decision = flight.state, flight.decision
         ok = completed and status < 400
@@ -433,7 +452,7 @@ class Proxy:
                             cached_tokens=usage.cached_tokens if ok else None, streamed=sse)
         r.activity.record(RoutedRequest(
             time=time.time(), route=route.name, model=key.model, worker=state.id,
-            kind=decision.kind.value, reason=decision.reason, matched_blocks=decision.matched_blocks,
+            kind=decision.kind.value, reason=decision.reason + waited, matched_blocks=decision.matched_blocks,
             total_blocks=decision.total_blocks, attempts=attempts, status=status,
             ttfb_s=ttfb, duration_s=time.perf_counter() - started,
         ))

@@ -2,9 +2,9 @@
 
 The fleet — workers, engine figures, the prefix index and sessions — is the same in every process
 (the index and sessions are shared through Redis), but each process keeps its own recent requests,
-TTFB samples, per-worker request counts and in-flight counts.  ``activity_json`` is one process's
-share, as its siblings fetch it; ``merged_view`` folds the siblings' shares into the answering
-process's view, from which the usual snapshot is built.
+TTFB samples, per-worker request counts and in-flight counts, and its own flow-control queues.
+``activity_json`` is one process's share, as its siblings fetch it; ``merged_view`` folds the
+siblings' shares into the answering process's view, from which the usual snapshot is built.
 """
 
 from __future__ import annotations
@@ -16,20 +16,31 @@ from collections.abc import Mapping, Sequence
 from itertools import chain
 from typing import Any
 
-from kvroute.server.activity import RoutedRequest
+from kvroute.server.activity import QueueSample, RoutedRequest
 from kvroute.server.context import Router
-from kvroute.server.dashboard.snapshot import FleetView
+from kvroute.server.dashboard.snapshot import FleetView, QueueView
+from kvroute.server.dashboard.views import local_queue
 
 log = logging.getLogger("kvroute.dashboard")
 
 
 def activity_json(router: Router) -> dict[str, Any]:
-    """This process's recent requests, TTFB samples, and requests and in-flight counts per worker."""
+    """This process's recent requests, TTFB samples, requests and in-flight counts per worker, and
+    its flow-control queues (depth now, admitted and shed counts, waits, depth history)."""
+    queue = local_queue(router)
     return {
         "requests": [r.to_json() for r in router.activity.requests],
         "ttfb": list(router.activity.ttfb),
         "workers": {r.id: {"inflight": r.state.inflight, "requests": dict(r.requests)}
                     for r in router.registry.records()},
+        "queue": {
+            "depth": {m: list(d) for m, d in queue.depth.items()},
+            "admitted": [[m, when, n] for (m, when), n in queue.admitted.items()],
+            "shed": [[m, reason, n] for (m, reason), n in queue.shed.items()],
+            "waits": list(queue.waits),
+            "history": {m: [s.to_json() for s in samples]
+                        for m, samples in router.activity.queue.history.items()},
+        },
     }
 
 
@@ -39,6 +50,7 @@ class _Activity:
     ttfb: list[tuple[float, float]]
     inflight: dict[str, int]
     counts: dict[str, Counter[str]]
+    queue: QueueView
 
 
 def _parse(doc: Mapping[str, Any]) -> _Activity:
@@ -50,7 +62,39 @@ def _parse(doc: Mapping[str, Any]) -> _Activity:
         ttfb=[(float(t), float(v)) for t, v in doc["ttfb"]],
         inflight={str(w): int(v["inflight"]) for w, v in workers.items()},
         counts=counts,
+        queue=_parse_queue(doc.get("queue", {})),
     )
+
+
+def _parse_queue(doc: Mapping[str, Any]) -> QueueView:
+    """A sibling's queue share (absent from an older process: empty)."""
+    return QueueView(
+        depth={str(m): (int(d[0]), int(d[1])) for m, d in doc.get("depth", {}).items()},
+        admitted={(str(m), str(w)): int(n) for m, w, n in doc.get("admitted", [])},
+        shed={(str(m), str(r)): int(n) for m, r, n in doc.get("shed", [])},
+        waits=[(float(t), str(m), float(v)) for t, m, v in doc.get("waits", [])],
+        history={str(m): [[QueueSample(*(int(x) for x in s)) for s in samples]]
+                 for m, samples in doc.get("history", {}).items()},
+    )
+
+
+def _merged_queue(views: Sequence[QueueView]) -> QueueView:
+    """Every process's queues: depths and counts summed, waits interleaved by time, one depth
+    timeline per process (the series sums them)."""
+    depth: dict[str, tuple[int, int]] = {}
+    admitted: Counter[tuple[str, str]] = Counter()
+    shed: Counter[tuple[str, str]] = Counter()
+    history: dict[str, list[Any]] = {}
+    for v in views:
+        for m, (n, tokens) in v.depth.items():
+            was = depth.get(m, (0, 0))
+            depth[m] = (was[0] + n, was[1] + tokens)
+        admitted.update(v.admitted)
+        shed.update(v.shed)
+        for m, timelines in v.history.items():
+            history.setdefault(m, []).extend(timelines)
+    waits = sorted(chain.from_iterable(v.waits for v in views))
+    return QueueView(depth=depth, admitted=dict(admitted), shed=dict(shed), waits=waits, history=history)
 
 
 def merged_view(router: Router, others: Sequence[Mapping[str, Any]]) -> FleetView:
@@ -74,5 +118,6 @@ def merged_view(router: Router, others: Sequence[Mapping[str, Any]]) -> FleetVie
         records.append(dataclasses.replace(record, state=state, requests=counts))
     requests = sorted(chain(router.activity.requests, *(s.requests for s in shares)), key=lambda r: r.time)
     ttfb = sorted(chain(router.activity.ttfb, *(s.ttfb for s in shares)))
+    queue = _merged_queue([local_queue(router), *(s.queue for s in shares)])
     return FleetView(records=records, scheduler_stats=router.scheduler.stats(),
-                     routing=router.scheduler.config, requests=requests, ttfb=ttfb)
+                     routing=router.scheduler.config, requests=requests, ttfb=ttfb, queue=queue)

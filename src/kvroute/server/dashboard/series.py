@@ -14,6 +14,7 @@ from itertools import pairwise
 
 from kvroute.fleet.registry import CounterSample
 from kvroute.quantiles import percentile_of_sorted
+from kvroute.server.activity import QueueSample
 
 # Candidate bin widths (seconds); the smallest that keeps the chart within ``max_bins`` wins.
 _BIN_LADDER = (2, 5, 10, 15, 30, 60, 120, 300, 600)
@@ -165,6 +166,43 @@ def latency_percentiles(samples: Iterable[tuple[float, float]], window: Window) 
         window_p50=percentile_of_sorted(everything, 50),
         window_p95=percentile_of_sorted(everything, 95),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSeries:
+    """A queue's peak depth in each bin: requests and estimated prompt tokens."""
+
+    depth: tuple[int, ...]
+    tokens: tuple[int, ...]
+
+    def to_json(self) -> dict[str, list[int]]:
+        """A JSON-ready dict."""
+        return {"depth": list(self.depth), "tokens": list(self.tokens)}
+
+
+def queue_depths(timelines: Iterable[Iterable[QueueSample]], window: Window) -> QueueSeries:
+    """Per bin, the queue's peak depth, summed over ``timelines`` (one per router process, each in
+    time order).  A bin without a sample holds the depth the last sample before it left: the queue
+    did not change in between."""
+    depth = [0] * window.bins
+    tokens = [0] * window.bins
+    for timeline in timelines:
+        samples = list(timeline)
+        k, carry, carry_tokens = 0, 0, 0
+        while k < len(samples) and samples[k].second < window.start:
+            carry, carry_tokens = samples[k].depth, samples[k].tokens
+            k += 1
+        for i in range(window.bins):
+            end = window.start + (i + 1) * window.bin_s
+            peak, peak_tokens = carry, carry_tokens
+            while k < len(samples) and samples[k].second < end:
+                s = samples[k]
+                peak, peak_tokens = max(peak, s.peak), max(peak_tokens, s.peak_tokens)
+                carry, carry_tokens = s.depth, s.tokens
+                k += 1
+            depth[i] += peak
+            tokens[i] += peak_tokens
+    return QueueSeries(tuple(depth), tuple(tokens))
 
 
 def _round_s(value: float | None) -> float | None:

@@ -1,28 +1,50 @@
 """The dashboard's JSON: one snapshot of the fleet, per model and per replica (pure: no I/O).
 
 Everything here is read from state the router already keeps: the registry's worker records and
-their scraped counter history, the scheduler's statistics and routing configuration, and the
-recent-activity rings.  No prompt text exists in any of them.
+their scraped counter history, the scheduler's statistics and routing configuration, flow
+control's queues and counters, and the recent-activity rings.  No prompt text exists in any of
+them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvroute.fleet.breaker import BreakerState
 from kvroute.fleet.registry import WorkerRecord
 from kvroute.routing.config import ModelPolicy, RoutingConfig
 from kvroute.routing.decision import DecisionKind
+from kvroute.routing.flow import FlowSettings
 from kvroute.routing.policies import policy_named
 from kvroute.routing.view import Signal
-from kvroute.server.activity import RoutedRequest
-from kvroute.server.dashboard.series import Window, choose_window, latency_percentiles, token_rates
+from kvroute.server.activity import QueueSample, RoutedRequest
+from kvroute.server.dashboard.series import (
+    Window,
+    choose_window,
+    latency_percentiles,
+    queue_depths,
+    token_rates,
+)
 
 # Workers whose /v1/models has not been read yet (and that declared none) are listed under this.
 UNKNOWN_MODEL = "(model not yet known)"
 _KINDS = tuple(k.value for k in DecisionKind if k is not DecisionKind.NO_WORKER)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueView:
+    """Flow control's side of a snapshot: each model's queue now (requests, estimated prompt
+    tokens), the admitted (by model and ``at_once`` / ``after_wait``) and shed (by model and reason)
+    counts since the router started, the waits of the requests that waited (``(time, model,
+    seconds)``), and each model's depth history, one timeline per router process."""
+
+    depth: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    admitted: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    shed: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    waits: Iterable[tuple[float, str, float]] = ()
+    history: Mapping[str, Sequence[Iterable[QueueSample]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,13 +56,14 @@ class FleetView:
     routing: RoutingConfig
     requests: Iterable[RoutedRequest]
     ttfb: Iterable[tuple[float, float]]
+    queue: QueueView = field(default_factory=QueueView)
 
 
 def build_snapshot(view: FleetView, now: float, *, span_s: float = 3600.0,
                    decisions: int = 25) -> dict[str, Any]:
     """The dashboard's data at time ``now``: router summary, the charts' shared window, TTFB through
-    the router, one entry per model (policy, replicas, totals, prompt-token rates) and the latest
-    ``decisions`` requests with their routing reasons."""
+    the router, one entry per model (policy, replicas, totals, prompt-token rates, flow control's
+    queue) and the latest ``decisions`` requests with their routing reasons."""
     ttfb = list(view.ttfb)
     earliest = _earliest(view.records, ttfb)
     window = choose_window(now, earliest, span_s=span_s)
@@ -49,6 +72,9 @@ def build_snapshot(view: FleetView, now: float, *, span_s: float = 3600.0,
     for record in view.records:
         for model in sorted(record.state.models) or [UNKNOWN_MODEL]:
             by_model.setdefault(model, []).append(record)
+    waits: dict[str, list[tuple[float, float]]] = {}
+    for t, model, wait_s in view.queue.waits:
+        waits.setdefault(model, []).append((t, wait_s))
     recent = list(view.requests)[-decisions:]
     recent.reverse()
     stats = view.scheduler_stats
@@ -66,7 +92,8 @@ def build_snapshot(view: FleetView, now: float, *, span_s: float = 3600.0,
         "window": window.to_json(),
         "ttfb": latency_percentiles(ttfb, window).to_json(),
         "models": [
-            _model(name, records, view.routing.policy_for(name), worker_stats, window, now)
+            _model(name, records, view.routing.policy_for(name), worker_stats, window, now,
+                   _queue(name, view.routing.policy_for(name), view.queue, waits.get(name, ()), window))
             for name, records in sorted(by_model.items())
         ],
         "decisions": [_decision(r) for r in recent],
@@ -100,7 +127,8 @@ def _status(record: WorkerRecord) -> str:
 
 
 def _model(name: str, records: list[WorkerRecord], policy: ModelPolicy,
-           worker_stats: Mapping[str, Mapping[str, Any]], window: Window, now: float) -> dict[str, Any]:
+           worker_stats: Mapping[str, Mapping[str, Any]], window: Window, now: float,
+           queue: dict[str, Any]) -> dict[str, Any]:
     replicas = [_replica(r, policy, worker_stats.get(r.id, {}), now) for r in records]
     return {
         "name": name,
@@ -108,6 +136,26 @@ def _model(name: str, records: list[WorkerRecord], policy: ModelPolicy,
         "replicas": replicas,
         "totals": _totals(replicas),
         "tokens": token_rates((r.history for r in records), window).to_json(),
+        "queue": queue,
+    }
+
+
+def _queue(name: str, policy: ModelPolicy, view: QueueView, waits: Iterable[tuple[float, float]],
+           window: Window) -> dict[str, Any]:
+    """The model's queue at the router: whether flow control is on, its depth now and per bin
+    (peak), the waits over the window (p50/p95 of the requests that waited), admitted and shed."""
+    depth, tokens = view.depth.get(name, (0, 0))
+    wait = latency_percentiles(waits, window).to_json()
+    shed = {reason: n for (model, reason), n in sorted(view.shed.items()) if model == name}
+    return {
+        "flow_control": policy.block(FlowSettings).flow_control,
+        "depth": depth,
+        "tokens": tokens,
+        "series": queue_depths(view.history.get(name, ()), window).to_json(),
+        "wait": {"count": wait["count"], "p50": wait["window_p50"], "p95": wait["window_p95"]},
+        "admitted": {when: view.admitted.get((name, when), 0) for when in ("at_once", "after_wait")},
+        "shed": shed,
+        "shed_total": sum(shed.values()),
     }
 
 

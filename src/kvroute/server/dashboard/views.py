@@ -22,7 +22,7 @@ from aiohttp import web
 
 from kvroute.api.errors import error_body
 from kvroute.server.context import ROUTER, Router
-from kvroute.server.dashboard.snapshot import FleetView, build_snapshot
+from kvroute.server.dashboard.snapshot import FleetView, QueueView, build_snapshot
 
 PAGE_PATH = "/dashboard"
 DATA_PATH = "/dashboard/data.json"
@@ -49,7 +49,25 @@ def local_view(router: Router) -> FleetView:
         routing=router.scheduler.config,
         requests=router.activity.requests,
         ttfb=router.activity.ttfb,
+        queue=local_queue(router),
     )
+
+
+def local_queue(router: Router) -> QueueView:
+    """Flow control's queues and counters and their recent history, as this process sees them."""
+    flow, recent = router.dispatch.flow, router.activity.queue
+    return QueueView(depth=flow.depth(), admitted=_without_class(flow.admitted),
+                     shed=_without_class(flow.shed), waits=list(recent.waits),
+                     history={model: [list(samples)] for model, samples in recent.history.items()})
+
+
+def _without_class(counts: dict[tuple[str, str, str], int]) -> dict[tuple[str, str], int]:
+    """Flow control's (model, what, class) counters summed over the priority classes: the
+    dashboard's queue panel is per model."""
+    out: dict[tuple[str, str], int] = {}
+    for (model, what, _cls), n in counts.items():
+        out[(model, what)] = out.get((model, what), 0) + n
+    return out
 
 
 def _error(status: int, message: str) -> web.Response:

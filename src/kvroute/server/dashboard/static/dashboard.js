@@ -121,8 +121,10 @@
       if (!section) {
         section = template.content.firstElementChild.cloneNode(true);
         section.dataset.model = m.name;
-        section.querySelector(".tokens-chart").addEventListener("mousemove", hover);
-        section.querySelector(".tokens-chart").addEventListener("mouseleave", hover);
+        for (const canvas of section.querySelectorAll("canvas.chart")) {
+          canvas.addEventListener("mousemove", hover);
+          canvas.addEventListener("mouseleave", hover);
+        }
       }
       if (box.children[i] !== section) box.insertBefore(section, box.children[i] || null);
       keep.add(m.name);
@@ -162,6 +164,8 @@
       el("td", {}, bar(tt.hit_share, "hits")),
     ));
 
+    fillQueue(section, m.queue, data);
+
     const tok = m.tokens;
     section.querySelector(".share").textContent = tok.hit_share === null
       ? "no prompt tokens counted yet"
@@ -175,6 +179,51 @@
       kind: "stacked",
       yFormat: (v) => fmtRate(v) + "/s",
       empty: "No prompt tokens counted yet (the engine's /metrics has no prefix-cache counters, or no traffic)",
+    });
+  }
+
+  // Flow control's queue for one model: figures now and over the window, and two charts; when flow
+  // control is off for the model, only a plain notice saying so.
+  function fillQueue(section, q, data) {
+    const box = section.querySelector(".queue");
+    box.dataset.flow = q.flow_control ? "on" : "off";
+    section.querySelector(".flow-off").hidden = q.flow_control;
+    section.querySelector(".queue-charts").hidden = !q.flow_control;
+    const figures = section.querySelector(".queue-figures");
+    if (!q.flow_control) {
+      figures.replaceChildren();
+      return;
+    }
+    const windowText = "over the last " + span(data.window.end - data.window.start);
+    const shed = Object.entries(q.shed).map(([reason, n]) => reason + " " + n).join(", ");
+    const figure = (field, label, value, cls, title) => {
+      const c = chip(label, value, cls, title);
+      c.dataset.field = field;
+      return c;
+    };
+    figures.replaceChildren(
+      figure("queued", "queued now", fmtInt(q.depth) + " requests · " + fmtInt(q.tokens) + " tokens",
+        q.depth ? "warn" : "", "Requests waiting at the router for an admissible replica, and their estimated prompt tokens"),
+      figure("wait", "wait p50 / p95", q.wait.count ? fmtSec(q.wait.p50) + " / " + fmtSec(q.wait.p95) : "–", "",
+        fmtInt(q.wait.count) + " requests waited " + windowText),
+      figure("at-once", "admitted at once", fmtInt(q.admitted.at_once), "", "Since the router started"),
+      figure("after-wait", "after a wait", fmtInt(q.admitted.after_wait), "", "Since the router started"),
+      figure("shed", "shed", fmtInt(q.shed_total) + (shed ? " (" + shed + ")" : ""), q.shed_total ? "bad" : "",
+        "Answered with the API's overload error (429 / 529), by reason, since the router started"),
+    );
+    drawChart(section.querySelector(".queue-chart"), {
+      window: data.window,
+      series: [{ values: q.series.depth, color: "--queued", label: "requests queued" }],
+      kind: "line",
+      yFormat: fmtInt,
+      empty: "Nothing has waited at the router " + windowText,
+    });
+    drawChart(section.querySelector(".queue-tokens-chart"), {
+      window: data.window,
+      series: [{ values: q.series.tokens, color: "--queued-tokens", label: "tokens queued" }],
+      kind: "line",
+      yFormat: (v) => fmtRate(v),
+      empty: "Nothing has waited at the router " + windowText,
     });
   }
 
