@@ -475,7 +475,7 @@ class FlowControl:
                         held_back.add(best.seq)  # a continuing session's turn behind it may go
                         continue
                     best = door.popleft()
-                    opened += footprint(best.key)
+                    opened += q.sessions.need(best.key, best.prefill_tokens, s.flow_session_rule)
                 self._leave(best, q, now)
                 q.waits.append(best.waited_s)
                 q.median_wait = None

@@ -167,7 +167,11 @@ class SessionBook:
         what it would add stays within ``share`` of the fleet's KV cache (always, when nothing is
         served: a fleet too small for one session is the engine's to refuse)."""
         working = self.working_set(now, idle_s, rule) + opened
+        return working == 0 or working + self.need(key, prefill_tokens, rule) <= share * fleet_kv
+
+    def need(self, key: RoutingKey, prefill_tokens: int, rule: str) -> int:
+        """What a new session whose first request has ``prefill_tokens`` not cached anywhere adds
+        to the working set."""
         r = RULES[rule]
         shared = max(0, key.est_prompt_tokens - prefill_tokens)
-        need = max(r.tokens(key, shared), self.expected(r))
-        return working == 0 or working + need <= share * fleet_kv
+        return max(r.tokens(key, shared), self.expected(r))
