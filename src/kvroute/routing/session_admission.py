@@ -12,9 +12,15 @@ counts in the working set, from its last request and what the fleet already held
 
 * ``unique`` (default): its last request's prompt + ``max_tokens``, less the part of its first
   prompt that other sessions had already put in the cache (a shared system prompt): the engine
-  holds that part once, however many sessions use it.
+  holds that part once, however many sessions use it.  It learns from what the router sees: each
+  session counts at least the size the last sessions reached, and a quiet one is forgotten after
+  the pauses seen between turns (see :class:`Rule`).
 * ``footprint``: its last request's prompt + ``max_tokens``, shared prefixes counted once per
-  session (the first version; kept for reference).
+  session, forgotten ``flow_session_idle_s`` after its last request (the first version; kept for
+  reference).
+
+New sessions pass the door in their own line (``FlowControl.pump``): highest class first, then
+oldest first, none past another.
 
 Pure: no clock (``now`` is passed in), no I/O.  ``FlowControl`` (routing/flow.py) owns one
 ``SessionBook`` per model and asks it at the door.
