@@ -7,7 +7,7 @@ recent-activity rings.  No prompt text exists in any of them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +34,9 @@ class FleetView:
     routing: RoutingConfig
     requests: Iterable[RoutedRequest]
     ttfb: Iterable[tuple[float, float]]
+    # What the fleet guard knows about a worker (``Router.guard_json``): the doctor's findings and
+    # the cache-drift alarm.
+    guard: Callable[[str], Mapping[str, Any]] = lambda _: {}
 
 
 def build_snapshot(view: FleetView, now: float, *, span_s: float = 3600.0,
@@ -66,7 +69,7 @@ def build_snapshot(view: FleetView, now: float, *, span_s: float = 3600.0,
         "window": window.to_json(),
         "ttfb": latency_percentiles(ttfb, window).to_json(),
         "models": [
-            _model(name, records, view.routing.policy_for(name), worker_stats, window, now)
+            _model(name, records, view.routing.policy_for(name), worker_stats, window, now, view.guard)
             for name, records in sorted(by_model.items())
         ],
         "decisions": [_decision(r) for r in recent],
@@ -100,8 +103,9 @@ def _status(record: WorkerRecord) -> str:
 
 
 def _model(name: str, records: list[WorkerRecord], policy: ModelPolicy,
-           worker_stats: Mapping[str, Mapping[str, Any]], window: Window, now: float) -> dict[str, Any]:
-    replicas = [_replica(r, policy, worker_stats.get(r.id, {}), now) for r in records]
+           worker_stats: Mapping[str, Mapping[str, Any]], window: Window, now: float,
+           guard: Callable[[str], Mapping[str, Any]]) -> dict[str, Any]:
+    replicas = [_replica(r, policy, worker_stats.get(r.id, {}), now, guard(r.id)) for r in records]
     return {
         "name": name,
         "policy": _policy(policy),
@@ -137,7 +141,7 @@ def _policy(policy: ModelPolicy) -> dict[str, Any]:
 
 
 def _replica(record: WorkerRecord, policy: ModelPolicy, stats: Mapping[str, Any],
-             now: float) -> dict[str, Any]:
+             now: float, guard: Mapping[str, Any]) -> dict[str, Any]:
     s, m = record.state, record.metrics
     requests = {kind: record.requests.get(kind, 0) for kind in _KINDS}
     sticky, overflow = requests["sticky"], requests["overflow"]
@@ -167,6 +171,9 @@ def _replica(record: WorkerRecord, policy: ModelPolicy, stats: Mapping[str, Any]
         "prefix_cache_hits": hits,
         "prefix_cache_queries": queries,
         "hit_share": _share(hits, queries),
+        "guard_holds": sorted(s.guard_holds),
+        "doctor": guard.get("doctor"),
+        "cache_drift": guard.get("cache_drift"),
     }
 
 
