@@ -1,7 +1,8 @@
 """The fleet guard in a running router: the doctor's checks at registration and at a restart with
 other flags (same port), what they show (/admin/workers, /metrics), what ``exclude`` does with
 them, and the cache-drift alarm under shared-prefix traffic.  Simulated replicas are real HTTP
-servers on loopback; a "restart with other flags" closes one and starts another on its port."""
+servers on loopback; a "restart with other flags" closes one and starts another on its port
+(``SimFleet.restart_with``)."""
 
 from __future__ import annotations
 
@@ -25,28 +26,17 @@ HYBRID = ("hybrid-27b", "qwen3.8-27b", {"enable_prefix_caching": True, "mamba_ca
 
 @pytest.fixture
 async def replicas() -> AsyncIterator[Callable[..., Awaitable[SimFleet]]]:
-    """``await replicas(preset, n, **flags)``, and ``restart_on_port`` below: closed at the end."""
+    """``await replicas(preset, n, **flags)``: closed at the end."""
     fleets: list[SimFleet] = []
 
-    async def start(preset: str, n: int = 1, *, port: int = 0, **flags: Any) -> SimFleet:
-        fleet = await start_sim_fleet(preset, n, speed=SPEED, base_port=port, **flags)
+    async def start(preset: str, n: int = 1, **flags: Any) -> SimFleet:
+        fleet = await start_sim_fleet(preset, n, speed=SPEED, **flags)
         fleets.append(fleet)
         return fleet
 
     yield start
     for fleet in fleets:
         await fleet.close()
-
-
-async def restart_on_port(start: Callable[..., Awaitable[SimFleet]], fleet: SimFleet, i: int,
-                          preset: str, **flags: Any) -> None:
-    """Stop replica ``i`` and start a new engine with ``flags`` on the same port (a restart with
-    other command-line flags, as an operator would do it)."""
-    old = fleet.replicas[i]
-    port = int(old.url.rsplit(":", 1)[1])
-    await old.close()
-    new = await start(preset, 1, port=port, **flags)
-    fleet.replicas[i] = new.replicas[0]
 
 
 async def workers(http: aiohttp.ClientSession, r: RunningRouter) -> dict[str, dict[str, Any]]:
@@ -114,7 +104,7 @@ async def test_a_restart_with_other_flags_gets_a_finding_at_its_new_epoch(
     target = r.registry.records()[0].id
     epoch = listed[target]["epoch"]
 
-    await restart_on_port(replicas, fleet, 0, preset, **broken)
+    await fleet.restart_with(0, **broken)
     check = await checked_at_epoch(r, target, 1)
     assert check["epoch"] > epoch and codes(check)[code] == "error"
     listed = await workers(http, r)
@@ -132,7 +122,7 @@ async def test_exclude_takes_the_replica_out_until_a_clean_restart(replicas, rou
     fleet = await replicas("a4000-qwen3-4b", 3)
     r = await router(fleet.urls, policy="round-robin", routing={"guard_doctor_action": "exclude"})
     target = r.registry.records()[0].id
-    await restart_on_port(replicas, fleet, 0, "a4000-qwen3-4b", enable_prefix_caching=False)
+    await fleet.restart_with(0, enable_prefix_caching=False)
     check = await checked_at_epoch(r, target, 1)
     assert check["held"] and codes(check)["prefix-caching-off"] == "error"
     state = r.registry.get(target).state  # type: ignore[union-attr]
@@ -141,7 +131,7 @@ async def test_exclude_takes_the_replica_out_until_a_clean_restart(replicas, rou
     served = {await ask(http, r, "qwen3-4b", shared_prefix(i)) for i in range(9)}
     assert target not in served and len(served) == 2
 
-    await restart_on_port(replicas, fleet, 0, "a4000-qwen3-4b", enable_prefix_caching=True)
+    await fleet.restart_with(0, enable_prefix_caching=True)
     check = await checked_at_epoch(r, target, 2)
     assert not check["held"] and "prefix-caching-off" not in codes(check)
     assert state.guard_holds == frozenset() and state.ready
@@ -157,7 +147,7 @@ async def test_the_drift_alarm_fires_on_the_replica_that_lost_its_cache_and_only
     r = await router(fleet.urls, policy="round-robin",
                      routing={"guard_drift_for_s": 0.3, "guard_drift_min_tokens": 8000})
     target = r.registry.records()[0].id
-    await restart_on_port(replicas, fleet, 0, "a4000-qwen3-4b", enable_prefix_caching=False)
+    await fleet.restart_with(0, enable_prefix_caching=False)
     await checked_at_epoch(r, target, 1)
     sem = asyncio.Semaphore(4)
 
@@ -184,7 +174,7 @@ async def test_the_drift_alarm_fires_on_the_replica_that_lost_its_cache_and_only
     # the doctor's findings stand beside it
     assert codes(listed[target]["doctor"])["prefix-caching-off"] == "error"
     # healthy again at a new epoch: the alarm clears with it
-    await restart_on_port(replicas, fleet, 0, "a4000-qwen3-4b", enable_prefix_caching=True)
+    await fleet.restart_with(0, enable_prefix_caching=True)
     await checked_at_epoch(r, target, 2)
     for _ in range(200):
         drift = await metric_samples(http, r, "kvroute_worker_cache_drift")
