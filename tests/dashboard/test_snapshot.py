@@ -159,3 +159,19 @@ def test_no_prompt_text_reaches_the_snapshot() -> None:
     assert set(snap["decisions"][0]) == {"time", "route", "model", "worker", "kind", "reason",
                                          "matched_blocks", "total_blocks", "attempts", "status", "ttfb_s",
                                          "duration_s"}
+
+
+def test_the_fleet_guard_findings_and_holds_ride_along_per_replica() -> None:
+    clock = Clock()
+    reg = Registry(clock=clock)
+    reg.add("http://a:1", worker_id="a", models=["m"])
+    reg.add("http://b:1", worker_id="b", models=["m"])
+    reg.set_guard_hold("a", "doctor")
+    guard = {"a": {"doctor": {"worst": "error", "held": True, "findings": []},
+                   "cache_drift": {"alarm": True, "realisation": 0.0}}}
+    fleet = FleetView(records=reg.records(), scheduler_stats={}, routing=RoutingConfig(), requests=[],
+                      ttfb=[], guard=lambda wid: guard.get(wid, {"doctor": None, "cache_drift": None}))
+    a, b = build_snapshot(fleet, clock())["models"][0]["replicas"]
+    assert a["status"] == "guarded" and a["guard_holds"] == ["doctor"]
+    assert a["doctor"]["worst"] == "error" and a["cache_drift"]["alarm"]
+    assert b["status"] == "healthy" and b["doctor"] is None and b["cache_drift"] is None

@@ -182,3 +182,28 @@ async def test_the_drift_alarm_fires_on_the_replica_that_lost_its_cache_and_only
             break
         await asyncio.sleep(0.02)
     assert drift[(("worker", target),)] == 0.0
+
+
+async def test_each_part_turns_off_and_a_bad_action_is_refused(replicas, router, http) -> None:
+    from kvroute.router_settings import Settings, SettingsError
+
+    with pytest.raises(SettingsError, match="guard_doctor_action"):
+        Settings.from_dict({"routing": {"guard_doctor_action": "drain"}}).routing_config()
+    fleet = await replicas("a4000-qwen3-4b", 3)
+    r = await router(fleet.urls, policy="round-robin",
+                     routing={"guard_doctor": False, "guard_drift": False, "guard_doctor_action": "exclude",
+                              "guard_drift_for_s": 0.3, "guard_drift_min_tokens": 8000})
+    target = r.registry.records()[0].id
+    await fleet.restart_with(0, enable_prefix_caching=False)
+    for _ in range(200):
+        if r.registry.get(target).restarts:  # type: ignore[union-attr]
+            break
+        await asyncio.sleep(0.02)
+    served = [await ask(http, r, "qwen3-4b", shared_prefix(i)) for i in range(36)]
+    assert served.count(target) == 12  # never held out
+    await asyncio.sleep(0.5)  # ticks of the drift watch
+    listed = await workers(http, r)
+    assert all(w["doctor"] is None for w in listed.values())
+    assert not listed[target]["cache_drift"]["alarm"] and listed[target]["cache_drift"]["realisation"] == 0.0
+    assert not await metric_samples(http, r, "kvroute_worker_finding")
+    assert set((await metric_samples(http, r, "kvroute_worker_cache_drift")).values()) == {0.0}
