@@ -141,10 +141,11 @@ async def test_exclude_takes_the_replica_out_until_a_clean_restart(replicas, rou
     assert not [k for k in findings if dict(k)["code"] == "prefix-caching-off"]
 
 
+@pytest.mark.parametrize("policy", ["round-robin", "auto"])
 async def test_the_drift_alarm_fires_on_the_replica_that_lost_its_cache_and_only_there(
-        replicas, router, http) -> None:
+        replicas, router, http, policy: str) -> None:
     fleet = await replicas("a4000-qwen3-4b", 3)
-    r = await router(fleet.urls, policy="round-robin",
+    r = await router(fleet.urls, policy=policy,
                      routing={"guard_drift_for_s": 0.3, "guard_drift_min_tokens": 8000})
     target = r.registry.records()[0].id
     await fleet.restart_with(0, enable_prefix_caching=False)
@@ -155,8 +156,9 @@ async def test_the_drift_alarm_fires_on_the_replica_that_lost_its_cache_and_only
         async with sem:
             return await ask(http, r, "qwen3-4b", shared_prefix(i))
 
-    served = await asyncio.gather(*(one(i) for i in range(45)))
-    assert served.count(target) >= 12  # round-robin: the broken replica had its share
+    served = await asyncio.gather(*(one(i) for i in range(90)))
+    # The broken replica had a share (auto discounts its cached prefixes, but spreads the load).
+    assert served.count(target) >= 10
     drift: dict[tuple[str, ...], float] = {}
     for _ in range(200):
         drift = await metric_samples(http, r, "kvroute_worker_cache_drift")
