@@ -209,3 +209,14 @@ async def test_each_part_turns_off_and_a_bad_action_is_refused(replicas, router,
     assert not listed[target]["cache_drift"]["alarm"] and listed[target]["cache_drift"]["realisation"] == 0.0
     assert not await metric_samples(http, r, "kvroute_worker_finding")
     assert set((await metric_samples(http, r, "kvroute_worker_cache_drift")).values()) == {0.0}
+
+
+async def test_exclude_spares_the_only_replica_and_says_so_at_registration(replicas, router, http) -> None:
+    fleet = await replicas("a4000-qwen3-4b", 1, enable_prefix_caching=False)
+    r = await router(fleet.urls, routing={"guard_doctor_action": "exclude"})
+    assert r.router.doctor_watch is not None
+    await r.router.doctor_watch.settled()
+    [worker] = (await workers(http, r)).values()
+    assert codes(worker["doctor"])["prefix-caching-off"] == "error"
+    assert worker["doctor"]["spared"] and not worker["doctor"]["held"] and worker["guard_holds"] == []
+    await ask(http, r, "qwen3-4b", shared_prefix(0))  # still served

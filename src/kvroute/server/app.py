@@ -393,6 +393,9 @@ def build_app(settings: Settings, *, scheduler: Scheduler | None = None, sync: R
     dispatch = Dispatcher(scheduler)
     registry = Registry(failure_threshold=settings.failure_threshold, breaker=settings.breaker_settings(),
                         history_len=math.ceil(_HISTORY_S / settings.probe_interval_s), dispatch=dispatch)
+    # The fleet guard (docs/fleet-guard.md): each part is turned off per model by its own setting.
+    doctor = DoctorWatch(registry, scheduler.policy_for, timeout_s=max(10.0, settings.probe_timeout_s))
+    drift = DriftWatch(registry, scheduler, interval_s=settings.probe_interval_s, context=doctor.summary)
     router = Router(
         settings=settings,
         registry=registry,
@@ -402,19 +405,16 @@ def build_app(settings: Settings, *, scheduler: Scheduler | None = None, sync: R
         prober=Prober(registry, interval_s=settings.probe_interval_s, timeout_s=settings.probe_timeout_s),
         request_options=settings.request_options(),
         sync=sync,
+        doctor_watch=doctor,
+        drift_watch=drift,
     )
     if sync is None and settings.redis_url:
         router.sync = RedisBus(settings.redis_url, registry=registry, scheduler=scheduler,
                                metrics_registry=router.metrics.prometheus)
     registry.subscribe(router)
-    # The fleet guard (docs/fleet-guard.md): each part off per model by its own setting.
-    router.doctor_watch = DoctorWatch(registry, scheduler.policy_for,
-                                      timeout_s=max(10.0, settings.probe_timeout_s))
-    registry.subscribe(router.doctor_watch)
-    router.drift_watch = DriftWatch(registry, scheduler, interval_s=settings.probe_interval_s,
-                                    context=router.doctor_watch.summary)
-    router.metrics.prometheus.register(FamiliesCollector(router.doctor_watch.families))
-    router.metrics.prometheus.register(FamiliesCollector(router.drift_watch.families))
+    registry.subscribe(doctor)
+    for families in (doctor.families, drift.families):
+        router.metrics.prometheus.register(FamiliesCollector(families))
     app = web.Application(client_max_size=settings.max_body_bytes)
     app[ROUTER] = router
     app.router.add_get("/v1/models", _models)

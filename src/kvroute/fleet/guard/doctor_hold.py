@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from kvroute.routing.settings import setting
+from kvroute.routing.worker import WorkerState
 
 # The hold's reason in ``WorkerState.guard_holds``.
 HOLD_REASON = "doctor"
@@ -74,3 +75,12 @@ def new_findings(before: Iterable[FindingLike], now: Iterable[FindingLike]) -> l
     ones left out: one log line each."""
     seen = {(f.code, f.severity) for f in before}
     return [f for f in now if f.severity != "ok" and (f.code, f.severity) not in seen]
+
+
+def last_to_serve(state: WorkerState, fleet: Iterable[WorkerState]) -> bool:
+    """Whether holding ``state`` out would leave one of its models without a ready worker (any
+    model, while its models are unknown).  A slow answer beats none: a new hold spares it."""
+    others = [s for s in fleet if s.id != state.id and s.ready]
+    if not state.models:
+        return not others
+    return any(not any(s.serves(m) for s in others) for m in state.models)

@@ -30,11 +30,13 @@ from kvroute.fleet.guard.doctor_hold import (
     DoctorGuardSettings,
     combined,
     holds_out,
+    last_to_serve,
     new_findings,
     unread,
 )
 from kvroute.fleet.guard.worker_settings import blocks_for
 from kvroute.fleet.registry import Registry, WorkerRecord
+from kvroute.routing.settings import Blocks
 
 log = logging.getLogger("kvroute.guard")
 
@@ -51,12 +53,13 @@ class DoctorCheck:
     findings: tuple[Finding, ...]
     held: bool
     unread: bool = False
+    spared: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """The check as /admin/workers and the dashboard show it."""
         worst = max((f.severity for f in self.findings), key=lambda s: s.rank, default=Severity.OK)
         return {"epoch": self.epoch, "checked_at": self.checked_at, "worst": worst.value,
-                "held": self.held, "unread": self.unread,
+                "held": self.held, "spared": self.spared, "unread": self.unread,
                 "findings": [f.as_dict() for f in self.findings]}
 
 
@@ -65,7 +68,7 @@ class DoctorWatch:
     (``Scheduler.policy_for``).  A check that cannot reach the engine is tried ``tries`` times,
     ``retry_s`` apart, while the epoch lasts."""
 
-    def __init__(self, registry: Registry, policy_for: Callable[[str], Any], *, timeout_s: float = 10.0,
+    def __init__(self, registry: Registry, policy_for: Callable[[str], Blocks], *, timeout_s: float = 10.0,
                  retry_s: float = 2.0, tries: int = 3, clock: Callable[[], float] = time.time) -> None:
         self._registry = registry
         self._policy_for = policy_for
@@ -136,15 +139,20 @@ class DoctorWatch:
             held = before is not None and before.held
         else:
             held = holds_out(findings, settings.guard_doctor_action)
-        check = DoctorCheck(epoch, self._clock(), findings, held, could_not_read)
+        was_held = HOLD_REASON in record.state.guard_holds
+        spared = held and not was_held and last_to_serve(record.state, self._registry.states())
+        held = held and not spared
+        check = DoctorCheck(epoch, self._clock(), findings, held, could_not_read, spared)
         self._checks[worker_id] = check
         for f in new_findings(before.findings if before is not None else (), findings):
             assert isinstance(f, Finding)
             log.log(_LOG_LEVEL.get(f.severity, logging.INFO), "doctor on %s: %s %s: %s%s", worker_id,
                     f.severity.value, f.code, f.title, f" (fix: {f.fix})" if f.fix else "")
-        was_held = HOLD_REASON in record.state.guard_holds
         self._registry.set_guard_hold(worker_id, HOLD_REASON, held)
-        if held and not was_held:
+        if spared:
+            log.warning("doctor would hold %s out of rotation (guard_doctor_action = exclude), but no "
+                        "other ready worker serves its models: it stays in", worker_id)
+        elif held and not was_held:
             log.warning("doctor holds %s out of rotation (guard_doctor_action = exclude) until a clean "
                         "check at a new epoch", worker_id)
         elif was_held and not held:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
 
-B = TypeVar("B")
+from kvroute.routing.settings import B, Blocks
 
 
-def blocks_for(models: Iterable[str], policy_for: Callable[[str], Any], kind: type[B]) -> list[B]:
+def blocks_for(models: Iterable[str], policy_for: Callable[[str], Blocks], kind: type[B]) -> list[B]:
     """The ``kind`` settings block of every model the worker serves, in name order; the default
     policy's (``policy_for("")``) while its models are not known yet."""
     names = sorted(models) or [""]

@@ -6,10 +6,17 @@ from __future__ import annotations
 import pytest
 
 from kvroute.doctor.finding import Finding, Severity
-from kvroute.fleet.guard.doctor_hold import DoctorGuardSettings, combined, holds_out, new_findings
+from kvroute.fleet.guard.doctor_hold import (
+    DoctorGuardSettings,
+    combined,
+    holds_out,
+    last_to_serve,
+    new_findings,
+)
 from kvroute.fleet.guard.drift import DriftAlarms, DriftChange, DriftReading, DriftSettings
 from kvroute.routing.config import ModelPolicy
 from kvroute.routing.learning import WorkerLearning
+from kvroute.routing.worker import WorkerState
 
 S = DriftSettings(guard_drift_below=0.3, guard_drift_recover=0.6, guard_drift_for_s=60.0,
                   guard_drift_min_tokens=10_000)
@@ -150,3 +157,14 @@ def test_only_new_findings_are_logged_again() -> None:
            finding(Severity.OK, "kv-capacity"), finding(Severity.INFO, "fp8-kv-cache")]
     assert [(f.code, f.severity) for f in new_findings(before, now)] == [
         ("hit-rate-zero", Severity.ERROR), ("fp8-kv-cache", Severity.INFO)]
+
+
+def test_a_new_hold_spares_the_last_ready_worker_of_a_model() -> None:
+    a = WorkerState("a", "http://a", models=frozenset({"m"}))
+    b = WorkerState("b", "http://b", models=frozenset({"m"}))
+    c = WorkerState("c", "http://c", models=frozenset({"other"}))
+    assert not last_to_serve(a, [a, b, c])
+    b.draining = True
+    assert last_to_serve(a, [a, b, c])  # c serves another model
+    unknown = WorkerState("u", "http://u")
+    assert not last_to_serve(unknown, [unknown, c]) and last_to_serve(unknown, [unknown])
