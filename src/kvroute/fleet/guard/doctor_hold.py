@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, TypeVar
 
 from kvroute.routing.settings import setting
 from kvroute.routing.worker import WorkerState
@@ -70,7 +70,10 @@ def unread(findings: Iterable[FindingLike]) -> bool:
     return any(f.code in UNREAD_CODES for f in findings)
 
 
-def new_findings(before: Iterable[FindingLike], now: Iterable[FindingLike]) -> list[FindingLike]:
+F = TypeVar("F", bound=FindingLike)
+
+
+def new_findings(before: Iterable[FindingLike], now: Iterable[F]) -> list[F]:
     """The findings of ``now`` that the previous check did not have (same code and severity), ok
     ones left out: one log line each."""
     seen = {(f.code, f.severity) for f in before}

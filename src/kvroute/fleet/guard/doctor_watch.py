@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from kvroute.doctor.finding import Finding, Severity
+from kvroute.doctor.finding import Finding, Severity, worst
 from kvroute.doctor.session import examine_engine
 from kvroute.engine_client.http import Target
 from kvroute.fleet.guard.doctor_hold import (
@@ -57,8 +57,7 @@ class DoctorCheck:
 
     def to_json(self) -> dict[str, Any]:
         """The check as /admin/workers and the dashboard show it."""
-        worst = max((f.severity for f in self.findings), key=lambda s: s.rank, default=Severity.OK)
-        return {"epoch": self.epoch, "checked_at": self.checked_at, "worst": worst.value,
+        return {"epoch": self.epoch, "checked_at": self.checked_at, "worst": worst(self.findings).value,
                 "held": self.held, "spared": self.spared, "unread": self.unread,
                 "findings": [f.as_dict() for f in self.findings]}
 
@@ -145,7 +144,6 @@ class DoctorWatch:
         check = DoctorCheck(epoch, self._clock(), findings, held, could_not_read, spared)
         self._checks[worker_id] = check
         for f in new_findings(before.findings if before is not None else (), findings):
-            assert isinstance(f, Finding)
             log.log(_LOG_LEVEL.get(f.severity, logging.INFO), "doctor on %s: %s %s: %s%s", worker_id,
                     f.severity.value, f.code, f.title, f" (fix: {f.fix})" if f.fix else "")
         self._registry.set_guard_hold(worker_id, HOLD_REASON, held)
