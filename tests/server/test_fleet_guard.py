@@ -220,3 +220,16 @@ async def test_exclude_spares_the_only_replica_and_says_so_at_registration(repli
     assert codes(worker["doctor"])["prefix-caching-off"] == "error"
     assert worker["doctor"]["spared"] and not worker["doctor"]["held"] and worker["guard_holds"] == []
     await ask(http, r, "qwen3-4b", shared_prefix(0))  # still served
+
+
+async def test_the_action_is_the_served_models_own_setting(replicas, router, http) -> None:
+    healthy = await replicas("a4000-qwen3-4b", 1)
+    broken = await replicas("a4000-qwen3-4b", 1, enable_prefix_caching=False)
+    r = await router([*healthy.urls, *broken.urls], models={"qwen3-4b": {"guard_doctor_action": "exclude"}})
+    assert r.router.doctor_watch is not None
+    await r.router.doctor_watch.settled()
+    listed = await workers(http, r)
+    good, bad = (listed[rec.id] for rec in r.registry.records())
+    assert bad["doctor"]["held"] and bad["guard_holds"] == ["doctor"]  # exclude, from [models.qwen3-4b]
+    assert not good["doctor"]["held"] and good["guard_holds"] == []
+    assert r.scheduler.policy_for("").guard_doctor_action == "warn"  # the default stays warn

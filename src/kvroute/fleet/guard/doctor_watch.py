@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,13 +113,19 @@ class DoctorWatch:
             record = self._registry.get(worker_id)
             if record is None or record.state.epoch != epoch:
                 return None
-            settings = combined(blocks_for(record.state.models, self._policy_for, DoctorGuardSettings))
-            if not settings.guard_doctor:
+            settings = self._settings(record.state.models)
+            # A worker registered a moment ago may not have named its models yet: check it, and
+            # let the model the engine reports decide below.
+            if record.state.models and not settings.guard_doctor:
                 return None
             target = Target(record.state.url, None, self._timeout_s)
             report = await examine_engine(self._client(), target, probe=settings.guard_doctor_probe)
             record = self._registry.get(worker_id)
             if record is None or record.state.epoch != epoch:
+                return None
+            reported = report.merged.facts.model
+            settings = self._settings(record.state.models or ([reported.value] if reported else []))
+            if not settings.guard_doctor:
                 return None
             findings = tuple(report.findings)
             if unread(findings) and attempt < self._tries:
@@ -127,6 +133,9 @@ class DoctorWatch:
                 continue
             return self._apply(record, findings, settings)
         return None
+
+    def _settings(self, models: Iterable[str]) -> DoctorGuardSettings:
+        return combined(blocks_for(models, self._policy_for, DoctorGuardSettings))
 
     def _apply(self, record: WorkerRecord, findings: tuple[Finding, ...],
                settings: DoctorGuardSettings) -> DoctorCheck:
