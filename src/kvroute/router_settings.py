@@ -18,14 +18,8 @@ from typing import Any
 
 from kvroute.api.requests import RequestOptions
 from kvroute.fleet.breaker import BreakerSettings
-from kvroute.fleet.guard.doctor_hold import DoctorGuardSettings
-from kvroute.fleet.guard.drift import DriftSettings
+from kvroute.fleet.guard import blocks as _guard_blocks  # noqa: F401  (registers the guard's settings)
 from kvroute.routing.config import ModelPolicy, RoutingConfig, setting_infos
-from kvroute.routing.policies import register_blocks
-
-# The fleet guard's per-model settings live beside its code, above the routing core, which cannot
-# import them; every router's configuration passes through here.
-register_blocks(DoctorGuardSettings, DriftSettings)
 
 _TRUE = frozenset(("1", "true", "yes", "on"))
 _FALSE = frozenset(("0", "false", "no", "off", ""))

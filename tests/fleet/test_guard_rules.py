@@ -107,7 +107,7 @@ def test_turned_off_it_clears_and_stays_quiet() -> None:
                                  {"guard_drift_recover": 1.5}, {"guard_drift_for_s": -1.0},
                                  {"guard_drift_min_tokens": -5}])
 def test_drift_settings_are_validated_through_the_model_policy(bad: dict[str, float]) -> None:
-    import kvroute.router_settings  # noqa: F401  (registers the guard's blocks)
+    import kvroute.fleet.guard.blocks  # noqa: F401  (registers the guard's blocks)
     with pytest.raises(ValueError):
         ModelPolicy(**bad)
 
