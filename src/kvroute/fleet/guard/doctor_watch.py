@@ -40,6 +40,9 @@ from kvroute.routing.settings import Blocks
 
 log = logging.getLogger("kvroute.guard")
 
+# How long a check at registration waits for the worker's first probe round, and how often it looks.
+_FIRST_PROBE_WAIT_S = 5.0
+_POLL_S = 0.05
 _LOG_LEVEL = {Severity.INFO: logging.INFO, Severity.WARNING: logging.WARNING, Severity.ERROR: logging.ERROR}
 
 
@@ -109,6 +112,7 @@ class DoctorWatch:
     async def check(self, worker_id: str, epoch: float) -> DoctorCheck | None:
         """Run the doctor against ``worker_id`` for ``epoch`` and apply its findings; None when the
         worker left, its epoch moved on meanwhile, or no model it serves asks for the check."""
+        await self._after_first_probe(worker_id)
         for attempt in range(1, self._tries + 1):
             record = self._registry.get(worker_id)
             if record is None or record.state.epoch != epoch:
@@ -133,6 +137,15 @@ class DoctorWatch:
                 continue
             return self._apply(record, findings, settings)
         return None
+
+    async def _after_first_probe(self, worker_id: str) -> None:
+        """A worker registered a moment ago is probed at once: let that round go first (it names
+        the worker's models and must not wait behind the check's requests), for up to
+        ``_FIRST_PROBE_WAIT_S``."""
+        deadline = self._clock() + _FIRST_PROBE_WAIT_S
+        while (record := self._registry.get(worker_id)) is not None and record.last_probe is None \
+                and self._clock() < deadline:
+            await asyncio.sleep(_POLL_S)
 
     def _settings(self, models: Iterable[str]) -> DoctorGuardSettings:
         return combined(blocks_for(models, self._policy_for, DoctorGuardSettings))
