@@ -30,6 +30,8 @@ from multidict import CIMultiDict
 
 from kvroute.api.errors import ApiError, ApiStyle, error_body
 from kvroute.api.requests import parse_request
+from kvroute.fleet.guard.doctor_watch import DoctorWatch
+from kvroute.fleet.guard.drift_watch import DriftWatch
 from kvroute.fleet.probe import Prober
 from kvroute.fleet.registry import Registry
 from kvroute.router_settings import Settings
@@ -50,7 +52,7 @@ from kvroute.server.front import (
     raise_open_file_limit,
     style_of_path,
 )
-from kvroute.server.metrics import RouterMetrics
+from kvroute.server.metrics import FamiliesCollector, RouterMetrics
 from kvroute.server.proxy import JSON_HEADERS, Proxy, header_lines, stream_error_event
 from kvroute.server.routes import HTTP_ROUTES
 from kvroute.server.upstream import Origin, UpstreamError, UpstreamPool
@@ -354,6 +356,8 @@ async def _startup(app: web.Application) -> None:
                                    limit_per_origin=s.connections_per_worker)
     records = [router.registry.add(w.url, worker_id=w.id, models=w.models, max_num_seqs=w.max_num_seqs)
                for w in s.workers]
+    if router.drift_watch is not None:
+        router.drift_watch.start()
     if router.sync is not None:
         # After registering the workers, so that the facts read on catch-up apply to them at once.
         await router.sync.start(router.dispatch.remote)
@@ -371,6 +375,9 @@ async def _shutdown(app: web.Application) -> None:
 async def _cleanup(app: web.Application) -> None:
     router = app[ROUTER]
     await router.prober.close()
+    for watch in (router.doctor_watch, router.drift_watch):
+        if watch is not None:
+            await watch.close()
     if router.sync is not None:
         await router.sync.stop()
     if router.upstream is not None:
@@ -386,6 +393,9 @@ def build_app(settings: Settings, *, scheduler: Scheduler | None = None, sync: R
     dispatch = Dispatcher(scheduler)
     registry = Registry(failure_threshold=settings.failure_threshold, breaker=settings.breaker_settings(),
                         history_len=math.ceil(_HISTORY_S / settings.probe_interval_s), dispatch=dispatch)
+    # The fleet guard (docs/fleet-guard.md): each part is turned off per model by its own setting.
+    doctor = DoctorWatch(registry, scheduler.policy_for, timeout_s=max(10.0, settings.probe_timeout_s))
+    drift = DriftWatch(registry, scheduler, interval_s=settings.probe_interval_s, context=doctor.summary)
     router = Router(
         settings=settings,
         registry=registry,
@@ -395,11 +405,16 @@ def build_app(settings: Settings, *, scheduler: Scheduler | None = None, sync: R
         prober=Prober(registry, interval_s=settings.probe_interval_s, timeout_s=settings.probe_timeout_s),
         request_options=settings.request_options(),
         sync=sync,
+        doctor_watch=doctor,
+        drift_watch=drift,
     )
     if sync is None and settings.redis_url:
         router.sync = RedisBus(settings.redis_url, registry=registry, scheduler=scheduler,
                                metrics_registry=router.metrics.prometheus)
     registry.subscribe(router)
+    registry.subscribe(doctor)
+    for families in (doctor.families, drift.families):
+        router.metrics.prometheus.register(FamiliesCollector(families))
     app = web.Application(client_max_size=settings.max_body_bytes)
     app[ROUTER] = router
     app.router.add_get("/v1/models", _models)

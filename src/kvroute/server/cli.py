@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from kvroute.event_loop import run_event_loop
+from kvroute.fleet.guard import blocks as _guard_blocks  # noqa: F401  (the guard's settings, in the help)
 from kvroute.routing.config import policies_help, settings_help
 
 if TYPE_CHECKING:

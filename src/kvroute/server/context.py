@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from aiohttp import web
 
 from kvroute.api.requests import RequestOptions
+from kvroute.fleet.guard.doctor_watch import DoctorWatch
+from kvroute.fleet.guard.drift_watch import DriftWatch
 from kvroute.fleet.probe import Prober
 from kvroute.fleet.registry import Registry, WorkerRecord
 from kvroute.router_settings import Settings
@@ -50,6 +52,8 @@ class Router:
     request_options: RequestOptions = field(default_factory=RequestOptions)
     sync: RouteSync | None = None
     upstream: UpstreamPool | None = None
+    doctor_watch: DoctorWatch | None = None
+    drift_watch: DriftWatch | None = None
     _closing: bool = False
 
     @property
@@ -81,6 +85,15 @@ class Router:
     def on_worker_removed(self, worker_id: str) -> None:
         """Registry listener: a worker left."""
         self.dispatch.worker_removed(worker_id)
+        if self.drift_watch is not None:
+            self.drift_watch.forget(worker_id)
+
+    def guard_json(self, worker_id: str) -> dict[str, Any]:
+        """What the fleet guard knows about a worker: the doctor's latest check and the cache-drift
+        alarm (None where that part has not looked yet or is off)."""
+        doctor, drift = self.doctor_watch, self.drift_watch
+        return {"doctor": None if doctor is None else doctor.to_json(worker_id),
+                "cache_drift": None if drift is None else drift.to_json(worker_id)}
 
     async def add_worker(self, url: str, *, worker_id: str | None = None, models: Sequence[str] = (),
                          max_num_seqs: int | None = None) -> WorkerRecord:
