@@ -111,7 +111,8 @@ async def test_the_queue_with_flow_control_on(sim_fleet, dashboard_router, tmp_p
     """One replica with one sequence slot, six requests at once, room for three in the queue: one
     runs, three wait and are served, two are shed (429).  The model's queue shows it all."""
     fleet = await sim_fleet(1, max_num_seqs=1)
-    router = await dashboard_router(fleet.urls, routing={"flow_control": True, "flow_max_queued": 3})
+    router = await dashboard_router(fleet.urls, routing={"flow_control": True, "flow_max_queued": 3,
+                                                                 "policy": "least-loaded"})
     [worker] = router.registry.states()
     for _ in range(500):
         if worker.max_num_seqs == 1 and worker.kv_tokens is not None:
@@ -142,6 +143,9 @@ async def test_the_queue_with_flow_control_on(sim_fleet, dashboard_router, tmp_p
     async def check(page: Page) -> None:
         queue = page.locator("section.model .queue")
         assert await queue.get_attribute("data-flow") == "on"
+        # Not `auto`: its absent chip once rendered as the text "null".
+        policy = await page.locator("section.model .policy").inner_text()
+        assert "least-loaded" in policy and "null" not in policy
         assert await page.locator("section.model .flow-off").is_hidden()
         figure = lambda name: queue.locator(f".queue-figures [data-field={name}] b").inner_text()  # noqa: E731
         assert await figure("queued") == "0 requests · 0 tokens"

@@ -136,14 +136,15 @@
   function fillModel(section, m, data, now) {
     section.querySelector(".model-name").textContent = m.name;
     const p = m.policy;
-    section.querySelector(".policy").replaceChildren(
+    // replaceChildren writes a null argument as the text "null": leave absent chips out.
+    section.querySelector(".policy").replaceChildren(...[
       chip("policy", p.name),
       chip("stickiness", p.sticky ? "on" : "off", p.sticky ? "on" : "off"),
       chip("overflow", p.overflow === "auto" ? "auto" : String(p.overflow), "", p.overflow_rule),
       chip("slack steps", p.slack_steps.map((s) => fmtRate(s)).join(" / ") + " tokens", "",
         "A cached replica may carry one more request in flight than the freest per step the prompt reaches"),
       p.name === "auto" ? chip("stay margin", fmtInt(p.stay_tokens) + " tokens", "", p.overflow_rule) : null,
-    );
+    ].filter((c) => c !== null));
 
     const body = section.querySelector("tbody");
     body.replaceChildren(...m.replicas.map((w) => replicaRow(w, now)));
