@@ -18,7 +18,13 @@ from typing import Any
 
 from kvroute.api.requests import RequestOptions
 from kvroute.fleet.breaker import BreakerSettings
+from kvroute.fleet.guard.canary_watch import CanarySettings
 from kvroute.routing.config import ModelPolicy, RoutingConfig, setting_infos
+from kvroute.routing.policies import register_settings
+
+# The fleet guard's per-model settings join the routing blocks here, where configuration is read
+# (routing sits below the fleet and cannot import them).
+register_settings(CanarySettings)
 
 _TRUE = frozenset(("1", "true", "yes", "on"))
 _FALSE = frozenset(("0", "false", "no", "off", ""))

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from aiohttp import web
 
 from kvroute.api.requests import RequestOptions
+from kvroute.fleet.guard.canary_runner import CanaryRunner
 from kvroute.fleet.probe import Prober
 from kvroute.fleet.registry import Registry, WorkerRecord
 from kvroute.router_settings import Settings
@@ -50,6 +51,9 @@ class Router:
     request_options: RequestOptions = field(default_factory=RequestOptions)
     sync: RouteSync | None = None
     upstream: UpstreamPool | None = None
+    canary: CanaryRunner | None = None
+    # This process's part of the canary budget (``1 / processes`` in a multi-process router).
+    canary_share: float = 1.0
     _closing: bool = False
 
     @property
@@ -93,7 +97,22 @@ class Router:
     def remove_worker(self, worker_id: str) -> bool:
         """Stop probing and forget a worker; its in-flight requests finish."""
         self.prober.unwatch(worker_id)
+        if self.canary is not None:
+            self.canary.watch.forget(worker_id)
         return self.registry.remove(worker_id)
+
+    def canary_state(self, worker_id: str) -> dict[str, Any] | None:
+        """The fleet guard canary's view of ``worker_id`` (admin API, dashboard), if it has one."""
+        if self.canary is None:
+            return None
+        record = self.registry.get(worker_id)
+        models = sorted(record.state.models) if record is not None else []
+        return self.canary.watch.replica_json(worker_id, models[0] if models else None)
+
+    def canary_states(self) -> dict[str, dict[str, Any]]:
+        """The canary's state of every worker it has asked, by worker id (the dashboard's)."""
+        states = {r.id: self.canary_state(r.id) for r in self.registry.records()}
+        return {wid: state for wid, state in states.items() if state is not None}
 
 
 ROUTER: web.AppKey[Router] = web.AppKey("kvroute.router", Router)

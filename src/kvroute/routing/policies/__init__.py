@@ -41,6 +41,13 @@ def register(policy: Policy) -> None:
     BLOCKS.extend(b for b in policy.settings if b not in BLOCKS)
 
 
+def register_settings(block: type) -> None:
+    """Add a settings block every model carries that no policy declares (the fleet guard's: it
+    sits above routing, so this module cannot list it)."""
+    if block not in BLOCKS:
+        BLOCKS.append(block)
+
+
 def policy_named(name: str) -> Policy:
     """The policy called ``name``; raises ValueError naming the known ones."""
     try:

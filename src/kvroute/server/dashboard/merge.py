@@ -75,4 +75,5 @@ def merged_view(router: Router, others: Sequence[Mapping[str, Any]]) -> FleetVie
     requests = sorted(chain(router.activity.requests, *(s.requests for s in shares)), key=lambda r: r.time)
     ttfb = sorted(chain(router.activity.ttfb, *(s.ttfb for s in shares)))
     return FleetView(records=records, scheduler_stats=router.scheduler.stats(),
-                     routing=router.scheduler.config, requests=requests, ttfb=ttfb)
+                     routing=router.scheduler.config, requests=requests, ttfb=ttfb,
+                     canary=router.canary_states())

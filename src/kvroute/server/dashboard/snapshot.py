@@ -8,7 +8,7 @@ recent-activity rings.  No prompt text exists in any of them.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvroute.fleet.breaker import BreakerState
@@ -34,6 +34,8 @@ class FleetView:
     routing: RoutingConfig
     requests: Iterable[RoutedRequest]
     ttfb: Iterable[tuple[float, float]]
+    # The fleet guard canary's state per worker id (``CanaryWatch.replica_json``), where it has one.
+    canary: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 def build_snapshot(view: FleetView, now: float, *, span_s: float = 3600.0,
@@ -66,7 +68,7 @@ def build_snapshot(view: FleetView, now: float, *, span_s: float = 3600.0,
         "window": window.to_json(),
         "ttfb": latency_percentiles(ttfb, window).to_json(),
         "models": [
-            _model(name, records, view.routing.policy_for(name), worker_stats, window, now)
+            _model(name, records, view.routing.policy_for(name), worker_stats, view.canary, window, now)
             for name, records in sorted(by_model.items())
         ],
         "decisions": [_decision(r) for r in recent],
@@ -100,8 +102,9 @@ def _status(record: WorkerRecord) -> str:
 
 
 def _model(name: str, records: list[WorkerRecord], policy: ModelPolicy,
-           worker_stats: Mapping[str, Mapping[str, Any]], window: Window, now: float) -> dict[str, Any]:
-    replicas = [_replica(r, policy, worker_stats.get(r.id, {}), now) for r in records]
+           worker_stats: Mapping[str, Mapping[str, Any]], canary: Mapping[str, Mapping[str, Any]],
+           window: Window, now: float) -> dict[str, Any]:
+    replicas = [_replica(r, policy, worker_stats.get(r.id, {}), canary.get(r.id), now) for r in records]
     return {
         "name": name,
         "policy": _policy(policy),
@@ -137,7 +140,7 @@ def _policy(policy: ModelPolicy) -> dict[str, Any]:
 
 
 def _replica(record: WorkerRecord, policy: ModelPolicy, stats: Mapping[str, Any],
-             now: float) -> dict[str, Any]:
+             canary: Mapping[str, Any] | None, now: float) -> dict[str, Any]:
     s, m = record.state, record.metrics
     requests = {kind: record.requests.get(kind, 0) for kind in _KINDS}
     sticky, overflow = requests["sticky"], requests["overflow"]
@@ -167,6 +170,8 @@ def _replica(record: WorkerRecord, policy: ModelPolicy, stats: Mapping[str, Any]
         "prefix_cache_hits": hits,
         "prefix_cache_queries": queries,
         "hit_share": _share(hits, queries),
+        "guard_holds": sorted(s.guard_holds),
+        "canary": None if canary is None else dict(canary),
     }
 
 

@@ -49,6 +49,7 @@ def local_view(router: Router) -> FleetView:
         routing=router.scheduler.config,
         requests=router.activity.requests,
         ttfb=router.activity.ttfb,
+        canary=router.canary_states(),
     )
 
 
