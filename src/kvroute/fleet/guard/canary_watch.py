@@ -118,13 +118,16 @@ def release_rounds(s: CanarySettings) -> int:
     return n
 
 
-def rounds_to_drain(fault_rate: float, s: CanarySettings, certainty: float = 0.999) -> int | None:
-    """Judged rounds after which a replica with ``fault_rate`` has been drained with probability at
-    least ``certainty`` (a lower bound on it: drained at exactly that round), or None if the window
-    is too short for that."""
-    for n in range(1, s.canary_window + 1):
-        if 1.0 - binomial_cdf(drain_threshold(n, s), n, fault_rate) >= certainty:
-            return n
+def rounds_to_drain(fault_rate: float, s: CanarySettings, certainty: float = 0.999,
+                    clean_before: int = 0) -> int | None:
+    """Judged rounds after which a replica whose faults start at ``fault_rate`` has been drained
+    with probability at least ``certainty`` (drained at exactly that round: a lower bound on
+    being drained by then), when ``clean_before`` clean rounds sat in its window; None if the
+    window is too short for that."""
+    for m in range(1, s.canary_window + 1):
+        limit = drain_threshold(min(s.canary_window, clean_before + m), s)
+        if limit < m and 1.0 - binomial_cdf(limit, m, fault_rate) >= certainty:
+            return m
     return None
 
 
