@@ -149,9 +149,13 @@ def test_the_budget_caps_what_rounds_cost() -> None:
         clock.now += 0.1
     budget = w.budgets()[MODEL]
     assert budget["allowed_tokens"] == pytest.approx(0.01 * 2 * capacity * 299.9, rel=1e-3)
-    # What was spent never runs ahead of what was earned by more than one round's surprise.
-    assert budget["spent_tokens"] <= budget["allowed_tokens"] + 2 * 1050
-    assert budget["skipped_rounds"] > 0 and rounds > 100
+    # What was spent never runs ahead of what was earned, even with the first, uncached answers.
+    assert budget["spent_tokens"] <= budget["allowed_tokens"]
+    # ... and the budget, not the interval, set the pace: it spent all but the reserve a round's
+    # worst case (both replicas computing the whole prompt) keeps in the bucket.
+    worst = 2 * (1000 + 64 + s.canary_max_tokens)
+    assert budget["spent_tokens"] >= budget["allowed_tokens"] - 2 * worst
+    assert budget["skipped_rounds"] > 0 and 50 < rounds < 300 / s.canary_interval_s
 
 
 def test_a_restarted_replica_is_estimated_at_the_full_prefix_again() -> None:

@@ -212,11 +212,8 @@ async def test_the_budget_holds_under_load(
                    "no canary round went out")
     await asyncio.sleep(1.0)
     budget = watch.budgets()[MODEL]
-    s = settings_of(r)
-    # Spent never runs ahead of the budget by more than one round's surprise (a reply that cost
-    # more than estimated: at most the whole prompt of each replica asked).
-    surprise = 2 * (s.canary_prefix_tokens + 64 + s.canary_max_tokens)
-    assert budget["spent_tokens"] <= budget["allowed_tokens"] + surprise, budget
+    # Spent (as the replicas' usage reports it) never runs ahead of what the budget granted.
+    assert budget["spent_tokens"] <= budget["allowed_tokens"], budget
     assert budget["skipped_rounds"] > 0
     # Under load, the user figures count exactly the user's requests.
     m = await metrics(http, r)

@@ -23,8 +23,10 @@ it is released.
 The budget is a token bucket per model, in engine work (uncached prompt tokens plus completion
 tokens, as each reply's usage reports them), refilled at ``canary_budget`` of the model's measured
 capacity (the caller's figure: the router's learned prefill speed of each replica).  A round goes
-only when the bucket holds its estimated cost; a reply that cost more than estimated leaves the
-bucket in debt, paid back before the next round.  The clock is injected; nothing here does I/O.
+only when the bucket holds its worst case (every replica computing the whole prompt) and is
+charged its estimate (what the replica's last answer cost), settled when the usage arrives: so
+the tokens spent never exceed the tokens the budget has granted, at any moment.  The clock is
+injected; nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ class CanarySettings:
     canary_budget: float = setting(
         0.01, "share of the replicas' measured prefill capacity the canary may spend (hard cap)")
     canary_burst_s: float = setting(120.0, "seconds of unspent canary budget that may be saved up")
-    canary_prefix_tokens: int = setting(4096, "length of the prefix every canary question shares")
+    canary_prefix_tokens: int = setting(2048, "length of the prefix every canary question shares")
     canary_max_tokens: int = setting(16, "reply length limit of a canary question")
     canary_timeout_s: float = setting(30.0, "seconds a canary question may take")
     canary_window: int = setting(600, "judged rounds per replica the drain decision looks at")
@@ -274,19 +276,22 @@ class CanaryWatch:
                 continue
             budget = self._budgets.setdefault(model, _Budget(next_at=now))
             rate = s.canary_budget * self._share * sum(capacity(w) for w in states)
+            # The most a round can cost: every replica computes the whole prompt (a cache miss).
+            worst = len(states) * float(s.canary_prefix_tokens + _QUESTION_TOKENS + s.canary_max_tokens)
             if budget.at is not None:
                 earned = rate * max(0.0, now - budget.at)
                 budget.allowed += earned
-                budget.level = min(budget.level + earned, max(rate * s.canary_burst_s, 0.0))
+                budget.level = min(budget.level + earned, max(rate * s.canary_burst_s, worst))
             budget.at = now
             if budget.busy or now < budget.next_at:
                 continue
-            asks = tuple(CanaryAsk(w.id, w.url, self._estimate(w, s)) for w in states)
-            cost = sum(a.estimate for a in asks)
-            # A round dearer than the whole burst goes once the bucket is full (and leaves a debt).
-            if budget.level < min(cost, rate * s.canary_burst_s) or rate <= 0:
+            # A round goes only when the bucket could pay for its worst case, so that what it
+            # really costs never overdraws the budget; it is charged its estimate until it is known.
+            if budget.level < worst or rate <= 0:
                 budget.skipped += 1
                 continue
+            asks = tuple(CanaryAsk(w.id, w.url, self._estimate(w, s)) for w in states)
+            cost = sum(a.estimate for a in asks)
             budget.level -= cost
             budget.spent += cost
             budget.busy = True
