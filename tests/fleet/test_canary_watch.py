@@ -67,7 +67,7 @@ def test_the_threshold_is_the_binomial_quantile_at_the_tolerated_rate() -> None:
         assert binomial_cdf(k, n, s.canary_tolerated_rate) >= s.canary_confidence
         if k > 0:
             assert binomial_cdf(k - 1, n, s.canary_tolerated_rate) < s.canary_confidence
-    assert drain_threshold(2, s) == 1  # two corrupt answers in a row drain at the defaults
+    assert drain_threshold(s.canary_window, s) == 6  # 7 faults in 600 rounds drain at the defaults
 
 
 def test_release_needs_a_clean_run_that_bounds_the_rate() -> None:
@@ -79,7 +79,7 @@ def test_release_needs_a_clean_run_that_bounds_the_rate() -> None:
 
 def test_rounds_to_drain_follow_the_bound() -> None:
     s = CanarySettings()
-    assert rounds_to_drain(1.0, s) == 2
+    assert rounds_to_drain(1.0, s) == drain_threshold(s.canary_window, s) + 1
     fast, slow = rounds_to_drain(0.5, s), rounds_to_drain(0.05, s)
     assert fast is not None and slow is not None and fast < slow
     assert rounds_to_drain(0.001, s) is None  # below the tolerated rate: never with certainty
@@ -108,7 +108,7 @@ def test_a_corrupt_replica_is_held_then_released_after_a_clean_run() -> None:
                                  "w2": answer(Verdict.CORRECT), "w3": answer(Verdict.CORRECT)})
     assert [(c.worker_id, c.hold) for c in changes] == [("w0", True)]
     record = w.replica("w0")
-    assert record is not None and record.held and record.held_after == 2
+    assert record is not None and record.held and record.held_after == rounds_to_drain(1.0, s)
     # Held, it is still asked (held replicas are in the round) until a clean run releases it.
     workers[0].guard_holds = frozenset({"canary"})
     needed = release_rounds(s)
@@ -118,6 +118,19 @@ def test_a_corrupt_replica_is_held_then_released_after_a_clean_run() -> None:
         changes = w.finish(rnd, {a.worker_id: answer(Verdict.CORRECT) for a in rnd.asks})
         assert [(c.worker_id, c.hold) for c in changes] == ([("w0", False)] if i == needed - 1 else [])
     assert not w.replica("w0").held  # type: ignore[union-attr]
+
+
+def test_a_few_early_faults_do_not_drain_a_replica_asked_only_a_few_times() -> None:
+    clock = Clock()
+    w, s = watch(clock, canary_budget=1.0)
+    workers = fleet(2)
+    limit = drain_threshold(s.canary_window, s)
+    for i in range(limit + 5):
+        rnd = next_round(w, clock, workers)
+        verdict = Verdict.WRONG if i < limit else Verdict.CORRECT  # `limit` faults in a row, first thing
+        assert w.finish(rnd, {"w0": answer(verdict), "w1": answer(Verdict.CORRECT)}) == []
+    record = w.replica("w0")
+    assert record is not None and record.wrong == limit and not record.held
 
 
 def test_a_question_the_model_gets_wrong_everywhere_drains_nobody() -> None:

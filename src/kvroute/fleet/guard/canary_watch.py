@@ -13,10 +13,11 @@ answer *and* against the fleet:
   about any one replica (a fleet of one therefore only ever counts the corruption signature);
 * a transport failure or an HTTP error is not judged here (the circuit breaker's business).
 
-The verdict uses the canary's own statistics (``canary/binomial_bound.py``): over the replica's
-last ``canary_window`` judged rounds, a replica whose fault rate were ``canary_tolerated_rate``
-would show at most ``drain_threshold(n)`` faults with probability ``canary_confidence``; more than
-that drains it.  A held replica keeps being asked; once ``release_rounds`` rounds in a row are
+The verdict uses the canary's own statistics (``canary/binomial_bound.py``): in ``canary_window``
+judged rounds, a replica whose fault rate were ``canary_tolerated_rate`` would show at most
+``drain_threshold(canary_window)`` faults with probability ``canary_confidence``; more than that
+among its last ``canary_window`` rounds drains it (fewer rounds asked count as a window padded
+with clean ones).  A held replica keeps being asked; once ``release_rounds`` rounds in a row are
 clean (enough that the exact 95 % upper bound on its fault rate is below ``canary_release_rate``)
 it is released.
 
@@ -120,15 +121,13 @@ def release_rounds(s: CanarySettings) -> int:
     return n
 
 
-def rounds_to_drain(fault_rate: float, s: CanarySettings, certainty: float = 0.999,
-                    clean_before: int = 0) -> int | None:
+def rounds_to_drain(fault_rate: float, s: CanarySettings, certainty: float = 0.999) -> int | None:
     """Judged rounds after which a replica whose faults start at ``fault_rate`` has been drained
     with probability at least ``certainty`` (drained at exactly that round: a lower bound on
-    being drained by then), when ``clean_before`` clean rounds sat in its window; None if the
-    window is too short for that."""
-    for m in range(1, s.canary_window + 1):
-        limit = drain_threshold(min(s.canary_window, clean_before + m), s)
-        if limit < m and 1.0 - binomial_cdf(limit, m, fault_rate) >= certainty:
+    being drained by then); None if the window is too short for that."""
+    limit = drain_threshold(s.canary_window, s)
+    for m in range(limit + 1, s.canary_window + 1):
+        if 1.0 - binomial_cdf(limit, m, fault_rate) >= certainty:
             return m
     return None
 
@@ -221,7 +220,7 @@ class ReplicaRecord:
             "held": self.held, "held_after": self.held_after, "questions": self.questions,
             "wrong": self.wrong, "unjudged": self.unjudged, "holds": self.holds,
             "window_rounds": n, "window_faults": self.faults,
-            "drain_above": drain_threshold(n, s) if n else None,
+            "drain_above": drain_threshold(s.canary_window, s),
             "clean_run": self.clean_run, "release_after": release_rounds(s) if self.held else None,
             "last_verdict": self.last_verdict, "last_reply": self.last_reply, "last_at": self.last_at,
         }
@@ -359,7 +358,9 @@ class CanaryWatch:
         record.clean_run = 0 if fault else record.clean_run + 1
         n = len(record.window)
         if not record.held:
-            limit = drain_threshold(n, s)
+            # A window not yet full counts as full of clean rounds: judged after every round, a
+            # short window's lower threshold would add up to false drains (two flips early on).
+            limit = drain_threshold(s.canary_window, s)
             if record.faults > limit:
                 record.held = True
                 record.holds += 1
