@@ -195,3 +195,15 @@ def test_off_switch_and_unserved_replicas() -> None:
     down[2].models = frozenset()
     clock.now = 100.0
     assert w2.due(down, lambda state: 1e6, prefix) == []
+
+
+def test_canary_settings_are_routing_settings_and_are_validated() -> None:
+    from kvroute.router_settings import Settings, SettingsError
+
+    config = Settings.from_dict({"routing": {"canary_budget": 0.005},
+                                 "models": {"big": {"canary": False}}}).routing_config()
+    assert config.policy_for("small").block(CanarySettings).canary_budget == 0.005
+    assert config.policy_for("big").block(CanarySettings).canary is False
+    for bad in ({"canary_budget": 2.0}, {"canary_interval_s": 0}, {"canary_tolerated_rate": 0.0}):
+        with pytest.raises(SettingsError, match=next(iter(bad))):
+            Settings.from_dict({"routing": bad})

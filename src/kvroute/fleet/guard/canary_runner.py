@@ -97,9 +97,14 @@ class CanaryRunner:
         return 1.0 / s_per_token
 
     async def _round(self, rnd: CanaryRound) -> None:
-        answers = await asyncio.gather(*(self._ask(rnd, ask) for ask in rnd.asks))
-        for change in self.watch.finish(rnd, {a.worker_id: r for a, r in zip(rnd.asks, answers, strict=True)
-                                              if r is not None}):
+        answers: dict[str, CanaryAnswer] = {}
+        try:
+            replies = await asyncio.gather(*(self._ask(rnd, ask) for ask in rnd.asks))
+            answers = {a.worker_id: r for a, r in zip(rnd.asks, replies, strict=True) if r is not None}
+        except Exception:
+            # Settled all the same (with what came back): an unsettled round would stop the model's canary.
+            log.exception("canary: round %d failed", rnd.number)
+        for change in self.watch.finish(rnd, answers):
             if self.registry.set_guard_hold(change.worker_id, HOLD_REASON, change.hold) is None:
                 continue
             if change.hold:
