@@ -185,7 +185,7 @@
       c.window_rounds + " rounds" + (c.drain_above != null ? " (drains above " + c.drain_above + ")" : "") +
       (c.held ? "\nheld: back after " + c.release_after + " clean rounds in a row (" + c.clean_run + " so far)" : "") +
       (c.last_verdict ? "\nlast answer: " + c.last_verdict : "");
-    return el("span", { class: "badge canary" + (c.held ? " held" : ""), title: tip, data: { field: "canary" } },
+    return el("span", { class: "canary-tag" + (c.held ? " held" : ""), title: tip, data: { field: "canary" } },
       c.held ? "canary: held" : "canary " + c.wrong + "/" + c.questions);
   }
 
