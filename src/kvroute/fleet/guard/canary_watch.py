@@ -24,9 +24,10 @@ it is released.
 The budget is a token bucket per model, in engine work (uncached prompt tokens plus completion
 tokens, as each reply's usage reports them), refilled at ``canary_budget`` of the model's measured
 capacity (the caller's figure: the router's learned prefill speed of each replica).  A round goes
-only when the bucket holds its worst case (every replica computing the whole prompt) and is
-charged its estimate (what the replica's last answer cost), settled when the usage arrives: so
-the tokens spent never exceed the tokens the budget has granted, at any moment.  The clock is
+only when the bucket holds its worst case (every replica computing the whole prompt, as large as
+the engines have reported it) and is charged its estimate (what the replica's last answer cost),
+settled when the usage arrives: so the tokens spent never exceed the tokens the budget has granted
+(before the first answers, a prompt counts at its nominal size).  The clock is
 injected; nothing here does I/O.
 """
 
@@ -236,7 +237,8 @@ class _Budget:
     spent: float = 0.0  # tokens the canary cost so far (estimates for unanswered asks)
     next_at: float = 0.0
     busy: bool = False
-    skipped: int = 0  # rounds the budget delayed
+    skipped: int = 0  # times a due round waited for the budget
+    largest_prompt: int = 0  # the largest prompt (tokens) a replica reported for a canary question
 
 
 class CanaryWatch:
@@ -261,7 +263,7 @@ class CanaryWatch:
     def due(self, workers: Sequence[WorkerState], capacity: Callable[[WorkerState], float],
             prefix_of: Callable[[int, str], str]) -> list[CanaryRound]:
         """The rounds to send now, one per model whose interval has passed, whose previous round
-        has finished and whose budget holds the round's estimated cost.  ``capacity(state)`` is a
+        has finished and whose budget could pay for the round's worst case.  ``capacity(state)`` is a
         replica's prefill tokens per second; ``prefix_of(tokens, nonce)`` builds the shared prefix."""
         now = self._clock()
         groups: dict[str, list[WorkerState]] = {}
@@ -275,8 +277,10 @@ class CanaryWatch:
                 continue
             budget = self._budgets.setdefault(model, _Budget(next_at=now))
             rate = s.canary_budget * self._share * sum(capacity(w) for w in states)
-            # The most a round can cost: every replica computes the whole prompt (a cache miss).
-            worst = len(states) * float(s.canary_prefix_tokens + _QUESTION_TOKENS + s.canary_max_tokens)
+            # The most a round can cost: every replica computes the whole prompt (a cache miss), as
+            # long as the engines' tokenizer has been seen, else the prompt's nominal size.
+            prompt = max(s.canary_prefix_tokens + _QUESTION_TOKENS, budget.largest_prompt)
+            worst = len(states) * float(prompt + s.canary_max_tokens)
             if budget.at is not None:
                 earned = rate * max(0.0, now - budget.at)
                 budget.allowed += earned
@@ -334,6 +338,8 @@ class CanaryWatch:
             if answer is None:
                 continue
             cost = answer.cost()
+            if answer.prompt_tokens is not None:
+                budget.largest_prompt = max(budget.largest_prompt, answer.prompt_tokens)
             if cost is not None:
                 budget.level -= cost - ask.estimate
                 budget.spent += cost - ask.estimate
@@ -399,7 +405,7 @@ class CanaryWatch:
         return record.as_dict(self._settings_for(model or ""))
 
     def budgets(self) -> dict[str, dict[str, float]]:
-        """Per model: tokens the budget allowed so far, tokens spent, rounds it delayed."""
+        """Per model: tokens the budget allowed so far, tokens spent, times a round waited for it."""
         return {m: {"allowed_tokens": b.allowed, "spent_tokens": b.spent, "skipped_rounds": b.skipped}
                 for m, b in self._budgets.items()}
 
