@@ -5,6 +5,7 @@ counts, and the charts drew.  Screenshots go to the test's folder and to test-ou
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -171,3 +172,29 @@ async def test_the_queue_with_flow_control_on(sim_fleet, dashboard_router, tmp_p
     await open_dashboard(router.url, shot, check=check)
     TEST_OUTPUT.mkdir(exist_ok=True)
     shutil.copyfile(shot, TEST_OUTPUT / "dashboard-queue.png")
+
+
+async def test_the_canary_tag_shows_held_and_healthy_replicas(sim_fleet, dashboard_router,
+                                                              tmp_path: Path) -> None:
+    fleet = await sim_fleet(3, answer_mode=True)
+    router = await dashboard_router(fleet.urls, routing={"canary_interval_s": 0.05, "canary_budget": 1.0,
+                                                         "canary_prefix_tokens": 256})
+    async with aiohttp.ClientSession() as http, \
+            http.post(fleet.urls[0] + "/admin/fault", json={"kind": "corrupt", "rate": 1.0}) as resp:
+        assert resp.status == 200
+    bad, good = worker_id_for(fleet.urls[0]), worker_id_for(fleet.urls[1])
+    for _ in range(2000):
+        if router.registry.get(bad).state.guard_holds:
+            break
+        await asyncio.sleep(0.01)
+    assert router.registry.get(bad).state.guard_holds == frozenset({"canary"})
+
+    async def check(page: Page) -> None:
+        held = page.locator(f"tr[data-replica='{bad}']")
+        assert await held.locator(".badge").inner_text() == "guarded"
+        assert await held.locator("[data-field=canary]").inner_text() == "canary: held"
+        tag = await page.locator(f"tr[data-replica='{good}'] [data-field=canary]").inner_text()
+        match = re.fullmatch(r"canary 0/(\d+)", tag)
+        assert match is not None and int(match.group(1)) > 0, tag
+
+    await open_dashboard(router.url, tmp_path / "canary.png", check=check)

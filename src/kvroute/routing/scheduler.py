@@ -309,6 +309,13 @@ class Scheduler:
         read-only for callers: only the dispatch path teaches it."""
         return self._learning.get(worker_id)
 
+    def prefill_s_per_token(self, worker_id: str) -> float:
+        """Seconds per uncached token ``worker_id`` prefills at, as learnt from the engine's reports
+        (the configured figure until enough samples arrived)."""
+        settings = self.config.default.block(LearningSettings)
+        learned = self._learning.get(worker_id)
+        return learned.drain_rate(settings) if learned is not None else settings.prefill_s_per_token
+
     def _learn(self, worker_id: str) -> WorkerLearning:
         learned = self._learning.get(worker_id)
         if learned is None:

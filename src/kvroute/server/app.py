@@ -30,6 +30,8 @@ from multidict import CIMultiDict
 
 from kvroute.api.errors import ApiError, ApiStyle, error_body
 from kvroute.api.requests import parse_request
+from kvroute.fleet.guard.canary_metrics import CanaryCollector
+from kvroute.fleet.guard.canary_runner import CanaryRunner
 from kvroute.fleet.guard.doctor_watch import DoctorWatch
 from kvroute.fleet.guard.drift_watch import DriftWatch
 from kvroute.fleet.probe import Prober
@@ -365,6 +367,9 @@ async def _startup(app: web.Application) -> None:
     await asyncio.gather(*(router.prober.probe_once(r.id, with_server_info=True) for r in records))
     for record in records:
         router.prober.watch(record.id)
+    router.canary = CanaryRunner(router.registry, share=router.canary_share)
+    router.metrics.prometheus.register(CanaryCollector(router.canary.watch, router.registry))
+    router.canary.start()
 
 
 async def _shutdown(app: web.Application) -> None:
@@ -378,6 +383,8 @@ async def _cleanup(app: web.Application) -> None:
     for watch in (router.doctor_watch, router.drift_watch):
         if watch is not None:
             await watch.close()
+    if router.canary is not None:
+        await router.canary.close()
     if router.sync is not None:
         await router.sync.stop()
     if router.upstream is not None:
@@ -385,10 +392,11 @@ async def _cleanup(app: web.Application) -> None:
 
 
 def build_app(settings: Settings, *, scheduler: Scheduler | None = None, sync: RouteSync | None = None,
-              setup: Sequence[AppSetup] = ()) -> web.Application:
+              setup: Sequence[AppSetup] = (), canary_share: float = 1.0) -> web.Application:
     """The router as an aiohttp application (not yet started).  ``setup`` callbacks mount more
     routes on it; ``sync`` shares routing facts with other instances (by default the Redis bus
-    when ``settings.redis_url`` is set)."""
+    when ``settings.redis_url`` is set); ``canary_share`` is this process's part of the fleet
+    guard canary's budget (each process of a multi-process router runs its own canary)."""
     scheduler = scheduler or Scheduler(settings.routing_config())
     dispatch = Dispatcher(scheduler)
     registry = Registry(failure_threshold=settings.failure_threshold, breaker=settings.breaker_settings(),
@@ -407,6 +415,7 @@ def build_app(settings: Settings, *, scheduler: Scheduler | None = None, sync: R
         sync=sync,
         doctor_watch=doctor,
         drift_watch=drift,
+        canary_share=canary_share,
     )
     if sync is None and settings.redis_url:
         router.sync = RedisBus(settings.redis_url, registry=registry, scheduler=scheduler,
@@ -475,14 +484,16 @@ class RunningRouter:
 
 async def start_router(settings: Settings, *, host: str = "127.0.0.1", port: int = 0,
                        sync: RouteSync | None = None, setup: Sequence[AppSetup] = (),
-                       scheduler: Scheduler | None = None, reuse_port: bool = False) -> RunningRouter:
+                       scheduler: Scheduler | None = None, reuse_port: bool = False,
+                       canary_share: float = 1.0) -> RunningRouter:
     """Start a router on ``host:port`` (port 0: a free one) and return once it accepts requests.
-    ``reuse_port``: several processes may listen on the same port (the kernel spreads connections).
+    ``reuse_port``: several processes may listen on the same port (the kernel spreads connections);
+    ``canary_share``: this process's part of the canary budget.
 
     The configured workers are registered and probed once before this returns.  The inference
     routes are served by the listening side itself (``front_handler``); the other endpoints by the
     aiohttp application, which listens on a private Unix socket behind it."""
-    app = build_app(settings, scheduler=scheduler, sync=sync, setup=setup)
+    app = build_app(settings, scheduler=scheduler, sync=sync, setup=setup, canary_share=canary_share)
     # The listening side enforces the header limits; the app behind it must not be stricter, or a
     # request the front accepted would fail there (aiohttp: 8190-byte lines, with a traceback).
     head = settings.max_header_bytes + 1024

@@ -7,10 +7,11 @@ settings imports this module first: ``router_settings`` (configuration, ``--set`
 
 from __future__ import annotations
 
+from kvroute.fleet.guard.canary_watch import CanarySettings
 from kvroute.fleet.guard.doctor_hold import DoctorGuardSettings
 from kvroute.fleet.guard.drift import DriftSettings
 from kvroute.routing.policies import register_blocks
 
-GUARD_BLOCKS: tuple[type, ...] = (DoctorGuardSettings, DriftSettings)
+GUARD_BLOCKS: tuple[type, ...] = (DoctorGuardSettings, DriftSettings, CanarySettings)
 
 register_blocks(*GUARD_BLOCKS)

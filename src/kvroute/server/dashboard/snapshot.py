@@ -222,6 +222,7 @@ def _replica(record: WorkerRecord, policy: ModelPolicy, stats: Mapping[str, Any]
         "guard_holds": sorted(s.guard_holds),
         "doctor": guard.get("doctor"),
         "cache_drift": guard.get("cache_drift"),
+        "canary": guard.get("canary"),
     }
 
 

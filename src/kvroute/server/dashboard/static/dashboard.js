@@ -272,6 +272,17 @@
     box.replaceChildren(...lines);
   }
 
+  // The fleet guard's canary: questions asked, answers counted against the replica, held or not.
+  function canaryBadge(c) {
+    if (!c) return null;
+    const tip = "canary: " + c.questions + " asked, " + c.wrong + " wrong, " + c.window_faults + " of the last " +
+      c.window_rounds + " rounds" + (c.drain_above != null ? " (drains above " + c.drain_above + ")" : "") +
+      (c.held ? "\nheld: back after " + c.release_after + " clean rounds in a row (" + c.clean_run + " so far)" : "") +
+      (c.last_verdict ? "\nlast answer: " + c.last_verdict : "");
+    return el("span", { class: "canary-tag" + (c.held ? " held" : ""), title: tip, data: { field: "canary" } },
+      c.held ? "canary: held" : "canary " + c.wrong + "/" + c.questions);
+  }
+
   function replicaRow(w, now) {
     const req = w.requests;
     const b = w.breaker || {};
@@ -285,7 +296,7 @@
       ejections ? el("span", { class: "muted" }, " ×" + Object.values(b.ejections).reduce((x, y) => x + y, 0)) : null);
     return el("tr", { data: { replica: w.id } },
       el("td", { class: "id", title: w.url }, w.id),
-      el("td", {}, health, ...guardFlags(w)),
+      el("td", {}, health, ...guardFlags(w), canaryBadge(w.canary)),
       el("td", { title: "epoch " + w.epoch }, since(w.epoch, now),
         w.restarts ? el("span", { class: "muted" }, " · restarted " + w.restarts + "×") : null),
       el("td", { class: "num", data: { field: "requests" } }, fmtInt(w.requests_total)),
