@@ -128,7 +128,9 @@ async def run_row(args: argparse.Namespace, instances: int, redis: bool, seed: i
     try:
         settings = Settings(workers=tuple(WorkerSpec(u) for u in fleet.urls), probe_interval_s=0.25,
                             redis_url=server.url if server else None,
-                            routing={"prefill_s_per_token": DEFAULT_PREFILL_S_PER_TOKEN / args.speed})
+                            # The canary off: its questions would count in the engines' hits measured here.
+                            routing={"prefill_s_per_token": DEFAULT_PREFILL_S_PER_TOKEN / args.speed,
+                                     "canary": False})
         for _ in range(instances):
             routers.append(await start_router(settings))
         lb = RoundRobin(routers)

@@ -117,7 +117,9 @@ class Run:
 async def one(placement: str, args: argparse.Namespace, seed: int) -> dict[str, float]:
     fleet: SimFleet = await start_sim_fleet("a4000-qwen3-4b", 4, speed=args.speed, seed=seed)
     requests: dict[str, Any] = {"agent_headers": []} if placement == "parent" else {}
-    settings = Settings.from_dict({"probe_interval_s": 1.0 / args.speed, "requests": requests}).replace(
+    # The fleet guard's canary off: its questions would count in the engines' hit share measured here.
+    settings = Settings.from_dict({"probe_interval_s": 1.0 / args.speed, "requests": requests,
+                                   "routing": {"canary": False}}).replace(
         workers=tuple(parse_worker_spec(u) for u in fleet.urls))
     router = await start_router(settings)
     run = Run(router.url, args.speed, seed)

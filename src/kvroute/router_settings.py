@@ -18,6 +18,7 @@ from typing import Any
 
 from kvroute.api.requests import RequestOptions
 from kvroute.fleet.breaker import BreakerSettings
+from kvroute.fleet.guard import blocks as _guard_blocks  # noqa: F401  (registers the guard's settings)
 from kvroute.routing.config import ModelPolicy, RoutingConfig, setting_infos
 
 _TRUE = frozenset(("1", "true", "yes", "on"))

@@ -5,6 +5,7 @@ counts, and the charts drew.  Screenshots go to the test's folder and to test-ou
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -111,7 +112,8 @@ async def test_the_queue_with_flow_control_on(sim_fleet, dashboard_router, tmp_p
     """One replica with one sequence slot, six requests at once, room for three in the queue: one
     runs, three wait and are served, two are shed (429).  The model's queue shows it all."""
     fleet = await sim_fleet(1, max_num_seqs=1)
-    router = await dashboard_router(fleet.urls, routing={"flow_control": True, "flow_max_queued": 3})
+    router = await dashboard_router(fleet.urls, routing={"flow_control": True, "flow_max_queued": 3,
+                                                                 "policy": "least-loaded"})
     [worker] = router.registry.states()
     for _ in range(500):
         if worker.max_num_seqs == 1 and worker.kv_tokens is not None:
@@ -142,6 +144,9 @@ async def test_the_queue_with_flow_control_on(sim_fleet, dashboard_router, tmp_p
     async def check(page: Page) -> None:
         queue = page.locator("section.model .queue")
         assert await queue.get_attribute("data-flow") == "on"
+        # Not `auto`: its absent chip once rendered as the text "null".
+        policy = await page.locator("section.model .policy").inner_text()
+        assert "least-loaded" in policy and "null" not in policy
         assert await page.locator("section.model .flow-off").is_hidden()
         figure = lambda name: queue.locator(f".queue-figures [data-field={name}] b").inner_text()  # noqa: E731
         assert await figure("queued") == "0 requests · 0 tokens"
@@ -167,3 +172,29 @@ async def test_the_queue_with_flow_control_on(sim_fleet, dashboard_router, tmp_p
     await open_dashboard(router.url, shot, check=check)
     TEST_OUTPUT.mkdir(exist_ok=True)
     shutil.copyfile(shot, TEST_OUTPUT / "dashboard-queue.png")
+
+
+async def test_the_canary_tag_shows_held_and_healthy_replicas(sim_fleet, dashboard_router,
+                                                              tmp_path: Path) -> None:
+    fleet = await sim_fleet(3, answer_mode=True)
+    router = await dashboard_router(fleet.urls, routing={"canary_interval_s": 0.05, "canary_budget": 1.0,
+                                                         "canary_prefix_tokens": 256})
+    async with aiohttp.ClientSession() as http, \
+            http.post(fleet.urls[0] + "/admin/fault", json={"kind": "corrupt", "rate": 1.0}) as resp:
+        assert resp.status == 200
+    bad, good = worker_id_for(fleet.urls[0]), worker_id_for(fleet.urls[1])
+    for _ in range(2000):
+        if router.registry.get(bad).state.guard_holds:
+            break
+        await asyncio.sleep(0.01)
+    assert router.registry.get(bad).state.guard_holds == frozenset({"canary"})
+
+    async def check(page: Page) -> None:
+        held = page.locator(f"tr[data-replica='{bad}']")
+        assert await held.locator(".badge").inner_text() == "guarded"
+        assert await held.locator("[data-field=canary]").inner_text() == "canary: held"
+        tag = await page.locator(f"tr[data-replica='{good}'] [data-field=canary]").inner_text()
+        match = re.fullmatch(r"canary 0/(\d+)", tag)
+        assert match is not None and int(match.group(1)) > 0, tag
+
+    await open_dashboard(router.url, tmp_path / "canary.png", check=check)

@@ -210,3 +210,19 @@ def test_a_shed_request_is_an_activity_row() -> None:
     (row,) = snap["decisions"]
     assert (row["kind"], row["status"], row["worker"], row["ttfb_s"]) == ("shed", 429, None, None)
     assert snap["ttfb"]["count"] == 0  # a shed request has no first byte
+
+
+def test_the_fleet_guard_findings_and_holds_ride_along_per_replica() -> None:
+    clock = Clock()
+    reg = Registry(clock=clock)
+    reg.add("http://a:1", worker_id="a", models=["m"])
+    reg.add("http://b:1", worker_id="b", models=["m"])
+    reg.set_guard_hold("a", "doctor")
+    guard = {"a": {"doctor": {"worst": "error", "held": True, "findings": []},
+                   "cache_drift": {"alarm": True, "realisation": 0.0}}}
+    fleet = FleetView(records=reg.records(), scheduler_stats={}, routing=RoutingConfig(), requests=[],
+                      ttfb=[], guard=lambda wid: guard.get(wid, {"doctor": None, "cache_drift": None}))
+    a, b = build_snapshot(fleet, clock())["models"][0]["replicas"]
+    assert a["status"] == "guarded" and a["guard_holds"] == ["doctor"]
+    assert a["doctor"]["worst"] == "error" and a["cache_drift"]["alarm"]
+    assert b["status"] == "healthy" and b["doctor"] is None and b["cache_drift"] is None

@@ -418,3 +418,15 @@ async def test_requests_queue_beyond_max_num_seqs_over_http(http: aiohttp.Client
             await asyncio.sleep(0.01)
         await asyncio.gather(*tasks)
     assert seen > 0
+
+
+async def test_restart_with_other_flags_keeps_the_address() -> None:
+    async with await start_sim_fleet("a4000-qwen3-4b", 2, speed=50.0) as fleet:
+        url, started = fleet.urls[0], fleet.replicas[0].process_start_time
+        await asyncio.sleep(0.01)
+        new = await fleet.restart_with(0, enable_prefix_caching=False)
+        assert fleet.urls[0] == url == new.url and new.process_start_time > started
+        async with aiohttp.ClientSession() as http, http.get(url + "/server_info") as resp:
+            info = await resp.json()
+        assert info["enable_prefix_caching"] is False
+        assert info["block_size"] == fleet.replicas[1].config.block_size

@@ -120,8 +120,11 @@ async def policy_target(spec: HttpBenchSpec, policy: str) -> AsyncIterator[HttpT
 
     async with _replicas(spec) as (urls, scale):
         model = spec.model or await discover_model(urls[0])
+        # The fleet guard's canary off: its questions would count in the engines' prefix-cache
+        # counters and busy figures, which are the benchmark's (docs/fleet-guard.md).
         settings = Settings(workers=tuple(WorkerSpec(url=u) for u in urls), policy=policy,
-                            probe_interval_s=spec.probe_interval_s / scale, port=0)
+                            probe_interval_s=spec.probe_interval_s / scale, port=0,
+                            routing={"canary": False})
         router = await start_router(settings, host="127.0.0.1", port=0)
         try:
             await _wait_serving(router.url, model)

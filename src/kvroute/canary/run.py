@@ -46,8 +46,7 @@ async def run_canary(options: CanaryOptions) -> CanarySummary:
     """
     target = Target(options.target, options.api_key, options.timeout_s)
     questions = make_questions(options.requests, options.seed)
-    nonce = secrets.token_hex(6)
-    prefix = f"Canary {nonce}. " + filler(options.prefix_tokens, nonce)
+    prefix = shared_prefix(options.prefix_tokens, secrets.token_hex(6))
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=options.concurrency)) as session:
         model = options.model or await served_model(session, target)
         if model is None:
@@ -67,11 +66,22 @@ async def run_canary(options: CanaryOptions) -> CanarySummary:
     return summarize([first, *rest], change)
 
 
+def shared_prefix(tokens: int, nonce: str) -> str:
+    """About ``tokens`` tokens of filler that start with ``nonce``, so that no other run's (or
+    user's) cached prefix serves it."""
+    return f"Canary {nonce}. " + filler(tokens, nonce)
+
+
+def canary_messages(prefix: str, question: Question) -> list[dict[str, str]]:
+    """The chat messages of one canary request: the instruction, then the long shared prefix with
+    the question at its very end (the same shape ``kvroute canary`` and the fleet guard send)."""
+    return [{"role": "system", "content": _SYSTEM},
+            {"role": "user", "content": f"{prefix}\n\n{question.text}"}]
+
+
 async def _ask(session: aiohttp.ClientSession, target: Target, model: str, prefix: str, index: int,
                question: Question, max_tokens: int) -> CanaryReply:
-    messages = [{"role": "system", "content": _SYSTEM},
-                {"role": "user", "content": f"{prefix}\n\n{question.text}"}]
-    outcome = await send_chat(session, target, model, messages, max_tokens)
+    outcome = await send_chat(session, target, model, canary_messages(prefix, question), max_tokens)
     verdict = grade(outcome.content, outcome.finish_reason, question.answer, outcome.error)
     shown = outcome.error if outcome.error is not None else (outcome.content or "")
     return CanaryReply(index, question.text, question.answer, verdict, outcome.seconds, excerpt(shown),

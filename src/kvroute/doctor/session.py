@@ -69,6 +69,14 @@ async def run_doctor(options: DoctorOptions) -> DoctorReport:
     return report
 
 
+async def examine_engine(session: aiohttp.ClientSession, target: Target, *,
+                         probe: bool = False) -> TargetReport:
+    """One engine's report, as ``kvroute doctor URL`` (``--probe``) makes it: what the fleet guard
+    runs when a worker registers or restarts."""
+    options = DoctorOptions(probe=probe, timeout_s=target.timeout_s)
+    return await _engine(session, options, target, None, "engine")
+
+
 async def _engine(session: aiohttp.ClientSession, options: DoctorOptions, target: Target,
                   log_text: str | None, kind: str, router_record: Mapping[str, object] | None = None,
                   via: str | None = None) -> TargetReport:

@@ -24,6 +24,7 @@ class ChatOutcome:
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     error: str | None = None
+    completion_tokens: int | None = None
 
 
 def outcome_from_reply(reply: Reply) -> ChatOutcome:
@@ -48,6 +49,7 @@ def outcome_from_reply(reply: Reply) -> ChatOutcome:
         finish_reason=choice.get("finish_reason") if isinstance(choice.get("finish_reason"), str) else None,
         prompt_tokens=_int(usage.get("prompt_tokens")) if isinstance(usage, Mapping) else None,
         cached_tokens=_int(details.get("cached_tokens")) if isinstance(details, Mapping) else None,
+        completion_tokens=_int(usage.get("completion_tokens")) if isinstance(usage, Mapping) else None,
     )
 
 

@@ -137,6 +137,20 @@ class Dispatcher:
         return InFlight(state, decision, now, model=key.model, tokens=tokens,
                         session_id=key.session_id), records
 
+    def side_sent(self, state: WorkerState) -> None:
+        """A request the router sends on its own account (the fleet guard's canary) leaves for
+        ``state``: it counts in the worker's in-flight load like any other, and nothing else —
+        no decision, no index or session entry, no backlog, no flow-control slot, no learning.
+        Call ``side_finished`` exactly once when it ends."""
+        state.inflight += 1
+        self.book.touch(state)
+
+    def side_finished(self, state: WorkerState) -> None:
+        """The ``side_sent`` request to ``state`` ended: its load is given back."""
+        state.inflight -= 1
+        self.book.touch(state)
+        self.flow.pump(self._timer())
+
     def first_byte(self, flight: InFlight) -> None:
         """The worker's first byte of the answer arrived."""
         if flight.first_byte_at is None:

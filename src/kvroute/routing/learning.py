@@ -15,6 +15,10 @@ Four figures per worker (the first and third are exponentially weighted averages
 * **cache realisation** (``realised``): the engine's reported hit share (cached / prompt tokens)
   divided by the share the index predicted.  Below 1 the engine evicted what the index still
   believes cached (a full KV cache under load), so affinity is worth less there.
+  The hit shares are the current engine's: a new epoch (a restart, a re-registration) forgets
+  them, since the engine that earned them is gone and its successor may be configured otherwise.
+  ``predicted_cached_tokens`` counts the tokens the index predicted cached, so that a reader of
+  ``realised`` (the fleet guard's drift alarm) can tell a figure earned under traffic from noise.
 * **backlog**: prefill work the router sent and believes not yet done, drained at the rate the
   scheduler passes (the configured one, or ``fastest`` where the engine is quicker) and never more
   than the prefill of the requests still in flight there (``drain(..., inflight=n)``): a request
@@ -103,6 +107,7 @@ class WorkerLearning:
     realised: float = 1.0
     backlog_tokens: float = 0.0
     backlog_at: float = 0.0
+    predicted_cached_tokens: float = 0.0
     _ttft_s: _Ewma = field(default_factory=_Ewma)
     _work_tokens: _Ewma = field(default_factory=_Ewma)
     _hit_reported: _Ewma = field(default_factory=_Ewma)
@@ -163,13 +168,23 @@ class WorkerLearning:
         return ahead
 
     def on_sent(self, now: float, s_per_token: float, prefill_tokens: float,
-                predicted_hit: float | None) -> None:
-        """A request was sent: add its prefill to the backlog and note the prediction made."""
+                predicted_hit: float | None, predicted_tokens: float = 0.0) -> None:
+        """A request was sent: add its prefill to the backlog and note the prediction made (the
+        share of the prompt the index expects cached, and those tokens)."""
         ahead = self.add_backlog(now, s_per_token, prefill_tokens)
         self._work_tokens.add(ahead + prefill_tokens, self.alpha)
         if predicted_hit is not None:
             self._hit_predicted.add(predicted_hit, self.alpha)
+            self.predicted_cached_tokens += predicted_tokens
         self._update()
+
+    def new_epoch(self) -> None:
+        """The worker restarted or re-registered: its queue is empty and the realisation learned
+        from the engine before is forgotten (back to 1.0 until ``min_samples`` new ones)."""
+        self.backlog_tokens = 0.0
+        self._hit_reported = _Ewma()
+        self._hit_predicted = _Ewma()
+        self.realised = 1.0
 
     def on_finished(self, prompt_tokens: int | None, cached_tokens: int | None, ttft_s: float | None) -> None:
         """A request finished; learn from whatever the engine reported."""

@@ -256,7 +256,7 @@ class Scheduler:
             # report with it, and must not feed back on itself.
             indexed = decision.matched_blocks * self._block_tokens
             hit = min(est, indexed) / est if est else None
-            learned.on_sent(now, spt, decision.prefill_tokens, hit)
+            learned.on_sent(now, spt, decision.prefill_tokens, hit, min(est, indexed))
         if decision.session is not None:
             self._sessions.bind(decision.session, worker, now)
             records.append(SessionRecord(decision.session, worker, now))
@@ -289,7 +289,7 @@ class Scheduler:
         self._index.register(worker_id, epoch)
         learned = self._learning.get(worker_id)
         if learned is not None:
-            learned.backlog_tokens = 0.0
+            learned.new_epoch()
         return [WorkerEpochRecord(worker_id, epoch)]
 
     def on_worker_removed(self, worker_id: str) -> None:
@@ -303,6 +303,18 @@ class Scheduler:
                     cached_tokens: int | None = None, ttft_s: float | None = None) -> None:
         """A request on ``worker_id`` finished; learn from what the engine reported (any may be None)."""
         self._learn(worker_id).on_finished(prompt_tokens, cached_tokens, ttft_s)
+
+    def learned(self, worker_id: str) -> WorkerLearning | None:
+        """What has been learned about ``worker_id`` so far (None before its first request);
+        read-only for callers: only the dispatch path teaches it."""
+        return self._learning.get(worker_id)
+
+    def prefill_s_per_token(self, worker_id: str) -> float:
+        """Seconds per uncached token ``worker_id`` prefills at, as learnt from the engine's reports
+        (the configured figure until enough samples arrived)."""
+        settings = self.config.default.block(LearningSettings)
+        learned = self._learning.get(worker_id)
+        return learned.drain_rate(settings) if learned is not None else settings.prefill_s_per_token
 
     def _learn(self, worker_id: str) -> WorkerLearning:
         learned = self._learning.get(worker_id)

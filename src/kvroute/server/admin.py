@@ -66,9 +66,10 @@ def admin_only(handler: Handler) -> Handler:
 
 
 async def list_workers(request: web.Request) -> web.Response:
-    """``GET /admin/workers``: every worker with its state, plus the scheduler's statistics."""
+    """``GET /admin/workers``: every worker with its state and what the fleet guard found, plus the
+    scheduler's statistics."""
     router = request.app[ROUTER]
-    return _json({"workers": [r.to_json() for r in router.registry.records()],
+    return _json({"workers": [{**r.to_json(), **router.guard_json(r.id)} for r in router.registry.records()],
                   "scheduler": router.scheduler.stats()})
 
 

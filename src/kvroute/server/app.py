@@ -30,6 +30,10 @@ from multidict import CIMultiDict
 
 from kvroute.api.errors import ApiError, ApiStyle, error_body
 from kvroute.api.requests import parse_request
+from kvroute.fleet.guard.canary_metrics import CanaryCollector
+from kvroute.fleet.guard.canary_runner import CanaryRunner
+from kvroute.fleet.guard.doctor_watch import DoctorWatch
+from kvroute.fleet.guard.drift_watch import DriftWatch
 from kvroute.fleet.probe import Prober
 from kvroute.fleet.registry import Registry
 from kvroute.router_settings import Settings
@@ -50,7 +54,7 @@ from kvroute.server.front import (
     raise_open_file_limit,
     style_of_path,
 )
-from kvroute.server.metrics import RouterMetrics
+from kvroute.server.metrics import FamiliesCollector, RouterMetrics
 from kvroute.server.proxy import JSON_HEADERS, Proxy, header_lines, stream_error_event
 from kvroute.server.routes import HTTP_ROUTES
 from kvroute.server.upstream import Origin, UpstreamError, UpstreamPool
@@ -354,6 +358,8 @@ async def _startup(app: web.Application) -> None:
                                    limit_per_origin=s.connections_per_worker)
     records = [router.registry.add(w.url, worker_id=w.id, models=w.models, max_num_seqs=w.max_num_seqs)
                for w in s.workers]
+    if router.drift_watch is not None:
+        router.drift_watch.start()
     if router.sync is not None:
         # After registering the workers, so that the facts read on catch-up apply to them at once.
         await router.sync.start(router.dispatch.remote)
@@ -361,6 +367,9 @@ async def _startup(app: web.Application) -> None:
     await asyncio.gather(*(router.prober.probe_once(r.id, with_server_info=True) for r in records))
     for record in records:
         router.prober.watch(record.id)
+    router.canary = CanaryRunner(router.registry, share=router.canary_share)
+    router.metrics.prometheus.register(CanaryCollector(router.canary.watch, router.registry))
+    router.canary.start()
 
 
 async def _shutdown(app: web.Application) -> None:
@@ -371,6 +380,11 @@ async def _shutdown(app: web.Application) -> None:
 async def _cleanup(app: web.Application) -> None:
     router = app[ROUTER]
     await router.prober.close()
+    for watch in (router.doctor_watch, router.drift_watch):
+        if watch is not None:
+            await watch.close()
+    if router.canary is not None:
+        await router.canary.close()
     if router.sync is not None:
         await router.sync.stop()
     if router.upstream is not None:
@@ -378,14 +392,18 @@ async def _cleanup(app: web.Application) -> None:
 
 
 def build_app(settings: Settings, *, scheduler: Scheduler | None = None, sync: RouteSync | None = None,
-              setup: Sequence[AppSetup] = ()) -> web.Application:
+              setup: Sequence[AppSetup] = (), canary_share: float = 1.0) -> web.Application:
     """The router as an aiohttp application (not yet started).  ``setup`` callbacks mount more
     routes on it; ``sync`` shares routing facts with other instances (by default the Redis bus
-    when ``settings.redis_url`` is set)."""
+    when ``settings.redis_url`` is set); ``canary_share`` is this process's part of the fleet
+    guard canary's budget (each process of a multi-process router runs its own canary)."""
     scheduler = scheduler or Scheduler(settings.routing_config())
     dispatch = Dispatcher(scheduler)
     registry = Registry(failure_threshold=settings.failure_threshold, breaker=settings.breaker_settings(),
                         history_len=math.ceil(_HISTORY_S / settings.probe_interval_s), dispatch=dispatch)
+    # The fleet guard (docs/fleet-guard.md): each part is turned off per model by its own setting.
+    doctor = DoctorWatch(registry, scheduler.policy_for, timeout_s=max(10.0, settings.probe_timeout_s))
+    drift = DriftWatch(registry, scheduler, interval_s=settings.probe_interval_s, context=doctor.summary)
     router = Router(
         settings=settings,
         registry=registry,
@@ -395,11 +413,17 @@ def build_app(settings: Settings, *, scheduler: Scheduler | None = None, sync: R
         prober=Prober(registry, interval_s=settings.probe_interval_s, timeout_s=settings.probe_timeout_s),
         request_options=settings.request_options(),
         sync=sync,
+        doctor_watch=doctor,
+        drift_watch=drift,
+        canary_share=canary_share,
     )
     if sync is None and settings.redis_url:
         router.sync = RedisBus(settings.redis_url, registry=registry, scheduler=scheduler,
                                metrics_registry=router.metrics.prometheus)
     registry.subscribe(router)
+    registry.subscribe(doctor)
+    for families in (doctor.families, drift.families):
+        router.metrics.prometheus.register(FamiliesCollector(families))
     app = web.Application(client_max_size=settings.max_body_bytes)
     app[ROUTER] = router
     app.router.add_get("/v1/models", _models)
@@ -460,14 +484,16 @@ class RunningRouter:
 
 async def start_router(settings: Settings, *, host: str = "127.0.0.1", port: int = 0,
                        sync: RouteSync | None = None, setup: Sequence[AppSetup] = (),
-                       scheduler: Scheduler | None = None, reuse_port: bool = False) -> RunningRouter:
+                       scheduler: Scheduler | None = None, reuse_port: bool = False,
+                       canary_share: float = 1.0) -> RunningRouter:
     """Start a router on ``host:port`` (port 0: a free one) and return once it accepts requests.
-    ``reuse_port``: several processes may listen on the same port (the kernel spreads connections).
+    ``reuse_port``: several processes may listen on the same port (the kernel spreads connections);
+    ``canary_share``: this process's part of the canary budget.
 
     The configured workers are registered and probed once before this returns.  The inference
     routes are served by the listening side itself (``front_handler``); the other endpoints by the
     aiohttp application, which listens on a private Unix socket behind it."""
-    app = build_app(settings, scheduler=scheduler, sync=sync, setup=setup)
+    app = build_app(settings, scheduler=scheduler, sync=sync, setup=setup, canary_share=canary_share)
     # The listening side enforces the header limits; the app behind it must not be stricter, or a
     # request the front accepted would fail there (aiohttp: 8190-byte lines, with a traceback).
     head = settings.max_header_bytes + 1024

@@ -7,15 +7,16 @@ import logging
 import shutil
 import signal
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 
 from kvroute.event_loop import run_event_loop
-from kvroute.routing.config import policies_help, settings_help
 
-if TYPE_CHECKING:
-    from kvroute.router_settings import Settings
+# Imported before the help below is built: it registers the fleet guard's settings blocks, which
+# sit above routing and join its table there.
+from kvroute.router_settings import Settings
+from kvroute.routing.config import policies_help, settings_help
 
 log = logging.getLogger("kvroute.server")
 
@@ -67,7 +68,7 @@ def serve(
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
 ) -> None:
     """Route OpenAI- and Anthropic-compatible requests to the replica holding their prefix."""
-    from kvroute.router_settings import Settings, SettingsError
+    from kvroute.router_settings import SettingsError
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from aiohttp import web
 
 from kvroute.api.requests import RequestOptions
+from kvroute.fleet.guard.canary_runner import CanaryRunner
+from kvroute.fleet.guard.doctor_watch import DoctorWatch
+from kvroute.fleet.guard.drift_watch import DriftWatch
 from kvroute.fleet.probe import Prober
 from kvroute.fleet.registry import Registry, WorkerRecord
 from kvroute.router_settings import Settings
@@ -50,6 +53,11 @@ class Router:
     request_options: RequestOptions = field(default_factory=RequestOptions)
     sync: RouteSync | None = None
     upstream: UpstreamPool | None = None
+    doctor_watch: DoctorWatch | None = None
+    drift_watch: DriftWatch | None = None
+    canary: CanaryRunner | None = None
+    # This process's part of the canary budget (``1 / processes`` in a multi-process router).
+    canary_share: float = 1.0
     _closing: bool = False
 
     @property
@@ -81,6 +89,16 @@ class Router:
     def on_worker_removed(self, worker_id: str) -> None:
         """Registry listener: a worker left."""
         self.dispatch.worker_removed(worker_id)
+        if self.drift_watch is not None:
+            self.drift_watch.forget(worker_id)
+
+    def guard_json(self, worker_id: str) -> dict[str, Any]:
+        """What the fleet guard knows about a worker: the doctor's latest check, the cache-drift
+        alarm and the canary's state (None where that part has not looked yet or is off)."""
+        doctor, drift = self.doctor_watch, self.drift_watch
+        return {"doctor": None if doctor is None else doctor.to_json(worker_id),
+                "cache_drift": None if drift is None else drift.to_json(worker_id),
+                "canary": self.canary_state(worker_id)}
 
     async def add_worker(self, url: str, *, worker_id: str | None = None, models: Sequence[str] = (),
                          max_num_seqs: int | None = None) -> WorkerRecord:
@@ -93,7 +111,17 @@ class Router:
     def remove_worker(self, worker_id: str) -> bool:
         """Stop probing and forget a worker; its in-flight requests finish."""
         self.prober.unwatch(worker_id)
+        if self.canary is not None:
+            self.canary.watch.forget(worker_id)
         return self.registry.remove(worker_id)
+
+    def canary_state(self, worker_id: str) -> dict[str, Any] | None:
+        """The fleet guard canary's view of ``worker_id`` (admin API, dashboard), if it has one."""
+        if self.canary is None:
+            return None
+        record = self.registry.get(worker_id)
+        models = sorted(record.state.models) if record is not None else []
+        return self.canary.watch.replica_json(worker_id, models[0] if models else None)
 
 
 ROUTER: web.AppKey[Router] = web.AppKey("kvroute.router", Router)

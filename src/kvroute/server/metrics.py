@@ -243,6 +243,19 @@ def merge_expositions(parts: Sequence[tuple[str, str]]) -> bytes:
     return generate_latest(registry)
 
 
+class FamiliesCollector(Collector):
+    """Yields the families a function builds at scrape time (the fleet guard's)."""
+
+    def __init__(self, families: Callable[[], Iterator[Metric]]) -> None:
+        self._families = families
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        return self._families()
+
+
 class _Fixed(Collector):
     """Yields metric families built elsewhere (a merged exposition)."""
 

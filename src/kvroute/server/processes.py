@@ -312,7 +312,8 @@ async def _serve_child(settings: Settings, run_dir: Path, index: int, processes:
     if fleet is not None:
         settings = settings.replace(workers=fleet_specs(fleet))
     running = await start_router(settings, host=settings.host, port=settings.port,
-                                 setup=(setup_dashboard, siblings.mount), reuse_port=True)
+                                 setup=(setup_dashboard, siblings.mount), reuse_port=True,
+                                 canary_share=1.0 / processes)
     if fleet is not None:
         # Before anything is awaited: no request can have been routed since the port opened.
         copy_drains(running.router, fleet)

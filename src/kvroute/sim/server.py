@@ -493,6 +493,21 @@ class SimFleet:
         """Stop every replica."""
         await asyncio.gather(*(r.close() for r in self.replicas))
 
+    async def restart_with(self, i: int, **settings: Any) -> SimReplica:
+        """Stop replica ``i`` and start it again on the same address with some engine settings
+        changed (``EngineConfig`` fields such as ``enable_prefix_caching`` or ``mamba_cache_mode``;
+        sizes derived from the preset are kept): a restart with other command-line flags.  The new
+        process has a new start time and an empty cache."""
+        old = self.replicas[i]
+        host, _, port = old.url.removeprefix("http://").rpartition(":")
+        config = dataclasses.replace(old.config, **settings)
+        await old.close()
+        new = SimReplica(old.index, config, served_model=old.served_model, speed=old.speed,
+                         options=old.options, preset=old.preset)
+        await new.start(host, int(port))
+        self.replicas[i] = new
+        return new
+
     async def __aenter__(self) -> SimFleet:
         return self
 

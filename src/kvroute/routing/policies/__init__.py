@@ -41,6 +41,12 @@ def register(policy: Policy) -> None:
     BLOCKS.extend(b for b in policy.settings if b not in BLOCKS)
 
 
+def register_blocks(*kinds: type) -> None:
+    """Add settings blocks read outside the routing core (the fleet guard's): every model then
+    carries them, in ``[routing]``, ``[models.NAME]`` and ``--set`` like any other."""
+    BLOCKS.extend(k for k in kinds if k not in BLOCKS)
+
+
 def policy_named(name: str) -> Policy:
     """The policy called ``name``; raises ValueError naming the known ones."""
     try:

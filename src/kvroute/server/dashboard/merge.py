@@ -120,4 +120,5 @@ def merged_view(router: Router, others: Sequence[Mapping[str, Any]]) -> FleetVie
     ttfb = sorted(chain(router.activity.ttfb, *(s.ttfb for s in shares)))
     queue = _merged_queue([local_queue(router), *(s.queue for s in shares)])
     return FleetView(records=records, scheduler_stats=router.scheduler.stats(),
-                     routing=router.scheduler.config, requests=requests, ttfb=ttfb, queue=queue)
+                     routing=router.scheduler.config, requests=requests, ttfb=ttfb, queue=queue,
+                     guard=router.guard_json)

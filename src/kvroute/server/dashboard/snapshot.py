@@ -8,7 +8,7 @@ them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +57,9 @@ class FleetView:
     requests: Iterable[RoutedRequest]
     ttfb: Iterable[tuple[float, float]]
     queue: QueueView = field(default_factory=QueueView)
+    # What the fleet guard knows about a worker (``Router.guard_json``): the doctor's findings and
+    # the cache-drift alarm.
+    guard: Callable[[str], Mapping[str, Any]] = lambda _: {}
 
 
 def build_snapshot(view: FleetView, now: float, *, span_s: float = 3600.0,
@@ -93,7 +96,8 @@ def build_snapshot(view: FleetView, now: float, *, span_s: float = 3600.0,
         "ttfb": latency_percentiles(ttfb, window).to_json(),
         "models": [
             _model(name, records, view.routing.policy_for(name), worker_stats, window, now,
-                   _queue(name, view.routing.policy_for(name), view.queue, waits.get(name, ()), window))
+                   _queue(name, view.routing.policy_for(name), view.queue, waits.get(name, ()), window),
+                   view.guard)
             for name, records in sorted(by_model.items())
         ],
         "decisions": [_decision(r) for r in recent],
@@ -128,8 +132,8 @@ def _status(record: WorkerRecord) -> str:
 
 def _model(name: str, records: list[WorkerRecord], policy: ModelPolicy,
            worker_stats: Mapping[str, Mapping[str, Any]], window: Window, now: float,
-           queue: dict[str, Any]) -> dict[str, Any]:
-    replicas = [_replica(r, policy, worker_stats.get(r.id, {}), now) for r in records]
+           queue: dict[str, Any], guard: Callable[[str], Mapping[str, Any]]) -> dict[str, Any]:
+    replicas = [_replica(r, policy, worker_stats.get(r.id, {}), now, guard(r.id)) for r in records]
     return {
         "name": name,
         "policy": _policy(policy),
@@ -185,7 +189,7 @@ def _policy(policy: ModelPolicy) -> dict[str, Any]:
 
 
 def _replica(record: WorkerRecord, policy: ModelPolicy, stats: Mapping[str, Any],
-             now: float) -> dict[str, Any]:
+             now: float, guard: Mapping[str, Any]) -> dict[str, Any]:
     s, m = record.state, record.metrics
     requests = {kind: record.requests.get(kind, 0) for kind in _KINDS}
     sticky, overflow = requests["sticky"], requests["overflow"]
@@ -215,6 +219,10 @@ def _replica(record: WorkerRecord, policy: ModelPolicy, stats: Mapping[str, Any]
         "prefix_cache_hits": hits,
         "prefix_cache_queries": queries,
         "hit_share": _share(hits, queries),
+        "guard_holds": sorted(s.guard_holds),
+        "doctor": guard.get("doctor"),
+        "cache_drift": guard.get("cache_drift"),
+        "canary": guard.get("canary"),
     }
 
 

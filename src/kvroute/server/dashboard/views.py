@@ -50,6 +50,7 @@ def local_view(router: Router) -> FleetView:
         requests=router.activity.requests,
         ttfb=router.activity.ttfb,
         queue=local_queue(router),
+        guard=router.guard_json,
     )
 
 

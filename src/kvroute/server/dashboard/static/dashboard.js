@@ -136,17 +136,19 @@
   function fillModel(section, m, data, now) {
     section.querySelector(".model-name").textContent = m.name;
     const p = m.policy;
-    section.querySelector(".policy").replaceChildren(
+    // replaceChildren writes a null argument as the text "null": leave absent chips out.
+    section.querySelector(".policy").replaceChildren(...[
       chip("policy", p.name),
       chip("stickiness", p.sticky ? "on" : "off", p.sticky ? "on" : "off"),
       chip("overflow", p.overflow === "auto" ? "auto" : String(p.overflow), "", p.overflow_rule),
       chip("slack steps", p.slack_steps.map((s) => fmtRate(s)).join(" / ") + " tokens", "",
         "A cached replica may carry one more request in flight than the freest per step the prompt reaches"),
       p.name === "auto" ? chip("stay margin", fmtInt(p.stay_tokens) + " tokens", "", p.overflow_rule) : null,
-    );
+    ].filter((c) => c !== null));
 
     const body = section.querySelector("tbody");
     body.replaceChildren(...m.replicas.map((w) => replicaRow(w, now)));
+    fillGuardWarnings(section.querySelector(".guard-warnings"), m.replicas);
     const tt = m.totals;
     section.querySelector("tfoot").replaceChildren(el("tr", { class: "totals" },
       el("td", {}, "Total (" + tt.replicas + " replicas)"),
@@ -227,19 +229,74 @@
     });
   }
 
+  // The fleet guard (docs/fleet-guard.md): the doctor's findings at the replica's epoch, as
+  // "severity code: title" lines, worst first.
+  function findingLines(doctor, severities) {
+    if (!doctor) return [];
+    return doctor.findings.filter((f) => severities.includes(f.severity))
+      .map((f) => f.severity + " " + f.code + ": " + f.title + (f.fix ? " (fix: " + f.fix + ")" : ""));
+  }
+
+  // A flag beside the status: the doctor's worst finding (warning or error) and the drift alarm.
+  function guardFlags(w) {
+    const flags = [];
+    const d = w.doctor;
+    if (d && (d.worst === "error" || d.worst === "warning")) {
+      const n = d.findings.filter((f) => f.severity === d.worst).length;
+      flags.push(el("span", { class: "flag doctor " + d.worst, data: { flag: "doctor" },
+        title: findingLines(d, ["error", "warning"]).join("\n") + (d.held ? "\nheld out of rotation until a clean check at a new epoch" : "") },
+        "doctor: " + n + " " + d.worst + (n > 1 ? "s" : "")));
+    }
+    const drift = w.cache_drift;
+    if (drift && drift.alarm) {
+      flags.push(el("span", { class: "flag drift", data: { flag: "drift" },
+        title: "the engine reports far fewer cached tokens than the prefix index predicted: realisation "
+          + fmtPct(drift.realisation, 0) },
+        "cache drift"));
+    }
+    return flags;
+  }
+
+  // One line per replica whose cache drifted, with the doctor's findings beside it.
+  function fillGuardWarnings(box, replicas) {
+    const lines = replicas.filter((w) => w.cache_drift && w.cache_drift.alarm).map((w) => {
+      const found = findingLines(w.doctor, ["error", "warning"]);
+      return el("div", { class: "guard-warning", data: { replica: w.id } },
+        el("b", {}, "Cache drift on " + w.id + ": "),
+        "the engine reports " + fmtPct(w.cache_drift.realisation, 0) + " of the cache hits the router predicted ("
+          + fmtInt(w.cache_drift.low_predicted_tokens) + " predicted tokens). ",
+        el("span", { class: "doctor-findings" },
+          found.length ? "Doctor: " + found.join("; ") : "The doctor found nothing wrong at this epoch."));
+    });
+    box.hidden = !lines.length;
+    box.replaceChildren(...lines);
+  }
+
+  // The fleet guard's canary: questions asked, answers counted against the replica, held or not.
+  function canaryBadge(c) {
+    if (!c) return null;
+    const tip = "canary: " + c.questions + " asked, " + c.wrong + " wrong, " + c.window_faults + " of the last " +
+      c.window_rounds + " rounds" + (c.drain_above != null ? " (drains above " + c.drain_above + ")" : "") +
+      (c.held ? "\nheld: back after " + c.release_after + " clean rounds in a row (" + c.clean_run + " so far)" : "") +
+      (c.last_verdict ? "\nlast answer: " + c.last_verdict : "");
+    return el("span", { class: "canary-tag" + (c.held ? " held" : ""), title: tip, data: { field: "canary" } },
+      c.held ? "canary: held" : "canary " + c.wrong + "/" + c.questions);
+  }
+
   function replicaRow(w, now) {
     const req = w.requests;
     const b = w.breaker || {};
     // The circuit breaker: why it opened, when it lets a trial through, how often it opened.
     const ejections = Object.entries(b.ejections || {}).map(([k, n]) => k + " " + n).join(", ");
     const tip = [w.last_error, b.reason && "breaker: " + b.reason,
+      w.guard_holds && w.guard_holds.length && "held out by the fleet guard: " + w.guard_holds.join(", "),
       b.reopens_in_s != null && "trial in " + b.reopens_in_s.toFixed(1) + " s",
       ejections && "ejections: " + ejections].filter(Boolean).join("\n");
     const health = el("span", { class: "badge " + w.status, title: tip }, w.status,
       ejections ? el("span", { class: "muted" }, " ×" + Object.values(b.ejections).reduce((x, y) => x + y, 0)) : null);
     return el("tr", { data: { replica: w.id } },
       el("td", { class: "id", title: w.url }, w.id),
-      el("td", {}, health),
+      el("td", {}, health, ...guardFlags(w), canaryBadge(w.canary)),
       el("td", { title: "epoch " + w.epoch }, since(w.epoch, now),
         w.restarts ? el("span", { class: "muted" }, " · restarted " + w.restarts + "×") : null),
       el("td", { class: "num", data: { field: "requests" } }, fmtInt(w.requests_total)),
