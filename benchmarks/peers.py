@@ -4,6 +4,8 @@
     python benchmarks/peers.py --steps 4,8 --duration 60 --routers kvroute:auto,vllm-router:cache_aware
     python benchmarks/peers.py --skip-quality               # router cost only
     python benchmarks/peers.py --plots-dir docs/img         # also write the plots the docs show
+    python benchmarks/peers.py --routers flow --skip-cost --steps 24,32,48   # flow control's A/B
+    python benchmarks/peers.py --routers 'kvroute:auto/flow+flow_control=true,sglang-router:cache_aware'
 
 Each peer is installed once in its own virtual environment under ``--cache-dir``.  Every router —
 kvroute (``kvroute serve``) and each peer policy — runs in its own process on 127.0.0.1 in front of
@@ -47,6 +49,7 @@ from peers.routers import (
     PEER_VERSIONS,
     Ports,
     RouterSpec,
+    flow_routers,
     kvroute_config,
     kvroute_launch,
     parse_router,
@@ -87,6 +90,7 @@ class Options:
     probe_model_s: float
     sim_opts: tuple[str, ...]
     session_ids: bool
+    think_time_s: float
     cache_dir: Path
     out: Path
 
@@ -106,15 +110,17 @@ class RunningRouter:
 
 @contextlib.asynccontextmanager
 async def running_router(spec: RouterSpec, workers: Sequence[str], model: str, probe_interval_s: float,
-                         venvs: dict[str, Path], log_dir: Path) -> AsyncIterator[RunningRouter]:
+                         venvs: dict[str, Path], log_dir: Path,
+                         time_scale: float = 1.0) -> AsyncIterator[RunningRouter]:
     """Start ``spec``'s router in front of ``workers``; yields where to send requests.
-    ``probe_interval_s`` (wall seconds) is how often kvroute scrapes the replicas' metrics."""
+    ``probe_interval_s`` (wall seconds) is how often kvroute scrapes the replicas' metrics;
+    ``time_scale`` (the replicas' speed) turns kvroute's flow-control durations into wall seconds."""
     proc: Proc | None = None
     try:
         if spec.family == KVROUTE:
             config = log_dir / "kvroute.toml"
             config.parent.mkdir(parents=True, exist_ok=True)
-            config.write_text(kvroute_config(probe_interval_s))
+            config.write_text(kvroute_config(probe_interval_s, time_scale))
             launch = kvroute_launch(sys.executable, spec, workers, free_port(), config)
         else:
             ports = Ports(free_port(), free_port())
@@ -143,13 +149,17 @@ async def quality_run(spec: RouterSpec, opts: Options,
         def on_tick(sessions: int, elapsed: float, records: Sequence[RequestRecord]) -> None:
             captured[sessions] = records
 
-        workload = KeyedWorkload(AgentWorkload(AgentWorkloadConfig(), opts.seed), opts.session_ids)
+        agents = AgentWorkload(AgentWorkloadConfig(think_time_s=opts.think_time_s), opts.seed)
+        workload = KeyedWorkload(agents, opts.session_ids)
         plan = StepPlan(opts.steps, opts.duration_s, opts.drain_s, poll_interval_s=1.0)
         # By default one probe per model second, as a fleet running in real time would be probed.
         async with running_router(spec, urls, model, opts.probe_model_s / opts.speed, venvs,
-                                  log_dir) as router:
+                                  log_dir, opts.speed) as router:
+            # kvroute's own /metrics hold its queue's wait and shed counts; the peers' queues are
+            # seen from the client only (their 429 / 503 / 408 answers).
+            own = router.url + "/metrics" if spec.family == KVROUTE else None
             target = HttpTarget(router.url, model, tuple(u + "/metrics" for u in urls), "openai",
-                                opts.speed)
+                                opts.speed, router_metrics_url=own)
             run = await run_policy(target, workload, spec.label, plan, on_tick)
         raw = await fetch_json(urls[0] + "/peers/placements")
         where = placement_map(Placement(str(s), int(r), str(rep)) for s, r, rep in raw)  # type: ignore[union-attr]
@@ -185,7 +195,8 @@ async def cost_part(opts: Options, venvs: dict[str, Path],
             targets = [CostTarget(DIRECT, urls, [])]
             for spec in opts.cost_routers:
                 router = await stack.enter_async_context(running_router(
-                    spec, urls, model, COST_PROBE_INTERVAL_S, venvs, log_dir / _slug(spec.label)))
+                    spec, urls, model, COST_PROBE_INTERVAL_S, venvs, log_dir / _slug(spec.label),
+                    opts.cost_speed))
                 targets.append(CostTarget(spec.label, [router.url], [router.pid]))
             for r in range(opts.cost_rounds):
                 results: list[CostResult] = []
@@ -216,7 +227,8 @@ def _step_line(label: str, run: PolicyRun, att: dict[str, Any]) -> None:
         _log(f"{label:<34} {s.sessions:>3} sessions: {s.requests:>4} requests, TTFB p50 "
              f"{s.ttfb_p50_s or 0:6.2f} s p95 {s.ttfb_p95_s or 0:6.2f} s, "
              f"{s.output_tokens_per_min:7.0f} tok/min, "
-             f"hits {s.prefix_hit_pct or 0:5.1f}%, stayed {s.stayed_pct or 0:5.1f}%, errors {s.errors}, "
+             f"hits {s.prefix_hit_pct or 0:5.1f}%, stayed {s.stayed_pct or 0:5.1f}%, "
+             f"preemptions {s.preemptions}, shed {s.shed}, errors {s.errors}, "
              f"log missing {a.get('missing', 0)} disagreed {a.get('disagreed', 0)}, "
              f"per replica {sorted(a.get('per_replica', {}).values(), reverse=True)}")
 
@@ -231,7 +243,9 @@ async def run_all(opts: Options) -> dict[str, Any]:
         "duration_s": opts.duration_s, "drain_s": opts.drain_s, "seed": opts.seed,
         "kvroute_probe_interval_model_s": opts.probe_model_s, "session_ids": opts.session_ids,
         "cost_speed": opts.cost_speed, "cost_plan": dataclasses.asdict(opts.cost_plan),
-        "workload": dataclasses.asdict(AgentWorkloadConfig()), "peer_versions": dict(PEER_VERSIONS),
+        "workload": dataclasses.asdict(AgentWorkloadConfig(think_time_s=opts.think_time_s)),
+        "peer_versions": dict(PEER_VERSIONS),
+        "routers": [{"label": s.label, "settings": dict(s.settings)} for s in opts.routers],
         "cpus": os.cpu_count(), "command": " ".join(sys.argv),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
@@ -295,11 +309,13 @@ def write_outputs(doc: dict[str, Any], out: Path, plots_dir: Path | None) -> str
     return text
 
 
-def _routers(text: str) -> tuple[RouterSpec, ...]:
+def _routers(text: str, speed: float = 1.0) -> tuple[RouterSpec, ...]:
     if text in ("", "none"):
         return ()
     if text == "all":
         return DEFAULT_ROUTERS
+    if text == "flow":
+        return flow_routers(speed)
     return tuple(parse_router(t) for t in text.split(",") if t.strip())
 
 
@@ -316,7 +332,9 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Options, Path | None,
                    help="model seconds to let a step's requests in flight finish")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--routers", default="all",
-                   help="quality part: FAMILY:POLICY list, 'all' (kvroute first) or 'none'")
+                   help="quality part: FAMILY:POLICY[+NAME=VALUE...] list (settings: kvroute --set, "
+                        "a peer's --NAME VALUE), 'all' (kvroute first), 'flow' (the flow-control A/B: "
+                        "docs/flow-control.md) or 'none'")
     p.add_argument("--cost-routers", default="all,kvroute:auto:2",
                    help="cost part: as --routers, plus kvroute:auto:N for `kvroute serve --processes N`")
     p.add_argument("--cost-clients", type=int, default=64)
@@ -331,6 +349,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Options, Path | None,
                    help="kvroute's probe interval in the quality part, in model seconds")
     p.add_argument("--sim-opt", action="append", default=[], metavar="NAME=VALUE",
                    help="simulator setting for every replica, repeatable")
+    p.add_argument("--think-time", type=float, default=AgentWorkloadConfig().think_time_s,
+                   help="mean tool pause between a session's rounds, model seconds (0: none)")
     p.add_argument("--no-session-id", action="store_true",
                    help="quality part: send no session header (clients that do not name their session)")
     p.add_argument("--skip-quality", action="store_true")
@@ -348,11 +368,12 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Options, Path | None,
                         + _routers(cost_text or "none"))
         opts = Options(
             preset=a.preset, replicas=a.replicas, speed=a.speed, steps=steps, duration_s=a.duration,
-            drain_s=a.drain, seed=a.seed, routers=() if a.skip_quality else _routers(a.routers),
+            drain_s=a.drain, seed=a.seed, routers=() if a.skip_quality else _routers(a.routers, a.speed),
             cost_routers=() if a.skip_cost else cost_routers,
             cost_plan=CostPlan(clients=a.cost_clients, duration_s=a.cost_seconds, warmup_s=a.cost_warmup),
             cost_speed=a.cost_speed, cost_rounds=max(1, a.cost_rounds),
             probe_model_s=a.probe_interval, sim_opts=tuple(a.sim_opt), session_ids=not a.no_session_id,
+            think_time_s=a.think_time,
             cache_dir=a.cache_dir, out=a.out)
     except ValueError as exc:
         p.error(str(exc))
@@ -360,6 +381,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Options, Path | None,
         p.error("--steps: positive integers")
     if a.speed <= 0 or a.cost_speed <= 0 or a.probe_interval <= 0 or a.duration <= 0 or a.drain < 0:
         p.error("--speed, --cost-speed, --probe-interval and --duration must be > 0, --drain >= 0")
+    if a.think_time < 0:
+        p.error("--think-time must be >= 0")
     return opts, a.plots_dir, a.report
 
 

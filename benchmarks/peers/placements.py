@@ -62,7 +62,7 @@ def attribute(records: Sequence[RequestRecord], where: Mapping[tuple[str, int], 
     attributed = missing = disagreed = 0
     per_replica: dict[str, int] = {}
     for rec in records:
-        if rec.session_id is None:
+        if rec.session_id is None or rec.shed:  # a shed request reached no replica
             continue
         replica = where.get((rec.session_id, rec.round))
         if replica is None:

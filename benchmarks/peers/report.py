@@ -29,12 +29,29 @@ def _vs(step: StepResult, ref: StepResult | None, get: Callable[[StepResult], fl
     return _num(value, digits) + ("" if ref is None else _ratio(value, get(ref)))
 
 
+def _wait(step: StepResult) -> str:
+    if step.queue_wait_p50_s is None or step.queue_wait_p95_s is None:
+        return "—"
+    return f"{step.queue_wait_p50_s:.2f} / {step.queue_wait_p95_s:.2f}"
+
+
+def _shed(step: StepResult) -> str:
+    """Overload answers the client got; the router's own count after it when it differs (kvroute's
+    /metrics also count requests shed after the step's driver stopped waiting for them)."""
+    if step.router_shed is None or step.router_shed == step.shed:
+        return str(step.shed)
+    return f"{step.shed} (router {step.router_shed})"
+
+
 def quality_markdown(result: BenchResult, base: str) -> str:
-    """One row per step and router: TTFB p50/p95 and output tokens/min with their ratio to
-    ``base`` (times: above 1 is slower than kvroute; throughput: below 1 is less), then the
-    prefix-cache hit share and the share of follow-ups served by their session's previous replica."""
-    header = ["Sessions", "Router", "Requests", "TTFB p50 (s)", "TTFB p95 (s)", "Output tokens/min",
-              "Prefix hits (%)", "Stayed on replica (%)", "Errors"]
+    """One row per step and router: TTFB p50/p95/p99 and output tokens/min with their ratio to
+    ``base`` (times: above 1 is slower than kvroute; throughput: below 1 is less), the
+    prefix-cache hit share, the share of follow-ups served by their session's previous replica,
+    the engines' preemptions, the router queue's wait p50 / p95 (kvroute with flow control: every
+    admitted request, zero for those admitted at once), and the requests shed and failed."""
+    header = ["Sessions", "Router", "Requests", "TTFB p50 (s)", "TTFB p95 (s)", "TTFB p99 (s)",
+              "Output tokens/min", "Prefix hits (%)", "Stayed on replica (%)", "Preemptions",
+              "Queue wait p50 / p95 (s)", "Shed", "Errors"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for n in result.step_sizes():
         ref = result.step(base, n)
@@ -46,8 +63,9 @@ def quality_markdown(result: BenchResult, base: str) -> str:
             lines.append("| " + " | ".join([
                 str(n), policy, f"{s.requests:,}",
                 _vs(s, vs, lambda x: x.ttfb_p50_s, 2), _vs(s, vs, lambda x: x.ttfb_p95_s, 2),
-                _vs(s, vs, lambda x: x.output_tokens_per_min, 0),
-                _num(s.prefix_hit_pct, 1), _num(s.stayed_pct, 1), str(s.errors),
+                _vs(s, vs, lambda x: x.ttfb_p99_s, 2), _vs(s, vs, lambda x: x.output_tokens_per_min, 0),
+                _num(s.prefix_hit_pct, 1), _num(s.stayed_pct, 1),
+                "—" if s.preemptions is None else str(s.preemptions), _wait(s), _shed(s), str(s.errors),
             ]) + " |")
     return "\n".join(lines) + "\n"
 

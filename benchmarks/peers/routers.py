@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvroute.routing.flow import FlowSettings
+
 KVROUTE = "kvroute"
 VLLM_ROUTER = "vllm-router"
 SGLANG_ROUTER = "sglang-router"
@@ -29,29 +31,46 @@ LOOPBACK = "127.0.0.1"
 
 @dataclass(frozen=True, slots=True)
 class RouterSpec:
-    """One router configuration of the comparison: a family, a policy, and for kvroute the number
-    of router processes (several share routing state through Redis)."""
+    """One router configuration of the comparison: a family, a policy, for kvroute the number of
+    router processes (several share routing state through Redis), and router settings: for kvroute
+    ``--set NAME=VALUE`` each, for a peer ``--NAME VALUE`` each (e.g. sglang-router's
+    ``queue-size``).  ``variant`` names a configuration in the label (``kvroute auto/flow``)."""
 
     family: str
     policy: str
     processes: int = 1
+    settings: tuple[tuple[str, str], ...] = ()
+    variant: str = ""
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
             raise ValueError(f"unknown router family {self.family!r}; expected one of {', '.join(FAMILIES)}")
         if self.processes < 1 or (self.processes > 1 and self.family != KVROUTE):
             raise ValueError("only kvroute runs as several processes")
+        if any(not name or any(c.isspace() for c in name) for name, _ in self.settings):
+            raise ValueError(f"router setting names must be non-empty words: {self.settings!r}")
 
     @property
     def label(self) -> str:
-        """``family policy`` (``×N`` for several kvroute processes)."""
+        """``family policy`` (``×N`` for several kvroute processes), then ``/variant`` when named,
+        else the settings as ``+NAME=VALUE``."""
         suffix = f" ×{self.processes}" if self.processes > 1 else ""
+        if self.variant:
+            suffix += f"/{self.variant}"
+        elif self.settings:
+            suffix += " " + " ".join(f"+{name}={value}" for name, value in self.settings)
         return f"{self.family} {self.policy}{suffix}"
 
     @property
     def cache_aware(self) -> bool:
         """Whether the policy looks at the prompt to find cached prefixes."""
         return (self.family == KVROUTE and self.policy in ("auto", "prefix")) or self.policy == "cache_aware"
+
+    def setting_args(self) -> tuple[str, ...]:
+        """The settings as command-line arguments of the family's router."""
+        if self.family == KVROUTE:
+            return tuple(a for name, value in self.settings for a in ("--set", f"{name}={value}"))
+        return tuple(a for name, value in self.settings for a in (f"--{name}", value))
 
 
 # kvroute's default policy first: every ratio is taken against it.
@@ -70,12 +89,47 @@ DEFAULT_ROUTERS: tuple[RouterSpec, ...] = (
 
 
 def parse_router(text: str) -> RouterSpec:
-    """``family:policy`` or ``family:policy:N`` (N kvroute processes), e.g. ``kvroute:auto:2``."""
-    parts = text.strip().split(":")
+    """``family:policy`` or ``family:policy:N`` (N kvroute processes); the policy may carry a
+    ``/variant`` name for the label, and ``+NAME=VALUE`` router settings may follow, e.g.
+    ``kvroute:auto:2`` or ``sglang-router:cache_aware/queue+queue-size=32``."""
+    head, *extra = text.strip().split("+")
+    parts = head.split(":")
     if len(parts) not in (2, 3) or not all(parts):
-        raise ValueError(f"expected FAMILY:POLICY[:PROCESSES], got {text!r}")
+        raise ValueError(f"expected FAMILY:POLICY[/VARIANT][:PROCESSES][+NAME=VALUE...], got {text!r}")
+    policy, _, variant = parts[1].partition("/")
+    settings = []
+    for item in extra:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"expected +NAME=VALUE, got +{item!r} in {text!r}")
+        settings.append((name.strip(), value.strip()))
     processes = int(parts[2]) if len(parts) == 3 else 1
-    return RouterSpec(parts[0], parts[1], processes)
+    return RouterSpec(parts[0], policy, processes, tuple(settings), variant)
+
+
+# sglang-router's queue timeout, in model seconds (its default); it takes whole wall seconds.
+SGLANG_QUEUE_TIMEOUT_MODEL_S = 60.0
+
+
+def flow_routers(speed: float) -> tuple[RouterSpec, ...]:
+    """The flow-control A/B over HTTP (docs/flow-control.md, "Over HTTP"), kvroute ``auto``
+    without flow control first (every ratio is to it).  sglang-router's limits follow its
+    rate-limiting guide: 4 workers on 16 GB GPUs at 4 requests each (the guide's 4-8 for a small
+    GPU; about what these replicas' KV holds of this workload's requests) → 16 concurrent, a queue
+    of 2× that, and its default 60 s timeout in model seconds at ``speed`` (at least 1 s)."""
+    timeout = max(1, round(SGLANG_QUEUE_TIMEOUT_MODEL_S / speed))
+    off = ("flow_control", "false")
+    on = ("flow_control", "true")
+    return (
+        RouterSpec(KVROUTE, "auto", settings=(off,), variant="off"),
+        RouterSpec(KVROUTE, "auto", settings=(on,), variant="flow"),
+        RouterSpec(KVROUTE, "auto", settings=(on, ("flow_session_admission", "true")), variant="sessions"),
+        RouterSpec(KVROUTE, "least-loaded", settings=(off,), variant="off"),
+        RouterSpec(KVROUTE, "session", settings=(off,), variant="off"),
+        RouterSpec(VLLM_ROUTER, "sticky_least_loaded"),
+        RouterSpec(SGLANG_ROUTER, "cache_aware", variant="queue", settings=(
+            ("max-concurrent-requests", "16"), ("queue-size", "32"), ("queue-timeout-secs", str(timeout)))),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,12 +165,13 @@ def peer_launch(spec: RouterSpec, venv: Path, workers: Sequence[str], ports: Por
               "--prometheus-host", LOOPBACK, "--prometheus-port", str(ports.metrics),
               "--worker-urls", *workers, "--policy", spec.policy)
     url = f"http://{LOOPBACK}:{ports.api}"
+    extra = spec.setting_args()
     if spec.family == VLLM_ROUTER:
-        return Launch((str(venv / "bin" / "vllm-router"), *common, "--log-level", "warning"), url)
+        return Launch((str(venv / "bin" / "vllm-router"), *common, "--log-level", "warning", *extra), url)
     if spec.family == SGLANG_ROUTER:
         env = {"HF_ENDPOINT": f"http://{LOOPBACK}:{closed_port}", "HF_HUB_OFFLINE": "1"}
-        return Launch((str(venv / "bin" / "sglang-router"), "launch", *common, "--log-level", "warn"),
-                      url, env)
+        return Launch((str(venv / "bin" / "sglang-router"), "launch", *common, "--log-level", "warn",
+                       *extra), url, env)
     raise ValueError(f"{spec.family} is not a peer router")
 
 
@@ -138,12 +193,23 @@ def kvroute_launch(python: str, spec: RouterSpec, workers: Sequence[str], port: 
         argv += ["--processes", str(spec.processes)]
     if redis_url is not None:
         argv += ["--redis", redis_url]
+    argv += spec.setting_args()
     return Launch(tuple(argv), f"http://{LOOPBACK}:{port}")
 
 
-def kvroute_config(probe_interval_s: float) -> str:
+# Flow control's durations at their defaults, read as model seconds (virtual time's clock).
+FLOW_DURATIONS_S: Mapping[str, float] = {
+    name: float(getattr(FlowSettings(), name))
+    for name in ("flow_aging_s", "flow_queue_ttl_s", "flow_session_idle_s")}
+
+
+def kvroute_config(probe_interval_s: float, time_scale: float = 1.0) -> str:
     """kvroute's TOML for the run: probe the replicas once per simulated second, as a real fleet at
-    ``--speed 1`` would be probed once per second (the peers track load from their own counters)."""
-    if probe_interval_s <= 0:
-        raise ValueError("probe_interval_s must be > 0")
-    return f"probe_interval_s = {probe_interval_s!r}\n"
+    ``--speed 1`` would be probed once per second (the peers track load from their own counters),
+    and flow control's durations likewise in simulated time (``time_scale``: model seconds per
+    wall second), so that a queued request waits as many model seconds as in virtual time.
+    A spec's own ``--set`` overrides them."""
+    if probe_interval_s <= 0 or time_scale <= 0:
+        raise ValueError("probe_interval_s and time_scale must be > 0")
+    routing = "".join(f"{name} = {seconds / time_scale!r}\n" for name, seconds in FLOW_DURATIONS_S.items())
+    return f"probe_interval_s = {probe_interval_s!r}\n\n[routing]\n{routing}"

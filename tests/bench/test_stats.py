@@ -10,8 +10,10 @@ from kvroute.bench.stats import (
     busy_count,
     cache_delta,
     counter_delta,
+    histogram_quantile,
     parse_samples,
     percentile,
+    queue_figures,
     stayed_share,
     summarize_step,
 )
@@ -122,3 +124,50 @@ def test_summarize_step_counts_throughput_inside_the_window_and_ttfb_of_all() ->
     with_counters = summarize_step("s", 4, 10.0, records, [], CacheCounters(30, 60))
     assert with_counters.prefix_hit_pct == pytest.approx(50.0)
     assert with_counters.replicas_busy is None
+
+
+def test_histogram_quantile_interpolates_inside_buckets_with_zeros_first() -> None:
+    inf = float("inf")
+    buckets = {1.0: 2.0, 2.0: 6.0, inf: 8.0}   # 2 in (0,1], 4 in (1,2], 2 beyond 2
+    assert histogram_quantile(0.5, buckets) == pytest.approx(1.5)   # rank 4: halfway into (1,2]
+    assert histogram_quantile(0.99, buckets) == 2.0                 # +Inf bucket: the largest bound
+    assert histogram_quantile(0.5, buckets, zeros=8.0) == 0.0       # half the requests never waited
+    assert histogram_quantile(0.75, buckets, zeros=8.0) == pytest.approx(1.5)
+    assert histogram_quantile(0.5, {}, zeros=0.0) is None
+    with pytest.raises(ValueError):
+        histogram_quantile(1.5, buckets)
+
+
+def _router_expo(at_once: int, waited: dict[str, int], shed: int) -> str:
+    lines = ["# TYPE kvroute_admitted_total counter",
+             f'kvroute_admitted_total{{model="m",when="at_once"}} {at_once}',
+             f'kvroute_admitted_total{{model="m",when="after_wait"}} {waited["+Inf"]}',
+             "# TYPE kvroute_queue_wait_seconds histogram"]
+    lines += [f'kvroute_queue_wait_seconds_bucket{{le="{le}",model="m"}} {n}' for le, n in waited.items()]
+    lines += [f'kvroute_queue_wait_seconds_count{{model="m"}} {waited["+Inf"]}',
+              "# TYPE kvroute_shed_total counter",
+              f'kvroute_shed_total{{model="m",reason="ttl"}} {shed}']
+    return "\n".join(lines) + "\n"
+
+
+def test_queue_figures_from_two_scrapes_of_the_router() -> None:
+    before = parse_samples(_router_expo(10, {"1.0": 1, "2.0": 1, "+Inf": 1}, 2))
+    # During the step: 4 admitted at once, 4 after a wait (all in (1, 2] s), 3 shed.
+    after = parse_samples(_router_expo(14, {"1.0": 1, "2.0": 5, "+Inf": 5}, 5))
+    figures = queue_figures(before, after, time_scale=10.0)
+    assert figures is not None
+    assert figures.wait_p50_s == 0.0                               # half were admitted at once
+    assert figures.wait_p95_s == pytest.approx(10 * (1 + 0.9))     # 95th: 3.6 of 4 into (1, 2]
+    assert figures.shed == 3
+    # A router without flow control exposes no admissions: nothing to report.
+    assert queue_figures(parse_samples(EXPO.format(hits=0, queries=0, running=0, waiting=0)),
+                         parse_samples(EXPO.format(hits=1, queries=1, running=0, waiting=0))) is None
+
+
+def test_shed_requests_are_counted_apart_from_errors() -> None:
+    records = [RequestRecord("a", 0, 0.0, ttfb_s=0.5, end_s=2.0, output_tokens=10),
+               RequestRecord("b", 0, 0.0, error="HTTP 429: queue full", shed=True, retry_after_s=2.0),
+               RequestRecord("c", 0, 0.0, error="HTTP 500: boom")]
+    step = summarize_step("p", 3, 10.0, records, [], None)
+    assert (step.requests, step.shed, step.errors) == (3, 1, 1)
+    assert step.ttfb_p50_s == step.ttfb_p99_s == 0.5

@@ -39,15 +39,22 @@ async def test_closed_loop_against_replicas() -> None:
 
 
 def _step(policy: str, sessions: int, p50: float, tokens: float) -> StepResult:
-    return StepResult(policy, sessions, 60.0, 10, 0, 1, 60.0, tokens, p50, 2 * p50, 4.0, 50.0, 90.0)
+    return StepResult(policy, sessions, 60.0, 10, 0, 1, 60.0, tokens, p50, 2 * p50, 4.0, 50.0, 90.0,
+                      preemptions=3, ttfb_p99_s=3 * p50)
 
 
 def test_tables_give_ratios_to_kvroute() -> None:
+    queued = _step("kvroute auto/flow", 4, 0.25, 1500.0)
+    queued.queue_wait_p50_s, queued.queue_wait_p95_s, queued.shed, queued.router_shed = 0.0, 1.5, 2, 3
     result = BenchResult({}, [PolicyRun("kvroute auto", [_step("kvroute auto", 4, 0.5, 1000.0)]),
+                              PolicyRun("kvroute auto/flow", [queued]),
                               PolicyRun("peer rr", [_step("peer rr", 4, 1.0, 500.0)])])
     text = quality_markdown(result, "kvroute auto")
-    assert "| 4 | kvroute auto | 10 | 0.50 | 1.00 | 1,000 | 50.0 | 90.0 | 0 |" in text
-    assert "| 4 | peer rr | 10 | 1.00 (×2.00) | 2.00 (×2.00) | 500 (×0.50) | 50.0 | 90.0 | 0 |" in text
+    assert "| 4 | kvroute auto | 10 | 0.50 | 1.00 | 1.50 | 1,000 | 50.0 | 90.0 | 3 | — | 0 | 0 |" in text
+    assert ("| 4 | peer rr | 10 | 1.00 (×2.00) | 2.00 (×2.00) | 3.00 (×2.00) | 500 (×0.50) | 50.0 | 90.0 "
+            "| 3 | — | 0 | 0 |") in text
+    # The client's count of overload answers, and the router's own where it differs.
+    assert "| 1,500 (×1.50) | 50.0 | 90.0 | 3 | 0.00 / 1.50 | 2 (router 3) | 0 |" in text
     costs = [CostResult("kvroute auto", False, 100, 0, 1.0, 100.0, 5.0, 9.0),
              CostResult("peer rr", False, 300, 1, 1.0, 300.0, 2.0, 4.0, cpu_s={"router": 0.03})]
     table = cost_markdown(costs, "kvroute auto")

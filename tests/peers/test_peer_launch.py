@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -18,12 +19,16 @@ from peers.routers import (
     VLLM_ROUTER,
     Ports,
     RouterSpec,
+    flow_routers,
+    kvroute_config,
     kvroute_launch,
     parse_router,
     peer_launch,
 )
 from peers.venvs import DEFAULT_CACHE, installed
 
+from kvroute.router_settings import Settings
+from kvroute.routing.flow import FlowSettings
 from kvroute.sim.server import start_sim_fleet
 from kvroute.sync.local_redis import free_port
 
@@ -84,6 +89,51 @@ def test_router_specs() -> None:
     for bad in ("kvroute", "nginx:rr", "vllm-router:round_robin:2", "kvroute:auto:0"):
         with pytest.raises(ValueError):
             parse_router(bad)
+
+
+def test_router_settings_and_variants() -> None:
+    spec = parse_router("kvroute:auto/sessions+flow_control=true+flow_session_admission=true")
+    assert (spec.policy, spec.variant) == ("auto", "sessions")
+    assert spec.label == "kvroute auto/sessions"
+    assert spec.settings == (("flow_control", "true"), ("flow_session_admission", "true"))
+    argv = kvroute_launch("/py", spec, WORKERS, 9010, Path("/run/kvroute.toml")).argv
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--set"] == [
+        "flow_control=true", "flow_session_admission=true"]
+    assert parse_router("kvroute:auto+flow_control=false").label == "kvroute auto +flow_control=false"
+    peer = parse_router("sglang-router:cache_aware/queue+queue-size=32+queue-timeout-secs=6")
+    launch = peer_launch(peer, Path("/venv"), WORKERS, Ports(1, 2), closed_port=3)
+    assert _flag(launch.argv, "--queue-size") == "32"
+    assert _flag(launch.argv, "--queue-timeout-secs") == "6"
+    assert _flag(launch.argv, "--policy") == "cache_aware"
+    for bad in ("kvroute:auto+flow_control", "kvroute:auto+=1", "kvroute:auto/x:0"):
+        with pytest.raises(ValueError):
+            parse_router(bad)
+
+
+def test_flow_routers_start_with_auto_off_and_scale_sglang_timeout() -> None:
+    routers = flow_routers(5.0)
+    assert routers[0].label == "kvroute auto/off"
+    assert [r.label for r in routers] == [
+        "kvroute auto/off", "kvroute auto/flow", "kvroute auto/sessions", "kvroute least-loaded/off",
+        "kvroute session/off", "vllm-router sticky_least_loaded", "sglang-router cache_aware/queue"]
+    assert dict(routers[-1].settings)["queue-timeout-secs"] == "12"   # 60 model s at speed 5
+    assert dict(flow_routers(1000.0)[-1].settings)["queue-timeout-secs"] == "1"
+
+
+def test_kvroute_config_scales_flow_durations_and_serve_reads_it() -> None:
+    text = kvroute_config(0.1, time_scale=10.0)
+    raw = tomllib.loads(text)
+    settings = Settings.from_dict(raw)
+    assert settings.probe_interval_s == 0.1
+    defaults = FlowSettings()
+    # Model seconds at speed 10 are a tenth of the defaults in the router's wall clock.
+    assert raw["routing"] == {"flow_aging_s": defaults.flow_aging_s / 10,
+                              "flow_queue_ttl_s": defaults.flow_queue_ttl_s / 10,
+                              "flow_session_idle_s": defaults.flow_session_idle_s / 10}
+    policy = settings.routing_config().default
+    assert policy.flow_queue_ttl_s == pytest.approx(defaults.flow_queue_ttl_s / 10)
+    with pytest.raises(ValueError):
+        kvroute_config(1.0, time_scale=0)
 
 
 def _listening(pid: int) -> set[tuple[str, int]]:

@@ -46,6 +46,8 @@ def test_attribution_feeds_the_stayed_share() -> None:
     assert result.per_replica == {"h:1": 2, "h:2": 1, "h:3": 1}
     assert [r.worker for r in records] == ["h:1", "h:1", "h:2", "h:3", None]
     assert stayed_share(records) == 50.0   # s1: 0->1 stayed, 1->2 moved; s2's round 1 is unknown
+    turned_away = RequestRecord("s3", 0, 0.0, error="HTTP 429: queue full", shed=True)
+    assert attribute([turned_away], placement_map(log)).missing == 0   # it reached no replica
 
 
 async def test_simulated_replicas_log_where_each_round_went() -> None:

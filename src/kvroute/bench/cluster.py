@@ -268,6 +268,7 @@ class VirtualCluster:
     def _shed(self, ticket: Ticket, loop: int, rec: RequestRecord) -> None:
         # What a client sees over HTTP: the overload answer (429 on the OpenAI route).
         rec.error = f"HTTP 429: shed ({ticket.reason}), retry after {ticket.retry_after_s} s"
+        rec.shed, rec.retry_after_s = True, float(ticket.retry_after_s)
         self._at(self.now + ticket.retry_after_s, lambda: self._after(loop, failed=True))
 
     def _route(self, loop: int, req: PlannedRequest, rec: RequestRecord, body: dict[str, Any],

@@ -129,7 +129,8 @@ async def policy_target(spec: HttpBenchSpec, policy: str) -> AsyncIterator[HttpT
         try:
             await _wait_serving(router.url, model)
             metrics = tuple(u.rstrip("/") + "/metrics" for u in urls)
-            yield HttpTarget(router.url, model, metrics, spec.api, scale)
+            yield HttpTarget(router.url, model, metrics, spec.api, scale,
+                             router_metrics_url=router.url + "/metrics")
         finally:
             await router.close()
 

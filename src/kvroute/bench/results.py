@@ -26,6 +26,8 @@ class RequestRecord:
     error: str | None = None
     last_round: bool = False
     queue_s: float = 0.0  # waited at the router's gate (flow control) before it was routed
+    shed: bool = False  # answered with the router's overload error (429 / 529, 503 or 408)
+    retry_after_s: float | None = None  # the overload answer's Retry-After, when it had one
 
 
 @dataclass(slots=True)
@@ -49,6 +51,13 @@ class StepResult:
     cached_tokens: int = 0
     unfinished: int = 0
     preemptions: int | None = None
+    ttfb_p99_s: float | None = None
+    shed: int = 0  # requests answered with the overload error (not counted in ``errors``)
+    # The router's own queue (kvroute's flow control, from its /metrics): the wait of the requests
+    # it admitted, zero for those admitted at once, and what it shed; None where it has none.
+    queue_wait_p50_s: float | None = None
+    queue_wait_p95_s: float | None = None
+    router_shed: int | None = None
 
 
 @dataclass(slots=True)

@@ -20,7 +20,14 @@ import aiohttp
 import orjson
 
 from kvroute.bench.results import PolicyRun, RequestRecord, StepResult
-from kvroute.bench.stats import Samples, busy_count, cache_delta, parse_samples, summarize_step
+from kvroute.bench.stats import (
+    Samples,
+    busy_count,
+    cache_delta,
+    parse_samples,
+    queue_figures,
+    summarize_step,
+)
 from kvroute.bench.workloads import PlannedRequest, Workload
 
 WORKER_HEADER = "x-kvroute-worker"
@@ -30,6 +37,12 @@ ApiKind = Literal["openai", "anthropic"]
 # same sessions under every policy however many the previous step used.
 STEP_STRIDE = 1_000_000
 
+# A router's "too busy, come back later": 429 (OpenAI routes, sglang-router's full queue), 529
+# (Anthropic's overloaded_error), 503 (busy / no capacity) and 408 (sglang-router's queue timeout).
+OVERLOAD_STATUSES = frozenset({408, 429, 503, 529})
+# What a client waits when an overload answer has no usable Retry-After (sglang-router sends none).
+DEFAULT_RETRY_AFTER_S = 1.0
+
 
 @dataclass(frozen=True, slots=True)
 class HttpTarget:
@@ -37,6 +50,7 @@ class HttpTarget:
 
     ``time_scale`` converts measured seconds into the target's own seconds: a simulator running at
     ``--speed 10`` is given ``time_scale=10`` so that the report reads in simulated seconds.
+    ``router_metrics_url``: the router's own ``/metrics`` (kvroute's), for its queue figures.
     """
 
     url: str
@@ -45,6 +59,18 @@ class HttpTarget:
     api: ApiKind = "openai"
     time_scale: float = 1.0
     api_key: str | None = None
+    router_metrics_url: str | None = None
+
+
+def retry_after(value: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header given in seconds (an HTTP date, or garbage: None)."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        return None
+    return seconds if 0.0 <= seconds < float("inf") else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +155,9 @@ async def send_request(http: aiohttp.ClientSession, target: HttpTarget, req: Pla
             if resp.status != 200:
                 text = (await resp.read())[:300].decode(errors="replace")
                 rec.error = f"HTTP {resp.status}: {text}"
+                if resp.status in OVERLOAD_STATUSES:
+                    rec.shed = True
+                    rec.retry_after_s = retry_after(resp.headers.get("retry-after"))
                 return
             async for raw in resp.content:
                 line = raw.strip()
@@ -210,6 +239,9 @@ async def _session_loop(http: aiohttp.ClientSession, target: HttpTarget, step: _
             step.records.append(rec)
             await send_request(http, target, req, rec, step.now)
             if rec.error is not None:
+                if rec.shed:  # wait as told (within the window), then give up, as a client would
+                    wait = rec.retry_after_s if rec.retry_after_s is not None else DEFAULT_RETRY_AFTER_S
+                    await asyncio.sleep(min(wait, max(0.0, window_s - step.now()) / step.time_scale))
                 break  # an agent whose request failed gives up on that task
 
 
@@ -219,6 +251,7 @@ async def run_step(http: aiohttp.ClientSession, target: HttpTarget, workload: Wo
     """Run one step of ``sessions`` concurrent session loops; returns its summary and the next unused
     session index."""
     before = await scrape(http, target.metrics_urls) if target.metrics_urls else []
+    router_before = await scrape(http, [target.router_metrics_url]) if target.router_metrics_url else []
     step = _Step(workload, first_index, target.time_scale)
     window_s = plan.duration_s
     busy: list[int] = []
@@ -252,6 +285,13 @@ async def run_step(http: aiohttp.ClientSession, target: HttpTarget, workload: Wo
         if all(s is not None for s in before + after):
             cache = cache_delta([s or {} for s in before], [s or {} for s in after])
     result = summarize_step(policy, sessions, window_s, step.records, busy, cache)
+    if target.router_metrics_url:
+        router_after = await scrape(http, [target.router_metrics_url])
+        if router_before[0] is not None and router_after[0] is not None:
+            queue = queue_figures(router_before[0], router_after[0], target.time_scale)
+            if queue is not None:
+                result.queue_wait_p50_s, result.queue_wait_p95_s = queue.wait_p50_s, queue.wait_p95_s
+                result.router_shed = queue.shed
     return result, step.next_index
 
 

@@ -105,6 +105,7 @@ def summarize_step(policy: str, sessions: int, duration_s: float, records: Seque
     ``records`` are the requests started during the step's window of ``duration_s`` seconds; each
     ran to its end (or was cut off after the drain).  Throughput counts what completed inside the
     window: output tokens of requests that ended in it, sessions whose last round ended in it.
+    A request the router shed (its overload answer) counts in ``shed``, not in ``errors``.
     Time to first byte is over every request that got one, inside the window or during the drain, so
     that slow requests under overload are not censored away.  The hit share comes from the replicas'
     own counters (``cache``) when they were scraped, and from the responses' ``usage`` otherwise.
@@ -126,7 +127,7 @@ def summarize_step(policy: str, sessions: int, duration_s: float, records: Seque
         sessions=sessions,
         duration_s=duration_s,
         requests=len(records),
-        errors=sum(1 for r in records if r.error is not None),
+        errors=sum(1 for r in records if r.error is not None and not r.shed),
         sessions_completed=completed,
         sessions_per_hour=completed * 3600.0 / duration_s,
         output_tokens_per_min=sum(r.output_tokens for r in in_window) * 60.0 / duration_s,
@@ -139,4 +140,82 @@ def summarize_step(policy: str, sessions: int, duration_s: float, records: Seque
         cached_tokens=cached,
         unfinished=sum(1 for r in records if r.error is None and r.end_s is None),
         preemptions=None if cache is None or cache.preemptions is None else round(cache.preemptions),
+        ttfb_p99_s=percentile(ttfbs, 99),
+        shed=sum(1 for r in records if r.shed),
     )
+
+
+# kvroute's flow-control metrics (server/metrics.py).
+QUEUE_WAIT_BUCKETS = "kvroute_queue_wait_seconds_bucket"
+ADMITTED = "kvroute_admitted_total"
+SHED = "kvroute_shed_total"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueFigures:
+    """A router queue over one step: wait percentiles and the requests it shed."""
+
+    wait_p50_s: float | None
+    wait_p95_s: float | None
+    shed: int
+
+
+def _delta_by(before: Mapping[SeriesKey, float], after: Mapping[SeriesKey, float], name: str,
+              label: str) -> dict[str, float]:
+    """Growth of counter ``name`` between two scrapes, summed per value of ``label``."""
+    out: dict[str, float] = {}
+    for key, value in after.items():
+        if key[0] != name:
+            continue
+        prev = before.get(key)
+        grew = value if prev is None or value < prev else value - prev
+        tag = dict(key[1]).get(label, "")
+        out[tag] = out.get(tag, 0.0) + grew
+    return out
+
+
+def histogram_quantile(q: float, buckets: Mapping[float, float], zeros: float = 0.0) -> float | None:
+    """The ``q`` quantile (0..1) of a cumulative histogram (upper bound -> count at or below it,
+    ``inf`` included) plus ``zeros`` observations of 0, interpolated linearly inside the bucket
+    as Prometheus' ``histogram_quantile`` does (the lowest bucket from 0; past the largest finite
+    bound, that bound).  None when nothing was observed."""
+    if not 0.0 <= q <= 1.0:
+        raise ValueError("q must be within 0..1")
+    bounds = sorted(buckets)
+    total = zeros + (buckets[bounds[-1]] if bounds else 0.0)
+    if total <= 0:
+        return None
+    rank = q * total
+    if rank <= zeros:
+        return 0.0
+    rank -= zeros
+    lower, below = 0.0, 0.0
+    for bound in bounds:
+        count = buckets[bound]
+        if count >= rank:
+            if bound == float("inf"):
+                return lower
+            inside = count - below
+            return lower + (bound - lower) * ((rank - below) / inside if inside else 1.0)
+        lower, below = bound, count
+    return lower
+
+
+def queue_figures(before: Mapping[SeriesKey, float], after: Mapping[SeriesKey, float],
+                  time_scale: float = 1.0) -> QueueFigures | None:
+    """kvroute's router queue over a step, from two scrapes of its ``/metrics``: the wait p50 / p95
+    over every request flow control admitted (zero for those admitted at once; the histogram only
+    holds those that waited), in the target's seconds (``time_scale`` × the router's), and the
+    requests it shed.  None when the router counted no admission (flow control off)."""
+    admitted = _delta_by(before, after, ADMITTED, "when")
+    if not admitted:
+        return None
+    buckets = {float(le): n for le, n in _delta_by(before, after, QUEUE_WAIT_BUCKETS, "le").items()}
+    zeros = admitted.get("at_once", 0.0)
+
+    def scaled(q: float) -> float | None:
+        value = histogram_quantile(q, buckets, zeros)
+        return None if value is None else value * time_scale
+
+    shed = sum(_delta_by(before, after, SHED, "reason").values())
+    return QueueFigures(scaled(0.50), scaled(0.95), round(shed))
