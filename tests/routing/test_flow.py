@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from routing_helpers import Clock
 
 from kvroute.routing.config import ModelPolicy, RoutingConfig
 from kvroute.routing.dispatch import Dispatcher, InFlight
@@ -24,14 +25,6 @@ from kvroute.routing.settings import PlacementSettings
 from kvroute.routing.worker import WorkerState
 
 MODEL = "m"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def key(tokens: int = 100, session: str | None = None, max_tokens: int = 0, text: str = "") -> RoutingKey:
@@ -103,7 +96,7 @@ def test_cache_order(tickets: list[tuple[float, int, bool]], now: float, expecte
 def test_aging_bounds_the_wait_of_a_long_prompt() -> None:
     """A long prompt behind an endless stream of short ones is admitted once it has waited
     flow_aging_s: its wait is bounded whatever arrives after it."""
-    clock = Clock()
+    clock = Clock(1000.0)
     d = dispatcher(clock, flow_aging_s=5.0)
     workers = fleet(1, seqs=1)
     running = send(d, key(50, text="first"), workers)
@@ -111,7 +104,7 @@ def test_aging_bounds_the_wait_of_a_long_prompt() -> None:
     assert long.queued
     admitted_at = None
     for i in range(40):  # bounded: one short request arrives and one finishes per second
-        clock.t += 1.0
+        clock.now += 1.0
         short = d.admit(key(10, text=f"short{i}"), workers)
         assert short.queued
         d.finished(running, ok=True)
@@ -120,7 +113,7 @@ def test_aging_bounds_the_wait_of_a_long_prompt() -> None:
         d.claim(granted)
         running = send(d, granted.key, workers)
         if granted is long:
-            admitted_at = clock.t
+            admitted_at = clock.now
             break
     assert admitted_at is not None and admitted_at - long.arrived <= 5.0 + 1.0
 
@@ -128,7 +121,7 @@ def test_aging_bounds_the_wait_of_a_long_prompt() -> None:
 # --- the gate through the dispatcher ------------------------------------------------------------
 
 def test_admitted_at_once_while_a_replica_is_admissible() -> None:
-    clock = Clock()
+    clock = Clock(1000.0)
     d = dispatcher(clock)
     workers = fleet(2, seqs=1)
     assert d.admit(key(text="a"), workers).state is TicketState.GRANTED
@@ -140,14 +133,14 @@ def test_admitted_at_once_while_a_replica_is_admissible() -> None:
 
 
 def test_finish_wakes_the_queue_and_the_woken_is_decided_afresh() -> None:
-    clock = Clock()
+    clock = Clock(1000.0)
     d = dispatcher(clock)
     workers = fleet(1, seqs=1)
     first = send(d, key(text="a"), workers)
     woken: list[Ticket] = []
     t = d.admit(key(text="b"), workers, woken.append)
     assert t.queued and not woken
-    clock.t += 2.5
+    clock.now += 2.5
     d.finished(first, ok=True)
     assert woken == [t] and t.state is TicketState.GRANTED and t.waited_s == 2.5
     # granted but not yet claimed: a newcomer cannot take its place
@@ -158,7 +151,7 @@ def test_finish_wakes_the_queue_and_the_woken_is_decided_afresh() -> None:
 
 
 def test_flow_control_off_forwards_everything() -> None:
-    clock = Clock()
+    clock = Clock(1000.0)
     d = dispatcher(clock, flow_control=False)
     workers = fleet(1, seqs=1)
     send(d, key(text="a"), workers)
@@ -166,7 +159,7 @@ def test_flow_control_off_forwards_everything() -> None:
 
 
 def test_no_worker_serving_the_model_is_the_pipelines_answer_not_the_queues() -> None:
-    clock = Clock()
+    clock = Clock(1000.0)
     d = dispatcher(clock)
     workers = fleet(1, seqs=1)
     workers[0].healthy = False
@@ -178,7 +171,7 @@ def test_no_worker_serving_the_model_is_the_pipelines_answer_not_the_queues() ->
     ({"flow_max_queued_tokens": 150}, ShedReason.QUEUE_TOKENS),
 ])
 def test_caps_shed_at_once(settings: dict[str, Any], reason: ShedReason) -> None:
-    clock = Clock()
+    clock = Clock(1000.0)
     d = dispatcher(clock, **settings)
     workers = fleet(1, seqs=1)
     send(d, key(text="a"), workers)
@@ -189,13 +182,13 @@ def test_caps_shed_at_once(settings: dict[str, Any], reason: ShedReason) -> None
 
 
 def test_ttl_expiry_sheds_and_calls_back() -> None:
-    clock = Clock()
+    clock = Clock(1000.0)
     d = dispatcher(clock)
     workers = fleet(1, seqs=1)
     send(d, key(text="a"), workers)
     told: list[Ticket] = []
     t = d.admit(key(text="b"), workers, told.append)
-    clock.t += 60.0
+    clock.now += 60.0
     assert d.expire(t) and told == [t] and t.reason is ShedReason.TTL
     assert d.flow.depth()[MODEL] == (0, 0)
     assert not d.expire(t)  # once
@@ -203,25 +196,25 @@ def test_ttl_expiry_sheds_and_calls_back() -> None:
 
 def test_retry_after_follows_the_drain_rate() -> None:
     """Retry-After is the queue ahead over the rate at which requests finish: never a constant."""
-    clock = Clock()
+    clock = Clock(1000.0)
     d = dispatcher(clock, flow_max_queued=3)
     workers = fleet(1, seqs=1)
     flight = send(d, key(text="warm"), workers)
     for i in range(4):  # finishing every 0.5 s: 2 per second
-        clock.t += 0.5
+        clock.now += 0.5
         d.finished(flight, ok=True)
         flight = send(d, key(text=f"r{i}"), workers)
     for i in range(3):
         assert d.admit(key(text=f"q{i}"), workers).queued
     fast = d.admit(key(text="x"), workers)
     assert fast.state is TicketState.SHED and fast.retry_after_s == 2  # (3 ahead + 1) / 2 per s
-    clock.t += 8.0  # nothing finished for 8 s: the rate falls, the advice grows
+    clock.now += 8.0  # nothing finished for 8 s: the rate falls, the advice grows
     slow = d.admit(key(text="y"), workers)
     assert slow.retry_after_s > fast.retry_after_s
 
 
 def test_withdraw_leaves_no_trace() -> None:
-    clock = Clock()
+    clock = Clock(1000.0)
     d = dispatcher(clock)
     workers = fleet(1, seqs=1)
     first = send(d, key(text="a"), workers)
@@ -238,7 +231,7 @@ def test_withdraw_leaves_no_trace() -> None:
 
 
 def test_shed_all_answers_every_queued_request() -> None:
-    clock = Clock()
+    clock = Clock(1000.0)
     d = dispatcher(clock)
     workers = fleet(1, seqs=1)
     send(d, key(text="a"), workers)
@@ -250,7 +243,7 @@ def test_shed_all_answers_every_queued_request() -> None:
 
 
 def test_kv_footprint_is_counted_while_in_flight() -> None:
-    clock = Clock()
+    clock = Clock(1000.0)
     d = dispatcher(clock, flow_kv_fill=1.0)
     workers = fleet(1, seqs=8, kv_tokens=1000)
     first = send(d, key(600, max_tokens=100), workers)
@@ -272,7 +265,7 @@ def test_settings_are_validated() -> None:
 def test_session_admission_holds_new_sessions_not_continuing_ones() -> None:
     """With the fleet's KV (2 x 1000 tokens) held by served sessions, a new session waits while a
     continuing one is admitted past it; once a session goes idle the new one starts."""
-    clock = Clock()
+    clock = Clock(1000.0)
     d = dispatcher(clock, flow_session_admission=True, flow_session_idle_s=5.0, flow_kv_fill=10.0)
     workers = fleet(2, seqs=8, kv_tokens=1000)
     a = send(d, key(900, session="a"), workers)
@@ -285,13 +278,13 @@ def test_session_admission_holds_new_sessions_not_continuing_ones() -> None:
     assert again.state is TicketState.GRANTED  # a continuing session goes past the held new one
     a = send(d, again.key, workers)
     d.finished(b, ok=True)
-    clock.t += 6.0
+    clock.now += 6.0
     d.scraped(workers[0], 0, 0, 0.0)  # any wake re-checks: "b" has been idle for 6 s
     assert new.state is TicketState.GRANTED
 
 
 def test_session_admission_is_off_by_default() -> None:
-    clock = Clock()
+    clock = Clock(1000.0)
     d = dispatcher(clock)
     workers = fleet(1, seqs=8, kv_tokens=1000)
     send(d, key(400, session="a"), workers)
@@ -302,12 +295,12 @@ def test_session_admission_is_off_by_default() -> None:
 def test_sessions_are_remembered_only_for_session_admission(flow_control: bool) -> None:
     """Without session admission nothing reads the served sessions, so none may pile up: every
     conversation a router ever saw would otherwise stay in memory."""
-    clock = Clock()
+    clock = Clock(1000.0)
     d = dispatcher(clock, flow_control=flow_control)
     ws = fleet(2, seqs=64)
     for i in range(50):
         flight = send(d, key(session=f"s{i}"), ws)
-        clock.t += 1.0
+        clock.now += 1.0
         d.finished(flight, ok=True)
     assert all(not q.sessions for q in d.flow._queues.values())
     d = dispatcher(clock, flow_control=True, flow_session_admission=True)

@@ -8,6 +8,7 @@ import statistics
 from typing import Any
 
 import pytest
+from routing_helpers import Clock
 
 from kvroute.routing.config import ModelPolicy, RoutingConfig
 from kvroute.routing.dispatch import Dispatcher, InFlight
@@ -19,20 +20,12 @@ from kvroute.routing.worker import WorkerState
 MODEL = "m"
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 class Fleet:
     """A dispatcher with flow control on in front of ``n`` replicas of ``seqs`` slots each, driven
     by hand: requests arrive, the oldest running one finishes, granted ones are sent."""
 
     def __init__(self, n: int = 1, seqs: int = 1, **policy: Any) -> None:
-        self.clock = Clock()
+        self.clock = Clock(1000.0)
         cfg = RoutingConfig(default=ModelPolicy(policy="least-loaded", flow_control=True, **policy))
         self.d = Dispatcher(Scheduler(cfg, clock=self.clock), timer=self.clock)
         self.workers = [WorkerState(f"w{i}", f"http://w{i}", frozenset({MODEL}), max_num_seqs=seqs)
@@ -124,7 +117,7 @@ def run_backlogged(f: Fleet, offers: dict[str, tuple[int, int]], ticks: int) -> 
     tokens each)) while it has fewer than 40 queued — so both stay backlogged — and the oldest
     running request finishes.  Returns the tokens (prompt + max_tokens) served per tenant."""
     for _ in range(ticks):
-        f.clock.t += 1.0
+        f.clock.now += 1.0
         for tenant, (n, tokens) in offers.items():
             for _ in range(n):
                 if f.queued(tenant) < 40:
@@ -179,7 +172,7 @@ def test_an_idle_tenant_banks_no_credit() -> None:
 def test_idle_tenants_are_forgotten() -> None:
     f = Fleet(n=2, seqs=2)
     for i in range(3000):  # a different tenant each time, each served and gone
-        f.clock.t += 1.0
+        f.clock.now += 1.0
         f.arrive(tenant=f"t{i}")
         if f.running:
             f.finish_oldest()
@@ -211,7 +204,7 @@ def test_no_request_waits_more_than_a_bounded_multiple_of_the_median() -> None:
         f.arrive(tokens=10)
 
     def tick() -> None:
-        f.clock.t += 1.0
+        f.clock.now += 1.0
         f.arrive(tokens=10)
         f.finish_oldest()
 
@@ -223,7 +216,7 @@ def test_no_request_waits_more_than_a_bounded_multiple_of_the_median() -> None:
         if long in f.served:
             break
     assert long in f.served
-    median = f.d.flow.snapshot(f.clock.t)[MODEL].median_wait_s
+    median = f.d.flow.snapshot(f.clock.now)[MODEL].median_wait_s
     shorts = [t.waited_s for t in f.served if t.key.est_prompt_tokens == 10 and t.waited_s > 0]
     assert 3.0 <= median <= 5.0 and median == pytest.approx(statistics.median(shorts[-256:]), abs=1)
     assert long.waited_s <= factor * median + 1.0
@@ -239,7 +232,7 @@ def test_without_aging_the_stream_starves_the_long_prompt() -> None:
         f.arrive(tokens=10)
     long = f.arrive(tokens=20_000)
     for _ in range(200):
-        f.clock.t += 1.0
+        f.clock.now += 1.0
         f.arrive(tokens=10)
         f.finish_oldest()
     assert long.queued
@@ -250,11 +243,11 @@ def test_without_aging_the_stream_starves_the_long_prompt() -> None:
 def test_snapshot_reads_depth_by_class_and_tenant_shares() -> None:
     f = Fleet()
     f.arrive(tenant="a", tokens=100)
-    f.clock.t += 2.0
+    f.clock.now += 2.0
     f.arrive(tenant="b", priority=1, tokens=300)
-    f.clock.t += 1.0
+    f.clock.now += 1.0
     f.arrive(tenant="b", priority=-1, tokens=50)
-    snap = f.d.flow.snapshot(f.clock.t)[MODEL]
+    snap = f.d.flow.snapshot(f.clock.now)[MODEL]
     assert snap.classes["high"].queued == 1 and snap.classes["high"].tokens == 300
     assert snap.classes["high"].oldest_wait_s == 1.0 and snap.classes["normal"].queued == 0
     assert snap.classes["low"].queued == 1 and snap.queued_by_tenant == {"b": 2}

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from routing_helpers import Clock
+
 from kvroute.routing.config import ModelPolicy, RoutingConfig
 from kvroute.routing.dispatch import Dispatcher
 from kvroute.routing.flow import TicketState
@@ -13,14 +15,6 @@ from kvroute.routing.scheduler import Scheduler
 from kvroute.routing.worker import WorkerState
 
 MODEL = "m"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def key(tokens: int, session: str | None = None, text: str = "") -> RoutingKey:
@@ -45,7 +39,7 @@ def send(d: Dispatcher, k: RoutingKey, workers: list[WorkerState]) -> None:
 
 
 def test_a_full_fleet_and_the_requests_ahead() -> None:
-    clock = Clock()
+    clock = Clock(1000.0)
     d = dispatcher(clock)
     workers = fleet(1, seqs=1)
     send(d, key(100), workers)
@@ -56,7 +50,7 @@ def test_a_full_fleet_and_the_requests_ahead() -> None:
 
 
 def test_a_new_session_held_by_session_admission() -> None:
-    clock = Clock()
+    clock = Clock(1000.0)
     d = dispatcher(clock, flow_session_admission=True, flow_kv_fill=10.0)
     workers = fleet(2, seqs=8, kv_tokens=1000)
     send(d, key(900, session="a"), workers)
@@ -67,7 +61,7 @@ def test_a_new_session_held_by_session_admission() -> None:
 
 
 def test_a_request_admitted_at_once_has_no_why() -> None:
-    clock = Clock()
+    clock = Clock(1000.0)
     d = dispatcher(clock)
     t = d.admit(key(100), fleet(1, seqs=1))
     assert t.state is TicketState.GRANTED and t.why == ""

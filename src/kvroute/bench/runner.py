@@ -11,7 +11,6 @@ step for the prefix-cache counters.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -29,6 +28,7 @@ from kvroute.bench.stats import (
     summarize_step,
 )
 from kvroute.bench.workloads import PlannedRequest, Workload
+from kvroute.event_loop import cancel_and_wait
 
 WORKER_HEADER = "x-kvroute-worker"
 ApiKind = Literal["openai", "anthropic"]
@@ -269,14 +269,7 @@ async def run_step(http: aiohttp.ClientSession, target: HttpTarget, workload: Wo
     loops = [asyncio.create_task(_session_loop(http, target, step, window_s)) for _ in range(sessions)]
     wall_limit = (window_s + plan.drain_timeout_s) / target.time_scale
     _, pending = await asyncio.wait(loops, timeout=wall_limit)
-    for task in pending:
-        task.cancel()
-    for task in pending:
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-    poller.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await poller
+    await cancel_and_wait([*pending, poller])
     if on_tick is not None:
         on_tick(sessions, window_s, step.records)
     cache = None

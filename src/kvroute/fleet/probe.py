@@ -7,7 +7,6 @@ requests still answers its probe instead of looking dead.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import re
 from collections.abc import Mapping
@@ -16,6 +15,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from kvroute.event_loop import cancel_and_wait
 from kvroute.fleet.registry import ProbeResult, Registry
 from kvroute.fleet.vllm_metrics import EngineMetrics, parse_vllm_metrics
 
@@ -154,11 +154,7 @@ class Prober:
         """Stop every loop and close the probe connections."""
         tasks = list(self._tasks.values())
         self._tasks.clear()
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(tasks)
         if self._session is not None:
             await self._session.close()
             self._session = None

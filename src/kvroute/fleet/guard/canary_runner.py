@@ -12,7 +12,6 @@ its replica's in-flight figures until ``side_finished``, so routing sees it like
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 import time
@@ -25,6 +24,7 @@ from kvroute.canary.run import canary_messages, shared_prefix
 from kvroute.canary.summary import excerpt
 from kvroute.engine_client.chat import send_chat
 from kvroute.engine_client.http import Target
+from kvroute.event_loop import cancel_and_wait
 from kvroute.fleet.guard.canary_watch import CanaryAnswer, CanaryAsk, CanaryRound, CanarySettings, CanaryWatch
 from kvroute.fleet.registry import Registry
 from kvroute.routing.learning import LearningSettings
@@ -59,12 +59,7 @@ class CanaryRunner:
 
     async def close(self) -> None:
         """Stop the schedule and abandon the rounds under way (their load is given back)."""
-        tasks = [t for t in (self._task, *self._rounds) if t is not None]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait([self._task, *self._rounds])
         self._task = None
         if self._session is not None:
             await self._session.close()

@@ -12,7 +12,6 @@ epoch (``doctor_hold``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -25,6 +24,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from kvroute.doctor.finding import Finding, Severity, worst
 from kvroute.doctor.session import examine_engine
 from kvroute.engine_client.http import Target
+from kvroute.event_loop import cancel_and_wait
 from kvroute.fleet.guard.doctor_hold import (
     HOLD_REASON,
     DoctorGuardSettings,
@@ -218,11 +218,7 @@ class DoctorWatch:
         """Stop the checks under way and close their connections."""
         tasks = list(self._tasks.values())
         self._tasks.clear()
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(tasks)
         if self._session is not None:
             await self._session.close()
             self._session = None

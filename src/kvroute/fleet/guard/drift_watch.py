@@ -4,7 +4,6 @@ the alarm raised and cleared, and exposes it as ``kvroute_worker_cache_drift{wor
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -12,6 +11,7 @@ from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from kvroute.event_loop import cancel_and_wait
 from kvroute.fleet.guard.drift import DriftAlarms, DriftChange, DriftReading, DriftSettings
 from kvroute.fleet.guard.worker_settings import blocks_for
 from kvroute.fleet.registry import Registry
@@ -102,7 +102,4 @@ class DriftWatch:
     async def close(self) -> None:
         """Stop ticking."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait([task])
