@@ -5,7 +5,8 @@ the dispatcher (order among held first turns, the bounded door wait).  Pure: an 
 from __future__ import annotations
 
 import pytest
-from test_flow import MODEL, Clock, dispatcher, fleet, key, send
+from routing_helpers import Clock
+from test_flow import MODEL, dispatcher, fleet, key, send
 
 from kvroute.routing.config import ModelPolicy
 from kvroute.routing.flow import TicketState
@@ -108,34 +109,36 @@ def test_held_first_turns_pass_the_door_oldest_first() -> None:
     """A fleet (2 x 1000 tokens of KV) full of served sessions holds two new sessions; when one
     session goes quiet and is forgotten, room for one: the older held session goes first, even
     though the younger one's prompt is shorter (the 'cache' order would pick it otherwise)."""
-    clock = Clock()
+    clock = Clock(1000.0)
     d = dispatcher(clock, flow_session_admission=True, flow_session_idle_s=5.0, flow_kv_fill=10.0)
     workers = fleet(2, seqs=8, kv_tokens=1000)
     a = send(d, key(900, session="a"), workers)
     send(d, key(900, session="b"), workers)
     old = d.admit(key(800, session="old"), workers)
-    clock.t += 1.0
+    clock.now += 1.0
     young = d.admit(key(400, session="young"), workers)
     assert old.queued and young.queued
+    assert d.flow.session_counts() == {MODEL: (2, 2)}  # admitted a and b; old and young at the door
     d.finished(a, ok=True)
-    clock.t += 6.0
+    clock.now += 6.0
     d.scraped(workers[0], 0, 0, 0.0)  # "a" forgotten: 900 + 800 fits, then 900 + 800 + 400 not
     assert old.state is TicketState.GRANTED
     assert young.queued
+    assert d.flow.session_counts()[MODEL][1] == 1  # young still waits
 
 
 def test_a_held_first_turn_is_admitted_after_the_door_wait() -> None:
-    clock = Clock()
+    clock = Clock(1000.0)
     d = dispatcher(clock, flow_session_admission=True, flow_kv_fill=10.0, flow_session_door_s=4.0)
     workers = fleet(2, seqs=8, kv_tokens=1000)
     send(d, key(900, session="a"), workers)
     send(d, key(900, session="b"), workers)
     new = d.admit(key(300, session="c"), workers)
     assert new.queued
-    clock.t += 3.0
+    clock.now += 3.0
     d.scraped(workers[0], 0, 0, 0.0)
     assert new.queued
-    clock.t += 1.0
+    clock.now += 1.0
     d.scraped(workers[0], 0, 0, 0.0)
     assert new.state is TicketState.GRANTED
     assert new.waited_s == 4.0

@@ -65,6 +65,18 @@ async def test_a_queued_request_waits_then_is_served(one_slot, http):
     assert 'kvroute_queue_depth{class="normal",model="qwen3-4b"} 0.0' in text
 
 
+async def test_session_admission_counts_its_sessions_on_metrics(one_slot, http):
+    r, _ = await one_slot(flow_session_admission=True)
+    async with http.post(r.url + "/v1/chat/completions", json=chat("a conversation", 5)) as resp:
+        assert resp.status == 200
+        await resp.read()
+    async with http.get(r.url + "/metrics") as resp:
+        text = await resp.text()
+    # Every conversation is a session (a derived id without a header): one admitted, none waiting.
+    assert 'kvroute_flow_sessions{model="qwen3-4b",state="admitted"} 1.0' in text
+    assert 'kvroute_flow_sessions{model="qwen3-4b",state="waiting"} 0.0' in text
+
+
 async def test_a_request_that_waited_logs_one_decision_line_with_its_wait(one_slot, http, caplog):
     r, worker = await one_slot()
     secret = "the secret words of the waiting prompt"

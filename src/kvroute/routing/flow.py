@@ -594,6 +594,17 @@ class FlowControl:
         """Queued requests and queued estimated prompt tokens, by model."""
         return {m: (len(q.tickets), q.tokens) for m, q in self._queues.items()}
 
+    def session_counts(self) -> dict[str, tuple[int, int]]:
+        """Session admission's door by model, for a model where it is on: sessions in the working
+        set (admitted, not yet forgotten) and new sessions whose first turn waits at the door."""
+        out: dict[str, tuple[int, int]] = {}
+        for model, q in self._queues.items():
+            s = self._settings(model)
+            if s.flow_session_admission:
+                waiting = {t.key.session_id for t in q.tickets if self._at_door(t, q, s)}
+                out[model] = (len(q.sessions), len(waiting))
+        return out
+
     def free_room(self, key: RoutingKey) -> int:
         """How many replicas are admissible for ``key`` now beyond the grants not yet claimed
         (read-only; 0 or less: none is free for it)."""

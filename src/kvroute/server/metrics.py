@@ -145,7 +145,7 @@ class _StateCollector(Collector):
 
 def _flow_families(registry: Registry) -> Iterator[Metric]:
     """Flow control's queues (routing/flow.py): depth and queued tokens per model and priority
-    class, admissions, and the tokens admitted per tenant."""
+    class, admissions, the tokens admitted per tenant, and session admission's door."""
     flow = registry.dispatch.flow
     depth = GaugeMetricFamily("kvroute_queue_depth",
                               "Requests waiting at the router's gate, by model and priority class",
@@ -167,7 +167,14 @@ def _flow_families(registry: Registry) -> Iterator[Metric]:
                                   labels=["model", "tenant"])
     for (model, tenant), count in sorted(flow.tenant_tokens.items()):
         tenants.add_metric([model, tenant], count)
-    yield from (depth, tokens, admitted, tenants)
+    sessions = GaugeMetricFamily("kvroute_flow_sessions",
+                                 "Session admission (where it is on): sessions admitted to the "
+                                 "working set, and new sessions waiting at the door, by model",
+                                 labels=["model", "state"])
+    for model, (admitted_n, waiting_n) in sorted(flow.session_counts().items()):
+        sessions.add_metric([model, "admitted"], admitted_n)
+        sessions.add_metric([model, "waiting"], waiting_n)
+    yield from (depth, tokens, admitted, tenants, sessions)
 
 
 def _gauge(name: str, doc: str, value: Any) -> GaugeMetricFamily:
