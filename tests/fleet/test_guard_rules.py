@@ -8,6 +8,7 @@ import pytest
 from kvroute.doctor.finding import Finding, Severity
 from kvroute.fleet.guard.doctor_hold import (
     DoctorGuardSettings,
+    about_configuration,
     combined,
     holds_out,
     last_to_serve,
@@ -168,3 +169,10 @@ def test_a_new_hold_spares_the_last_ready_worker_of_a_model() -> None:
     assert last_to_serve(a, [a, b, c])  # c serves another model
     unknown = WorkerState("u", "http://u")
     assert not last_to_serve(unknown, [unknown, c]) and last_to_serve(unknown, [unknown])
+
+
+def test_a_check_at_a_new_epoch_keeps_configuration_not_the_hit_rate_so_far() -> None:
+    found = [finding(Severity.WARNING, "hit-rate-zero"), finding(Severity.ERROR, "prefix-caching-off"),
+             finding(Severity.INFO, "hit-rate"), finding(Severity.INFO, "hit-rate-no-traffic"),
+             finding(Severity.WARNING, "match-unit-coarse")]
+    assert [f.code for f in about_configuration(found)] == ["prefix-caching-off", "match-unit-coarse"]

@@ -14,6 +14,10 @@ HOLD_REASON = "doctor"
 # Findings about reading the engine rather than about its configuration: the probe already takes
 # an unreachable worker out, so the check is retried instead of holding on them.
 UNREAD_CODES = frozenset({"unreachable"})
+# The doctor's hit rate since the engine started: at a new epoch it covers seconds of traffic, all
+# of it cold on a fresh engine, so a zero then says nothing (it showed as a warning on every replica
+# of `kvroute demo`).  The drift alarm judges the cache under traffic, against what was predicted.
+TRAFFIC_CODES = frozenset({"hit-rate", "hit-rate-zero", "hit-rate-no-traffic"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +75,12 @@ def unread(findings: Iterable[FindingLike]) -> bool:
 
 
 F = TypeVar("F", bound=FindingLike)
+
+
+def about_configuration(findings: Iterable[F]) -> list[F]:
+    """The findings a check at a new epoch keeps: what the engine's configuration and metrics say,
+    not its hit rate so far (``TRAFFIC_CODES``)."""
+    return [f for f in findings if f.code not in TRAFFIC_CODES]
 
 
 def new_findings(before: Iterable[FindingLike], now: Iterable[F]) -> list[F]:

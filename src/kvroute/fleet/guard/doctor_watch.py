@@ -28,6 +28,7 @@ from kvroute.event_loop import cancel_and_wait
 from kvroute.fleet.guard.doctor_hold import (
     HOLD_REASON,
     DoctorGuardSettings,
+    about_configuration,
     combined,
     holds_out,
     last_to_serve,
@@ -131,7 +132,7 @@ class DoctorWatch:
             settings = self._settings(record.state.models or ([reported.value] if reported else []))
             if not settings.guard_doctor:
                 return None
-            findings = tuple(report.findings)
+            findings = tuple(about_configuration(report.findings))
             if unread(findings) and attempt < self._tries:
                 await asyncio.sleep(self._retry_s)
                 continue
