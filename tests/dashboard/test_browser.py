@@ -174,6 +174,60 @@ async def test_the_queue_with_flow_control_on(sim_fleet, dashboard_router, tmp_p
     shutil.copyfile(shot, TEST_OUTPUT / "dashboard-queue.png")
 
 
+async def test_the_queue_by_class_and_session_admissions_door(sim_fleet, dashboard_router,
+                                                              tmp_path: Path) -> None:
+    """One slot busy with a long answer (real-time simulator), three requests held behind it — one
+    of class high, two normal — with session admission on: the queue chip names the classes, and
+    the door's chip says how many sessions are admitted and how many wait, as flow control counts
+    them.  The held clients then hang up (which leaves no trace)."""
+    fleet = await sim_fleet(1, speed=1.0, max_num_seqs=1)
+    router = await dashboard_router(fleet.urls, routing={"flow_control": True, "policy": "least-loaded",
+                                                         "flow_session_admission": True})
+    [worker] = router.registry.states()
+    for _ in range(500):
+        if worker.max_num_seqs == 1 and worker.kv_tokens is not None:
+            break
+        await asyncio.sleep(0.01)
+    flow = router.router.dispatch.flow
+
+    async def one(client: aiohttp.ClientSession, i: int, priority: str, max_tokens: int) -> None:
+        body: dict[str, Any] = {"model": SIM_MODEL, "max_tokens": max_tokens, "stream": True,
+                                "ignore_eos": True,  # the simulator answers to max_tokens, as vLLM does
+                                "messages": [{"role": "user", "content": f"request {i} " * 50}]}
+        async with client.post(router.url + "/v1/chat/completions", json=body,
+                               headers={"x-kvroute-priority": priority}) as resp:
+            await resp.read()
+
+    async with aiohttp.ClientSession() as client:
+        tasks = [asyncio.create_task(one(client, 0, "normal", 4000))]
+        while worker.inflight == 0:
+            await asyncio.sleep(0.005)
+        for i, priority in enumerate(("normal", "high", "normal"), start=1):
+            tasks.append(asyncio.create_task(one(client, i, priority, 8)))
+            while flow.depth().get(SIM_MODEL, (0, 0))[0] < i:
+                await asyncio.sleep(0.005)
+
+        async def check(page: Page) -> None:
+            assert worker.inflight == 1 and flow.depth()[SIM_MODEL][0] == 3  # still held
+            queue = page.locator("section.model .queue")
+            figure = lambda name: queue.locator(f".queue-figures [data-field={name}] b").inner_text()  # noqa: E731
+            queued = await figure("queued")
+            assert queued.startswith("3 requests · ") and queued.endswith(" tokens (high 1, normal 2)")
+            # The running request's session is admitted; the three new ones wait at the door.
+            assert flow.session_counts()[SIM_MODEL] == (1, 3)
+            assert await figure("sessions") == "1 / 3"
+
+        await open_dashboard(router.url, tmp_path / "dashboard-classes.png", check=check)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for _ in range(500):  # the held requests left no trace
+        if flow.depth()[SIM_MODEL][0] == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert flow.depth()[SIM_MODEL] == (0, 0)
+
+
 async def test_the_canary_tag_shows_held_and_healthy_replicas(sim_fleet, dashboard_router,
                                                               tmp_path: Path) -> None:
     fleet = await sim_fleet(3, answer_mode=True)

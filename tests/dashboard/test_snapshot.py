@@ -175,6 +175,8 @@ def test_the_queue_per_model_or_flow_control_off() -> None:
         activity.queue.waited("on", now - 5, wait)
     activity.queue.waited("on", now - 7200, 99.0)  # outside the window
     flow = QueueView(depth={"on": (2, 250)},
+                     by_class={("on", "high"): (0, 0), ("on", "normal"): (2, 250), ("on", "low"): (0, 0)},
+                     sessions={"on": (7, 2)},
                      admitted={("on", "at_once"): 40, ("on", "after_wait"): 5},
                      shed={("on", "ttl"): 1, ("on", "queue_full"): 2},
                      waits=activity.queue.waits,
@@ -191,12 +193,16 @@ def test_the_queue_per_model_or_flow_control_off() -> None:
     assert max(q["series"]["depth"]) == 3 and max(q["series"]["tokens"]) == 300
     assert q["wait"]["count"] == 5
     assert q["wait"]["p50"] == pytest.approx(0.3) and q["wait"]["p95"] == pytest.approx(1.68)
+    assert q["classes"] == {"high": {"depth": 0, "tokens": 0}, "normal": {"depth": 2, "tokens": 250},
+                            "low": {"depth": 0, "tokens": 0}}
+    assert q["sessions"] == {"admitted": 7, "waiting": 2}
     assert q["admitted"] == {"at_once": 40, "after_wait": 5}
     assert q["shed"] == {"queue_full": 2, "ttl": 1} and q["shed_total"] == 3
     # The default is off: the page says so, and there is nothing to count.
     assert off["queue"]["flow_control"] is False
     quiet = off["queue"]
     assert quiet["depth"] == 0 and quiet["wait"]["count"] == 0 and quiet["shed_total"] == 0
+    assert quiet["classes"] == {} and quiet["sessions"] is None  # no session admission: no door
     orjson.dumps(snap)
 
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import chain
-from typing import Any
+from typing import Any, TypeVar
 
 from kvroute.server.activity import QueueSample, RoutedRequest
 from kvroute.server.context import Router
@@ -26,7 +26,8 @@ log = logging.getLogger("kvroute.dashboard")
 
 def activity_json(router: Router) -> dict[str, Any]:
     """This process's recent requests, TTFB samples, requests and in-flight counts per worker, and
-    its flow-control queues (depth now, admitted and shed counts, waits, depth history)."""
+    its flow-control queues (depth now, by class, session admission's door, admitted and shed
+    counts, waits, depth history)."""
     queue = local_queue(router)
     return {
         "requests": [r.to_json() for r in router.activity.requests],
@@ -35,6 +36,8 @@ def activity_json(router: Router) -> dict[str, Any]:
                     for r in router.registry.records()},
         "queue": {
             "depth": {m: list(d) for m, d in queue.depth.items()},
+            "by_class": [[m, cls, n, t] for (m, cls), (n, t) in queue.by_class.items()],
+            "sessions": {m: list(c) for m, c in queue.sessions.items()},
             "admitted": [[m, when, n] for (m, when), n in queue.admitted.items()],
             "shed": [[m, reason, n] for (m, reason), n in queue.shed.items()],
             "waits": list(queue.waits),
@@ -70,6 +73,8 @@ def _parse_queue(doc: Mapping[str, Any]) -> QueueView:
     """A sibling's queue share (absent from an older process: empty)."""
     return QueueView(
         depth={str(m): (int(d[0]), int(d[1])) for m, d in doc.get("depth", {}).items()},
+        by_class={(str(m), str(c)): (int(n), int(t)) for m, c, n, t in doc.get("by_class", [])},
+        sessions={str(m): (int(c[0]), int(c[1])) for m, c in doc.get("sessions", {}).items()},
         admitted={(str(m), str(w)): int(n) for m, w, n in doc.get("admitted", [])},
         shed={(str(m), str(r)): int(n) for m, r, n in doc.get("shed", [])},
         waits=[(float(t), str(m), float(v)) for t, m, v in doc.get("waits", [])],
@@ -78,23 +83,36 @@ def _parse_queue(doc: Mapping[str, Any]) -> QueueView:
     )
 
 
+K = TypeVar("K")
+
+
+def _summed_pairs(maps: Iterable[Mapping[K, tuple[int, int]]]) -> dict[K, tuple[int, int]]:
+    """(count, tokens)-style pairs summed key by key over every process."""
+    out: dict[K, tuple[int, int]] = {}
+    for m in maps:
+        for key, (a, b) in m.items():
+            was = out.get(key, (0, 0))
+            out[key] = (was[0] + a, was[1] + b)
+    return out
+
+
 def _merged_queue(views: Sequence[QueueView]) -> QueueView:
-    """Every process's queues: depths and counts summed, waits interleaved by time, one depth
-    timeline per process (the series sums them)."""
-    depth: dict[str, tuple[int, int]] = {}
+    """Every process's queues: depths and counts summed (session admission's door too: each
+    process keeps its own), waits interleaved by time, one depth timeline per process (the series
+    sums them)."""
     admitted: Counter[tuple[str, str]] = Counter()
     shed: Counter[tuple[str, str]] = Counter()
     history: dict[str, list[Any]] = {}
     for v in views:
-        for m, (n, tokens) in v.depth.items():
-            was = depth.get(m, (0, 0))
-            depth[m] = (was[0] + n, was[1] + tokens)
         admitted.update(v.admitted)
         shed.update(v.shed)
         for m, timelines in v.history.items():
             history.setdefault(m, []).extend(timelines)
     waits = sorted(chain.from_iterable(v.waits for v in views))
-    return QueueView(depth=depth, admitted=dict(admitted), shed=dict(shed), waits=waits, history=history)
+    return QueueView(depth=_summed_pairs(v.depth for v in views),
+                     by_class=_summed_pairs(v.by_class for v in views),
+                     sessions=_summed_pairs(v.sessions for v in views),
+                     admitted=dict(admitted), shed=dict(shed), waits=waits, history=history)
 
 
 def merged_view(router: Router, others: Sequence[Mapping[str, Any]]) -> FleetView:

@@ -36,11 +36,15 @@ _KINDS = tuple(k.value for k in DecisionKind if k is not DecisionKind.NO_WORKER)
 @dataclass(frozen=True, slots=True)
 class QueueView:
     """Flow control's side of a snapshot: each model's queue now (requests, estimated prompt
-    tokens), the admitted (by model and ``at_once`` / ``after_wait``) and shed (by model and reason)
-    counts since the router started, the waits of the requests that waited (``(time, model,
-    seconds)``), and each model's depth history, one timeline per router process."""
+    tokens), the same by (model, priority class), session admission's door (sessions admitted and
+    new sessions waiting, by model, where it is on), the admitted (by model and ``at_once`` /
+    ``after_wait``) and shed (by model and reason) counts since the router started, the waits of the
+    requests that waited (``(time, model, seconds)``), and each model's depth history, one timeline
+    per router process."""
 
     depth: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    by_class: Mapping[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
+    sessions: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     admitted: Mapping[tuple[str, str], int] = field(default_factory=dict)
     shed: Mapping[tuple[str, str], int] = field(default_factory=dict)
     waits: Iterable[tuple[float, str, float]] = ()
@@ -146,15 +150,20 @@ def _model(name: str, records: list[WorkerRecord], policy: ModelPolicy,
 
 def _queue(name: str, policy: ModelPolicy, view: QueueView, waits: Iterable[tuple[float, float]],
            window: Window) -> dict[str, Any]:
-    """The model's queue at the router: whether flow control is on, its depth now and per bin
-    (peak), the waits over the window (p50/p95 of the requests that waited), admitted and shed."""
+    """The model's queue at the router: whether flow control is on, its depth now (in all and by
+    priority class) and per bin (peak), session admission's door (null where it is off), the waits
+    over the window (p50/p95 of the requests that waited), admitted and shed."""
     depth, tokens = view.depth.get(name, (0, 0))
+    sessions = view.sessions.get(name)
     wait = latency_percentiles(waits, window).to_json()
     shed = {reason: n for (model, reason), n in sorted(view.shed.items()) if model == name}
     return {
         "flow_control": policy.block(FlowSettings).flow_control,
         "depth": depth,
         "tokens": tokens,
+        "classes": {cls: {"depth": n, "tokens": t}
+                    for (model, cls), (n, t) in view.by_class.items() if model == name},
+        "sessions": None if sessions is None else {"admitted": sessions[0], "waiting": sessions[1]},
         "series": queue_depths(view.history.get(name, ()), window).to_json(),
         "wait": {"count": wait["count"], "p50": wait["window_p50"], "p95": wait["window_p95"]},
         "admitted": {when: view.admitted.get((name, when), 0) for when in ("at_once", "after_wait")},

@@ -203,16 +203,26 @@
       c.dataset.field = field;
       return c;
     };
-    figures.replaceChildren(
-      figure("queued", "queued now", fmtInt(q.depth) + " requests · " + fmtInt(q.tokens) + " tokens",
-        q.depth ? "warn" : "", "Requests waiting at the router for an admissible replica, and their estimated prompt tokens"),
+    // Only the classes with something queued: "(high 1, normal 2)".
+    const classes = Object.entries(q.classes).filter(([, c]) => c.depth > 0)
+      .map(([cls, c]) => cls + " " + fmtInt(c.depth)).join(", ");
+    const chips = [
+      figure("queued", "queued now", fmtInt(q.depth) + " requests · " + fmtInt(q.tokens) + " tokens"
+        + (classes ? " (" + classes + ")" : ""),
+        q.depth ? "warn" : "", "Requests waiting at the router for an admissible replica, their estimated prompt tokens, and how many of each priority class (x-kvroute-priority)"),
       figure("wait", "wait p50 / p95", q.wait.count ? fmtSec(q.wait.p50) + " / " + fmtSec(q.wait.p95) : "–", "",
         fmtInt(q.wait.count) + " requests waited " + windowText),
       figure("at-once", "admitted at once", fmtInt(q.admitted.at_once), "", "Since the router started"),
       figure("after-wait", "after a wait", fmtInt(q.admitted.after_wait), "", "Since the router started"),
       figure("shed", "shed", fmtInt(q.shed_total) + (shed ? " (" + shed + ")" : ""), q.shed_total ? "bad" : "",
         "Answered with the API's overload error (429 / 529), by reason, since the router started"),
-    );
+    ];
+    if (q.sessions) {
+      chips.push(figure("sessions", "sessions admitted / at the door",
+        fmtInt(q.sessions.admitted) + " / " + fmtInt(q.sessions.waiting), q.sessions.waiting ? "warn" : "",
+        "Session admission: sessions whose caches the fleet keeps, and new sessions whose first turn waits until the fleet's KV can hold them"));
+    }
+    figures.replaceChildren(...chips);
     drawChart(section.querySelector(".queue-chart"), {
       window: data.window,
       series: [{ values: q.series.depth, color: "--queued", label: "requests queued" }],
