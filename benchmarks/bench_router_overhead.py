@@ -8,6 +8,12 @@ figures are medians over every request of a target at that level.
 
     python benchmarks/bench_router_overhead.py                 # 1, 16, 64 streams
     python benchmarks/bench_router_overhead.py --json out.json --requests 800
+
+``--plain`` sends non-streaming requests (``"stream": false``).  ``--baseline-src DIR`` also starts
+a second router from another checkout's ``src`` (e.g. main's, from ``git archive``) in front of the
+same replicas, and each round runs direct, then both routers in turn (taking turns going first), so
+the machine's other load falls on both alike; the table then has a row per router, and the median
+over rounds of the router CPU per request beside the total.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import aiohttp
@@ -43,6 +49,7 @@ class Run:
     seconds: float
     ttfb_ms: list[float]
     router_cpu_s: float = 0.0
+    round_cpu_us: list[float] = field(default_factory=list)  # router CPU per request, each round
 
     @property
     def rps(self) -> float:
@@ -92,9 +99,9 @@ async def wait_ready(http: aiohttp.ClientSession, url: str, path: str) -> None:
     raise RuntimeError(f"{url}{path} never became ready")
 
 
-def body(i: int, max_tokens: int) -> bytes:
+def body(i: int, max_tokens: int, stream: bool) -> bytes:
     prompt = f"request {i}: " + "tell me something about routing and caches. " * 20
-    return orjson.dumps({"model": MODEL, "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
+    return orjson.dumps({"model": MODEL, "max_tokens": max_tokens, "ignore_eos": True, "stream": stream,
                          "messages": [{"role": "user", "content": prompt}]})
 
 
@@ -112,14 +119,14 @@ async def one(http: aiohttp.ClientSession, url: str, data: bytes) -> float:
 
 
 async def load(http: aiohttp.ClientSession, target: str, urls: list[str], concurrency: int, requests: int,
-               max_tokens: int, offset: int) -> Run:
+               max_tokens: int, offset: int, stream: bool = True) -> Run:
     """Closed loop: ``concurrency`` clients, each sending its next request when the last ends."""
     ttfbs: list[float] = []
     counter = iter(range(requests))
 
     async def client() -> None:
         for i in counter:
-            ttfbs.append(await one(http, urls[i % len(urls)], body(offset + i, max_tokens)))
+            ttfbs.append(await one(http, urls[i % len(urls)], body(offset + i, max_tokens, stream)))
 
     start = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(concurrency)))
@@ -129,30 +136,42 @@ async def load(http: aiohttp.ClientSession, target: str, urls: list[str], concur
 def merge(runs: list[Run]) -> Run:
     return Run(runs[0].target, runs[0].concurrency, sum(r.requests for r in runs),
                sum(r.seconds for r in runs), [t for r in runs for t in r.ttfb_ms],
-               sum(r.router_cpu_s for r in runs))
+               sum(r.router_cpu_s for r in runs), [r.router_cpu_s / r.requests * 1e6 for r in runs])
 
 
-def table(results: list[tuple[Run, Run]]) -> str:
+def table(results: list[tuple[Run, list[Run]]]) -> str:
     lines = [
-        "| streams | TTFB p50 direct / router (ms) | added p50 (ms) | TTFB p95 direct / router (ms) "
-        "| req/s direct / router | req/s ratio | router CPU per request (µs) |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "| streams | router | TTFB p50 direct / router (ms) | added p50 (ms) | TTFB p95 direct / router (ms) "
+        "| req/s direct / router | req/s ratio | router CPU per request (µs) | median of rounds (µs) |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for direct, routed in results:
-        d50, r50 = statistics.median(direct.ttfb_ms), statistics.median(routed.ttfb_ms)
-        lines.append(
-            f"| {direct.concurrency} | {d50:.2f} / {r50:.2f} | {r50 - d50:+.2f} "
-            f"| {direct.pct(0.95):.2f} / {routed.pct(0.95):.2f} "
-            f"| {direct.rps:.0f} / {routed.rps:.0f} | {routed.rps / direct.rps:.2f} "
-            f"| {routed.router_cpu_s / routed.requests * 1e6:.0f} |"
-        )
+    for direct, routed_runs in results:
+        d50 = statistics.median(direct.ttfb_ms)
+        for routed in routed_runs:
+            r50 = statistics.median(routed.ttfb_ms)
+            lines.append(
+                f"| {direct.concurrency} | {routed.target} | {d50:.2f} / {r50:.2f} | {r50 - d50:+.2f} "
+                f"| {direct.pct(0.95):.2f} / {routed.pct(0.95):.2f} "
+                f"| {direct.rps:.0f} / {routed.rps:.0f} | {routed.rps / direct.rps:.2f} "
+                f"| {routed.router_cpu_s / routed.requests * 1e6:.0f} "
+                f"| {statistics.median(routed.round_cpu_us):.0f} |"
+            )
     return "\n".join(lines)
+
+
+def start_router(name: str, src: str | None, worker_args: list[str], port: int, log_level: str,
+                 logs: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """``kvroute serve`` from this checkout, or from ``src`` (another checkout's ``src``) when given."""
+    if src is not None:
+        env = {**env, "PYTHONPATH": os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])}
+    return subprocess.Popen(
+        [*KVROUTE, "serve", *worker_args, "--port", str(port), "--log-level", log_level],
+        stdout=subprocess.DEVNULL, stderr=open(logs / f"{name}.log", "w"), env=env)
 
 
 async def main(args: argparse.Namespace) -> None:
     replicas = args.replicas
     sim_port = free_ports(replicas)
-    router_port = free_ports(1)
     logs = Path(tempfile.mkdtemp(prefix="kvroute-bench-"))
     env = {**os.environ, "KVROUTE_ADMIN_TOKEN": ""}
     sim = subprocess.Popen(
@@ -161,11 +180,15 @@ async def main(args: argparse.Namespace) -> None:
         stdout=subprocess.DEVNULL, stderr=open(logs / "sim.log", "w"), env=env)  # noqa: SIM115
     sim_urls = [f"http://127.0.0.1:{sim_port + i}" for i in range(replicas)]
     worker_args = [a for u in sim_urls for a in ("--worker", u)]
-    router = subprocess.Popen(
-        [*KVROUTE, "serve", *worker_args, "--port", str(router_port), "--log-level", args.log_level],
-        stdout=subprocess.DEVNULL, stderr=open(logs / "router.log", "w"), env=env)  # noqa: SIM115
-    router_url = f"http://127.0.0.1:{router_port}"
+    wanted = [("baseline", args.baseline_src)] if args.baseline_src else []
+    wanted.append(("router", None))
+    routers: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
+    for name, src in wanted:
+        port = free_ports(1)
+        routers[name] = (start_router(name, src, worker_args, port, args.log_level, logs, env),
+                         f"http://127.0.0.1:{port}")
     load_before = f"{os.getloadavg()[0]:.2f}"
+    stream = not args.plain
     try:
         try:
             import uvloop
@@ -177,33 +200,42 @@ async def main(args: argparse.Namespace) -> None:
         async with aiohttp.ClientSession(connector=connector) as http:
             for url in sim_urls:
                 await wait_ready(http, url, "/health")
-            await wait_ready(http, router_url, "/ready")
-            await load(http, "warmup", [*sim_urls, router_url], 8, 200, args.max_tokens, 10**6)
+            for _, url in routers.values():
+                await wait_ready(http, url, "/ready")
+            await load(http, "warmup", [*sim_urls, *(url for _, url in routers.values())], 8, 200,
+                       args.max_tokens, 10**6, stream)
             results = []
             offset = 0
             for level in args.levels:
-                runs: dict[str, list[Run]] = {"direct": [], "router": []}
+                runs: dict[str, list[Run]] = {"direct": [], **{name: [] for name in routers}}
                 per_round = max(level * 4, args.requests // args.rounds)
-                for _ in range(args.rounds):
-                    for target, urls in (("direct", sim_urls), ("router", [router_url])):
-                        cpu = cpu_seconds(router.pid)
-                        run = await load(http, target, urls, level, per_round, args.max_tokens, offset)
-                        run.router_cpu_s = cpu_seconds(router.pid) - cpu
+                for n in range(args.rounds):
+                    # The routers take turns going first, so neither always follows the other.
+                    order = list(routers.items())[::-1 if n % 2 else 1]
+                    targets = [("direct", sim_urls, None),
+                               *((name, [url], proc) for name, (proc, url) in order)]
+                    for target, urls, proc in targets:
+                        cpu = cpu_seconds(proc.pid) if proc else 0.0
+                        run = await load(http, target, urls, level, per_round, args.max_tokens, offset,
+                                         stream)
+                        run.router_cpu_s = cpu_seconds(proc.pid) - cpu if proc else 0.0
                         runs[target].append(run)
                         offset += per_round
-                results.append((merge(runs["direct"]), merge(runs["router"])))
+                results.append((merge(runs["direct"]), [merge(runs[name]) for name in routers]))
                 print(f"{level:>3} streams done", file=sys.stderr)
     finally:
-        for proc in (router, sim):
+        procs = [proc for proc, _ in routers.values()] + [sim]
+        for proc in procs:
             proc.terminate()
-        for proc in (router, sim):
+        for proc in procs:
             proc.wait(30)
     print(f"replicas={replicas} speed={args.speed} max_tokens={args.max_tokens} rounds={args.rounds} "
-          f"cpus={os.cpu_count()} load average before/after: {load_before} / {os.getloadavg()[0]:.2f}")
+          f"stream={stream} cpus={os.cpu_count()} "
+          f"load average before/after: {load_before} / {os.getloadavg()[0]:.2f}")
     print(table(results))
     if args.json:
-        doc = [{"direct": asdict(d) | {"rps": d.rps}, "router": asdict(r) | {"rps": r.rps}}
-               for d, r in results]
+        doc = [{"direct": asdict(d) | {"rps": d.rps}, **{r.target: asdict(r) | {"rps": r.rps} for r in rs}}
+               for d, rs in results]
         Path(args.json).write_bytes(orjson.dumps(doc))
 
 
@@ -218,6 +250,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--log-level", default="info", help="router log level (default info: decision lines on)")
     p.add_argument("--json", help="also write the raw figures here")
+    p.add_argument("--plain", action="store_true", help="non-streaming requests")
+    p.add_argument("--baseline-src", help="also run a router from this checkout's src, side by side")
     return p.parse_args()
 
 
