@@ -5,6 +5,7 @@ aging at a multiple of the median wait.  Pure: a simulated clock and a saturated
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -33,6 +34,8 @@ class Fleet:
         self.running: list[InFlight] = []
         self.woken: list[Ticket] = []
         self.served: list[Ticket] = []
+        # What the engine reports for a finished request: (prompt, output) tokens, or None (no usage).
+        self.usage: Callable[[InFlight], tuple[int, int] | None] = lambda _: None
         self._n = 0
 
     def arrive(self, tokens: int = 100, tenant: str | None = None, priority: int = 0,
@@ -46,7 +49,9 @@ class Fleet:
         return t
 
     def finish_oldest(self) -> None:
-        self.d.finished(self.running.pop(0), ok=True)
+        flight = self.running.pop(0)
+        prompt, output = self.usage(flight) or (None, None)
+        self.d.finished(flight, ok=True, prompt_tokens=prompt, output_tokens=output)
         self.send_woken()
 
     def send_woken(self) -> None:
@@ -139,6 +144,34 @@ def test_two_tenants_offered_10_to_1_get_even_token_shares(offers: dict[str, tup
     served = run_backlogged(f, offers, ticks=400)
     share = served["a"] / (served["a"] + served["b"])
     assert 0.45 <= share <= 0.55, served
+
+
+def test_the_charge_is_settled_to_the_tokens_the_engine_reports() -> None:
+    """Tenant a's clients ask for max_tokens 4000 and get 100-token answers, b's ask for 100 and
+    get 100: each request costs both the same, so once the engine's usage settles the estimate
+    they are served as many requests each.  With no usage reported (an OpenAI stream without
+    include_usage) the estimate stands, and a gets about one request in twenty."""
+    def run(report: bool) -> tuple[float, dict[str, int]]:
+        f = Fleet(n=4, seqs=2)
+        if report:
+            f.usage = lambda flight: (100, 100)
+        for _ in range(400):
+            f.clock.now += 1.0
+            for tenant, max_tokens in (("a", 4000), ("b", 100)):
+                while f.queued(tenant) < 20:
+                    f.arrive(tokens=100, tenant=tenant, max_tokens=max_tokens)
+            f.finish_oldest()
+            f.send_woken()
+        counts = {tenant: sum(1 for t in f.served[8:] if t.tenant == tenant) for tenant in "ab"}
+        return counts["a"] / (counts["a"] + counts["b"]), dict(f.d.flow.tenant_tokens)
+
+    settled, tokens = run(report=True)
+    assert 0.45 <= settled <= 0.55
+    # What /metrics counts is what was served: 200 tokens a request, for each tenant alike.
+    assert tokens[(MODEL, "a")] % 200 == 0 and tokens[(MODEL, "b")] % 200 == 0
+    estimated, tokens = run(report=False)
+    assert estimated < 0.1
+    assert tokens[(MODEL, "a")] % 4100 == 0  # no usage: the estimate is what is counted
 
 
 def test_tenant_weights_set_the_shares() -> None:
@@ -251,6 +284,10 @@ def test_snapshot_reads_depth_by_class_and_tenant_shares() -> None:
     assert snap.classes["high"].queued == 1 and snap.classes["high"].tokens == 300
     assert snap.classes["high"].oldest_wait_s == 1.0 and snap.classes["normal"].queued == 0
     assert snap.classes["low"].queued == 1 and snap.queued_by_tenant == {"b": 2}
-    assert snap.tenant_tokens == {"a": 200} and snap.tenant_shares == {"a": 1.0}
+    assert snap.tenant_tokens == {} and snap.tenant_shares == {}  # nothing answered yet
+    f.usage = lambda flight: (120, 30)
+    f.finish_oldest()  # a's request is answered; b's high one takes the slot
+    snap = f.d.flow.snapshot(f.clock.now)[MODEL]
+    assert snap.tenant_tokens == {"a": 150} and snap.tenant_shares == {"a": 1.0}
     assert snap.aged_after_s == FlowSettings().flow_aging_s
     assert f.d.flow.depth_by_class()[(MODEL, "low")] == (1, 50)

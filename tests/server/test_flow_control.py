@@ -77,6 +77,36 @@ async def test_session_admission_counts_its_sessions_on_metrics(one_slot, http):
     assert 'kvroute_flow_sessions{model="qwen3-4b",state="waiting"} 0.0' in text
 
 
+async def test_each_tenants_tokens_are_what_the_engine_reported(sim_fleet, router, http):
+    """A tenant's served tokens (its fair share's settled charge, and /metrics) are the engine's
+    prompt + output tokens, read from the answer's usage as it passes: an OpenAI stream with
+    include_usage and an Anthropic stream (output in message_delta), both asking for far more
+    max_tokens than they use."""
+    fleet = await sim_fleet(1)
+    r = await router(fleet.urls, routing={"flow_control": True})
+    oa = openai.AsyncOpenAI(base_url=r.url + "/v1", api_key="sk-test", max_retries=0,
+                            default_headers={"x-kvroute-tenant": "team-oa"})
+    async with oa:
+        stream = await oa.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "count the tokens"}], max_tokens=2000,
+            stream=True, stream_options={"include_usage": True})
+        usage = [chunk.usage async for chunk in stream if chunk.usage is not None][-1]
+    an = anthropic.AsyncAnthropic(base_url=r.url, api_key="sk-test", max_retries=0,
+                                  default_headers={"x-kvroute-tenant": "team-an"})
+    async with an:
+        async with an.messages.stream(model=MODEL, max_tokens=3000,
+                                      messages=[{"role": "user", "content": "count these too"}]) as s:
+            message = await s.get_final_message()
+    tokens = r.router.dispatch.flow.tenant_tokens
+    assert tokens[(MODEL, "team-oa")] == usage.prompt_tokens + usage.completion_tokens < 2000
+    an_used = message.usage.input_tokens + (message.usage.cache_read_input_tokens or 0) + \
+        message.usage.output_tokens
+    assert tokens[(MODEL, "team-an")] == an_used < 3000
+    async with http.get(r.url + "/metrics") as resp:
+        text = await resp.text()
+    assert f'kvroute_tenant_tokens_total{{model="qwen3-4b",tenant="team-oa"}} {float(tokens[(MODEL, "team-oa")])}' in text
+
+
 async def test_a_request_that_waited_logs_one_decision_line_with_its_wait(one_slot, http, caplog):
     r, worker = await one_slot()
     secret = "the secret words of the waiting prompt"

@@ -304,7 +304,7 @@ class VirtualCluster:
         del self._live[live.sim.request_id]
         rec = live.record
         self.dispatch.finished(live.flight, ok=rec.error is None, prompt_tokens=rec.prompt_tokens,
-                               cached_tokens=rec.cached_tokens)
+                               cached_tokens=rec.cached_tokens, output_tokens=rec.output_tokens)
         self._after(live.loop, failed=rec.error is not None)
 
     # --- closed loop ------------------------------------------------------------------------------

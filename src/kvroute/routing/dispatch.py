@@ -53,8 +53,10 @@ class InFlight:
     first_byte_at: float | None = None
     done: bool = False
     model: str = ""
-    tokens: int = 0  # KV footprint counted in the worker's inflight_tokens
+    tokens: int = 0  # KV footprint counted in the worker's inflight_tokens (and the fair share's charge)
     session_id: str | None = None
+    tenant: str | None = None
+    priority: int = 0
 
     @property
     def ttft_s(self) -> float | None:
@@ -135,7 +137,7 @@ class Dispatcher:
         now = self._timer()
         self.flow.pump(now)
         return InFlight(state, decision, now, model=key.model, tokens=tokens,
-                        session_id=key.session_id), records
+                        session_id=key.session_id, tenant=key.tenant, priority=key.priority), records
 
     def side_sent(self, state: WorkerState) -> None:
         """A request the router sends on its own account (the fleet guard's canary) leaves for
@@ -157,10 +159,12 @@ class Dispatcher:
             flight.first_byte_at = self._timer()
 
     def finished(self, flight: InFlight, *, ok: bool, prompt_tokens: int | None = None,
-                 cached_tokens: int | None = None, streamed: bool = True) -> None:
-        """The attempt ended.  With ``ok`` the engine's usage (any may be None) is learnt from,
-        and, for a streamed answer, the time to its first byte (a plain answer's first byte is its
-        last).  Idempotent: a second call does nothing."""
+                 cached_tokens: int | None = None, output_tokens: int | None = None,
+                 streamed: bool = True) -> None:
+        """The attempt ended.  With ``ok`` the engine's usage (any may be None) is learnt from and
+        settles the tenant's fair-share charge, and, for a streamed answer, the time to its first
+        byte is learnt (a plain answer's first byte is its last).  Idempotent: a second call does
+        nothing."""
         if flight.done:
             return
         flight.done = True
@@ -171,6 +175,8 @@ class Dispatcher:
             ttft = flight.ttft_s if streamed else None
             self.scheduler.on_finished(flight.state.id, prompt_tokens=prompt_tokens,
                                        cached_tokens=cached_tokens, ttft_s=ttft)
+            used = None if prompt_tokens is None or output_tokens is None else prompt_tokens + output_tokens
+            self.flow.served(flight.model, flight.tenant, flight.priority, flight.tokens, used)
         now = self._timer()
         self.flow.finished(flight.model, now)
         if flight.session_id is not None:

@@ -11,7 +11,8 @@ the API's own overload error and a ``Retry-After`` from the predicted drain (:me
 
 Which queued request goes next: the highest priority class first (strict; a full queue sheds the
 lowest class first); within a class the tenant with the least token-weighted service (start-time
-fair queuing over each request's prompt + ``max_tokens``); within the tenant the pluggable order
+fair queuing, each request charged its prompt + ``max_tokens`` at the grant and settled to the
+prompt + output tokens the engine reports when it is answered); within the tenant the pluggable order
 (``flow_order``), in which a request that has waited ``flow_aging_factor`` x the median recent
 queue wait (at least ``flow_aging_s``) goes ahead of younger ones.
 
@@ -285,7 +286,7 @@ class ClassFigures:
 @dataclass(frozen=True, slots=True)
 class QueueSnapshot:
     """One model's queue for a reader (the dashboard): depth by class, the waits that set the aging
-    threshold, and each tenant label's share of the tokens admitted so far."""
+    threshold, and each tenant label's share of the tokens served so far."""
 
     classes: dict[str, ClassFigures]
     median_wait_s: float
@@ -306,8 +307,9 @@ class FlowControl:
         self._seq = 0
         self.admitted: dict[tuple[str, str, str], int] = {}  # by (model, "at_once" | "after_wait", class)
         self.shed: dict[tuple[str, str, str], int] = {}  # by (model, reason, class)
-        # Estimated tokens (prompt + max_tokens) admitted, by (model, tenant label): TENANT_LABELS
-        # tenants per model have their own label, the rest are "other".
+        # Tokens served, by (model, tenant label): the engine's prompt + output tokens, or the
+        # estimate (prompt + max_tokens) when the answer reported no usage.  TENANT_LABELS tenants
+        # per model have their own label, the rest are "other".
         self.tenant_tokens: dict[tuple[str, str], int] = {}
         self._labelled: dict[str, set[str]] = {}
 
@@ -693,11 +695,30 @@ class FlowControl:
             band.vtime = max(band.vtime, band.finish[tenant])
         if len(band.finish) > band.sweep_at:
             self._forget_idle(band, q)
+
+    def served(self, model: str, tenant: str | None, priority: int, charged: int,
+               used: int | None) -> None:
+        """A request granted through the gate was answered: ``charged`` tokens (prompt estimate +
+        ``max_tokens``) were put on its tenant's fair share at the grant, ``used`` (prompt +
+        output tokens, as the engine reported them; None when the answer carried no usage) is
+        what it took.  The tenant's finish tag moves by the difference, so a tenant whose clients
+        ask for a large ``max_tokens`` and get short answers is not held back for tokens it never
+        used; and its served tokens are counted (``tenant_tokens``)."""
+        s = self._settings(model)
+        if not s.flow_control:
+            return
+        tenant = tenant or DEFAULT_TENANT
+        q = self._queues.get(model)
+        band = q.bands.get(priority) if q is not None else None
+        if used is not None and band is not None and tenant in band.finish:
+            # Below the virtual time a correction changes nothing: start() takes the larger.
+            weight = tenant_weights(s.flow_tenant_weights).get(tenant, 1.0)
+            band.finish[tenant] += (used - charged) / weight
         labelled = self._labelled.setdefault(model, set())
         if tenant not in labelled and len(labelled) < TENANT_LABELS:
             labelled.add(tenant)
         label = (model, tenant if tenant in labelled else "other")
-        self.tenant_tokens[label] = self.tenant_tokens.get(label, 0) + cost
+        self.tenant_tokens[label] = self.tenant_tokens.get(label, 0) + (charged if used is None else used)
 
     @staticmethod
     def _forget_idle(band: _Band, q: _Queue) -> None:

@@ -145,7 +145,7 @@ class _StateCollector(Collector):
 
 def _flow_families(registry: Registry) -> Iterator[Metric]:
     """Flow control's queues (routing/flow.py): depth and queued tokens per model and priority
-    class, admissions, the tokens admitted per tenant, and session admission's door."""
+    class, admissions, the tokens served per tenant, and session admission's door."""
     flow = registry.dispatch.flow
     depth = GaugeMetricFamily("kvroute_queue_depth",
                               "Requests waiting at the router's gate, by model and priority class",
@@ -162,7 +162,8 @@ def _flow_families(registry: Registry) -> Iterator[Metric]:
     for (model, when, cls), count in sorted(flow.admitted.items()):
         admitted.add_metric([model, when, cls], count)
     tenants = CounterMetricFamily("kvroute_tenant_tokens",
-                                  "Tokens flow control admitted (estimated prompt + max_tokens), by model "
+                                  "Tokens served through flow control's gate (the engine's prompt + output "
+                                  "tokens; estimated prompt + max_tokens where it reported none), by model "
                                   f"and tenant (a model's first {TENANT_LABELS} tenants; the rest 'other')",
                                   labels=["model", "tenant"])
     for (model, tenant), count in sorted(flow.tenant_tokens.items()):

@@ -449,7 +449,8 @@ class Proxy:
         if ok:
             usage.finish()
         r.dispatch.finished(flight, ok=ok, prompt_tokens=usage.prompt_tokens if ok else None,
-                            cached_tokens=usage.cached_tokens if ok else None, streamed=sse)
+                            cached_tokens=usage.cached_tokens if ok else None,
+                            output_tokens=usage.output_tokens if ok else None, streamed=sse)
         r.activity.record(RoutedRequest(
             time=time.time(), route=route.name, model=key.model, worker=state.id,
             kind=decision.kind.value, reason=decision.reason + waited, matched_blocks=decision.matched_blocks,

@@ -18,16 +18,31 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
-def usage_of(doc: Any) -> tuple[int | None, int | None]:
-    """``(prompt_tokens, cached_tokens)`` from an OpenAI, Responses or Anthropic body or event."""
+def _usage(doc: Any) -> Mapping[str, Any] | None:
+    """The ``usage`` object of an OpenAI, Responses or Anthropic body or event, if any."""
     if not isinstance(doc, Mapping):
-        return None, None
+        return None
     usage = doc.get("usage")
     for holder in ("message", "response"):  # Anthropic message_start, Responses response.completed
         inner = doc.get(holder)
         if usage is None and isinstance(inner, Mapping):
             usage = inner.get("usage")
-    if not isinstance(usage, Mapping):
+    return usage if isinstance(usage, Mapping) else None
+
+
+def output_tokens_of(doc: Any) -> int | None:
+    """The answer's tokens so far from a body or event: OpenAI ``completion_tokens``, Anthropic
+    and Responses ``output_tokens`` (Anthropic streams repeat it, growing, in ``message_delta``)."""
+    usage = _usage(doc)
+    if usage is None:
+        return None
+    return _int(usage.get("completion_tokens", usage.get("output_tokens")))
+
+
+def usage_of(doc: Any) -> tuple[int | None, int | None]:
+    """``(prompt_tokens, cached_tokens)`` from an OpenAI, Responses or Anthropic body or event."""
+    usage = _usage(doc)
+    if usage is None:
         return None, None
     if "prompt_tokens" in usage:
         details = usage.get("prompt_tokens_details")
@@ -55,6 +70,7 @@ class UsageSniffer:
         self._size = 0
         self.prompt_tokens: int | None = None
         self.cached_tokens: int | None = None
+        self.output_tokens: int | None = None
 
     def feed(self, data: bytes) -> None:
         """See the next piece of the response (for a stream, whole events only)."""
@@ -85,3 +101,6 @@ class UsageSniffer:
             self.prompt_tokens = prompt
         if cached is not None:
             self.cached_tokens = cached
+        output = output_tokens_of(doc)
+        if output is not None:  # the last report wins: Anthropic's message_start says 1
+            self.output_tokens = output
