@@ -108,17 +108,24 @@ async def test_protected_empty_dashboard_with_token_in_the_address(dashboard_rou
 QUEUED_AMBER = (217, 139, 0)
 
 
+async def one_slot_known(router: Any) -> Any:
+    """The router's only worker, once its probe has read its one sequence slot and KV size (what
+    flow control's room needs)."""
+    [worker] = router.registry.states()
+    for _ in range(500):
+        if worker.max_num_seqs == 1 and worker.kv_tokens is not None:
+            break
+        await asyncio.sleep(0.01)
+    return worker
+
+
 async def test_the_queue_with_flow_control_on(sim_fleet, dashboard_router, tmp_path: Path) -> None:
     """One replica with one sequence slot, six requests at once, room for three in the queue: one
     runs, three wait and are served, two are shed (429).  The model's queue shows it all."""
     fleet = await sim_fleet(1, max_num_seqs=1)
     router = await dashboard_router(fleet.urls, routing={"flow_control": True, "flow_max_queued": 3,
                                                                  "policy": "least-loaded"})
-    [worker] = router.registry.states()
-    for _ in range(500):
-        if worker.max_num_seqs == 1 and worker.kv_tokens is not None:
-            break
-        await asyncio.sleep(0.01)
+    worker = await one_slot_known(router)
     flow = router.router.dispatch.flow
 
     async def one(client: aiohttp.ClientSession, i: int) -> int:
@@ -183,11 +190,7 @@ async def test_the_queue_by_class_and_session_admissions_door(sim_fleet, dashboa
     fleet = await sim_fleet(1, speed=1.0, max_num_seqs=1)
     router = await dashboard_router(fleet.urls, routing={"flow_control": True, "policy": "least-loaded",
                                                          "flow_session_admission": True})
-    [worker] = router.registry.states()
-    for _ in range(500):
-        if worker.max_num_seqs == 1 and worker.kv_tokens is not None:
-            break
-        await asyncio.sleep(0.01)
+    worker = await one_slot_known(router)
     flow = router.router.dispatch.flow
 
     async def one(client: aiohttp.ClientSession, i: int, priority: str, max_tokens: int) -> None:
