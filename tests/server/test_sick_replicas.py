@@ -102,6 +102,42 @@ async def test_a_hung_replica_is_retried_past_and_its_breaker_opens_within_three
     assert doc[hung]["breaker"]["reason"].startswith("failures: first_byte_timeout")
 
 
+async def test_the_last_chance_is_not_cut_at_the_deadline(sim_fleet, router, http):
+    """A slow but healthy replica that is the only one left: its first byte comes after the
+    first-byte deadline, and the request is served (the deadline exists to move a request; with
+    nowhere to move it, cutting it would only turn a slow answer into a 502).  With somewhere
+    else to go, the same slow first byte is cut and retried there."""
+    fleet = await sim_fleet(1, speed=20.0)
+    r = await router(fleet.urls, first_byte_factor=0.01, first_byte_floor_s=0.05,
+                     first_byte_ceiling_s=30.0, routing={"canary": False})
+    await set_fault(http, fleet.urls[0], kind="slow", factor=100.0)
+    status, _, body, took = await chat(http, r, 0, stream=True)
+    assert status == 200 and b"[DONE]" in body and took > 0.05
+    m = await metrics(http, r)
+    assert m.get(("kvroute_failures_total", (("reason", "first_byte_timeout"),)), 0.0) == 0.0
+
+    two = await sim_fleet(2, speed=20.0)
+    r2 = await router(two.urls, policy="round-robin", first_byte_factor=0.01, first_byte_floor_s=0.05,
+                      first_byte_ceiling_s=30.0, routing={"canary": False})
+    slow = next(rec.id for rec in r2.registry.records() if rec.state.url == two.urls[0])
+    await set_fault(http, two.urls[0], kind="slow", factor=100.0)
+    results = [await chat(http, r2, i, stream=True) for i in range(2)]  # round robin: one lands there
+    assert all(status == 200 for status, *_ in results)
+    assert all(worker != slow for _, worker, _, _ in results)
+    m = await metrics(http, r2)
+    assert m[("kvroute_failures_total", (("reason", "first_byte_timeout"),))] >= 1  # cut, moved
+
+
+async def test_a_hung_last_chance_fails_at_the_ceiling(sim_fleet, router, http):
+    fleet = await sim_fleet(1)
+    r = await router(fleet.urls, first_byte_floor_s=0.2, first_byte_ceiling_s=1.0, routing={"canary": False})
+    await set_fault(http, fleet.urls[0], kind="hang")
+    status, _, body, took = await chat(http, r, 0, stream=True)
+    assert status == 502 and b"first_byte_timeout" in body
+    assert 1.0 <= took < 10.0  # the ceiling, not the 0.2 s floor
+    assert r.registry.states()[0].inflight == 0
+
+
 async def test_an_open_breaker_lets_one_trial_through_after_its_cool_down(sim_fleet, router, http):
     fleet = await sim_fleet(3)
     r = await router(fleet.urls, policy="round-robin", first_byte_floor_s=FLOOR_S, breaker_cooldown_s=1.0)

@@ -12,9 +12,11 @@ away closes the upstream connection, which is how an engine learns to abort the 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvroute.api.errors import error_body
@@ -57,6 +59,33 @@ class _HeldAnswer:
     reason: bytes
     headers: bytes
     body: bytes
+
+
+class _FirstByteTimer:
+    """An attempt's first-byte deadline.  When it expires with somewhere else to go, the call fails
+    (``first_byte_timeout``) and the request is retried there; when this attempt is the last chance
+    (``nowhere_else()``), it is given until ``first_byte_ceiling_s`` instead: a deadline exists to
+    move a slow request, and with nowhere to move it, cutting it would only turn a slow answer (a
+    long prefill on a loaded replica) into a 502."""
+
+    __slots__ = ("_call", "_ceiling", "_deadline", "_handle", "_nowhere_else")
+
+    def __init__(self, call: Call, deadline: float, ceiling: float, nowhere_else: Callable[[], bool]) -> None:
+        self._call = call
+        self._deadline, self._ceiling = deadline, ceiling
+        self._nowhere_else = nowhere_else
+        self._handle = asyncio.get_running_loop().call_later(self._deadline, self._expired)
+
+    def _expired(self) -> None:
+        if self._ceiling > self._deadline and self._nowhere_else():
+            later, self._deadline = self._ceiling - self._deadline, self._ceiling
+            self._handle = asyncio.get_running_loop().call_later(later, self._expired)
+            return
+        self._call.expire(self._deadline)
+
+    def cancel(self) -> None:
+        """The first byte came, or the attempt ended otherwise."""
+        self._handle.cancel()
 
 
 def first_byte_deadline(settings: Settings, predicted_ttft_s: float, key: RoutingKey) -> float | None:
@@ -218,8 +247,9 @@ class Proxy:
                                            + b" HTTP/1.1\r\nhost: " + origin.host_header + b"\r\n" + tail)
                     # One timer per attempt (cheaper than asyncio.timeout on the hot path); on expiry
                     # the call fails with reason first_byte_timeout, handled like any failure below.
-                    timer = None if deadline is None else \
-                        asyncio.get_running_loop().call_later(deadline, call.expire, deadline)
+                    timer = None if deadline is None else _FirstByteTimer(
+                        call, deadline, first_byte_deadline(r.settings, math.inf, key) or deadline,
+                        functools.partial(self._nowhere_else, key, state, exclude, attempts))
                     try:
                         head = await call.head
                         if head.event_stream and head.status < 500:
@@ -255,6 +285,15 @@ class Proxy:
             finally:
                 dispatch.finished(flight, ok=False)  # a no-op once the relay accounted for it
         self._give_up(writer, route, key, decision, held, failure, attempts, started)
+
+    def _nowhere_else(self, key: RoutingKey, state: WorkerState, exclude: list[str], attempts: int) -> bool:
+        """Whether an attempt on ``state`` is the request's last chance: no retry is left, or no
+        other worker could take it now (asked only when a first-byte deadline expires)."""
+        r = self._r
+        if attempts > r.settings.retries:
+            return True
+        return not any(w.ready and w.serves(key.model) and w is not state and w.id not in exclude
+                       for w in r.registry.states())
 
     async def _wait(self, ticket: Ticket, writer: ResponseWriter, route: Route, key: RoutingKey,
                     started: float) -> bool:
