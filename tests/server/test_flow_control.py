@@ -93,10 +93,9 @@ async def test_each_tenants_tokens_are_what_the_engine_reported(sim_fleet, route
         usage = [chunk.usage async for chunk in stream if chunk.usage is not None][-1]
     an = anthropic.AsyncAnthropic(base_url=r.url, api_key="sk-test", max_retries=0,
                                   default_headers={"x-kvroute-tenant": "team-an"})
-    async with an:
-        async with an.messages.stream(model=MODEL, max_tokens=3000,
-                                      messages=[{"role": "user", "content": "count these too"}]) as s:
-            message = await s.get_final_message()
+    async with an, an.messages.stream(model=MODEL, max_tokens=3000,
+                                       messages=[{"role": "user", "content": "count these too"}]) as s:
+        message = await s.get_final_message()
     tokens = r.router.dispatch.flow.tenant_tokens
     assert tokens[(MODEL, "team-oa")] == usage.prompt_tokens + usage.completion_tokens < 2000
     an_used = message.usage.input_tokens + (message.usage.cache_read_input_tokens or 0) + \
