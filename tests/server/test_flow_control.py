@@ -103,7 +103,8 @@ async def test_each_tenants_tokens_are_what_the_engine_reported(sim_fleet, route
     assert tokens[(MODEL, "team-an")] == an_used < 3000
     async with http.get(r.url + "/metrics") as resp:
         text = await resp.text()
-    assert f'kvroute_tenant_tokens_total{{model="qwen3-4b",tenant="team-oa"}} {float(tokens[(MODEL, "team-oa")])}' in text
+    served = float(tokens[(MODEL, "team-oa")])
+    assert f'kvroute_tenant_tokens_total{{model="qwen3-4b",tenant="team-oa"}} {served}' in text
 
 
 async def test_a_request_that_waited_logs_one_decision_line_with_its_wait(one_slot, http, caplog):
