@@ -217,7 +217,7 @@ async def test_the_queue_by_class_and_session_admissions_door(sim_fleet, dashboa
             queued = await figure("queued")
             assert queued.startswith("3 requests · ") and queued.endswith(" tokens (high 1, normal 2)")
             # The running request's session is admitted; the three new ones wait at the door.
-            assert flow.session_counts()[SIM_MODEL] == (1, 3)
+            assert flow.session_counts(router.router.dispatch.now())[SIM_MODEL] == (1, 3)
             assert await figure("sessions") == "1 / 3"
 
         await open_dashboard(router.url, tmp_path / "dashboard-classes.png", check=check)

@@ -207,3 +207,22 @@ def test_canary_settings_are_routing_settings_and_are_validated() -> None:
     for bad in ({"canary_budget": 2.0}, {"canary_interval_s": 0}, {"canary_tolerated_rate": 0.0}):
         with pytest.raises(SettingsError, match=next(iter(bad))):
             Settings.from_dict({"routing": bad})
+
+
+def test_the_spent_counter_only_grows_and_a_replica_gone_stays_gone() -> None:
+    """Rounds are charged to the bucket at their estimate but counted as spent only when they are
+    settled (a Prometheus counter must not go down when the real, cached cost comes in); a replica
+    removed during a round is not brought back by its answer."""
+    clock = Clock()
+    w, _ = watch(clock, canary_budget=1.0)
+    workers = fleet(2)
+    seen = [0.0]
+    for n in range(4):
+        rnd = next_round(w, clock, workers)
+        seen.append(w.budgets()[MODEL]["spent_tokens"])
+        if n == 3:
+            w.forget("w1")
+        w.finish(rnd, {a.worker_id: answer(Verdict.CORRECT) for a in rnd.asks})
+        seen.append(w.budgets()[MODEL]["spent_tokens"])
+    assert seen == sorted(seen) and seen[-1] > 0
+    assert "w1" not in w.replicas()

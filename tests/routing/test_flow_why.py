@@ -65,3 +65,28 @@ def test_a_request_admitted_at_once_has_no_why() -> None:
     d = dispatcher(clock)
     t = d.admit(key(100), fleet(1, seqs=1))
     assert t.state is TicketState.GRANTED and t.why == ""
+
+
+def test_a_request_behind_one_that_does_not_fit_yet_is_not_blamed_on_session_admission() -> None:
+    """A free replica, but the request ahead (fifo) needs more KV than it has free: the request
+    behind waits for it, and session admission (off here) is not named."""
+    clock = Clock(1000.0)
+    d = dispatcher(clock, flow_order="fifo")
+    workers = fleet(1, seqs=8, kv_tokens=1000)
+    send(d, key(700), workers)
+    big = d.admit(key(600, text="big"), workers)
+    small = d.admit(key(100, text="small"), workers)
+    assert big.queued and small.queued
+    assert small.why.startswith("a replica is free but the request ahead of it is not admissible yet, "
+                                "1 queued ahead;")
+
+
+def test_an_ejected_replica_is_no_room() -> None:
+    """Ready means not ejected by the circuit breaker either: an ejected idle replica beside a
+    full one leaves no room, so the request waits instead of going to the full one."""
+    clock = Clock(1000.0)
+    d = dispatcher(clock)
+    workers = fleet(2, seqs=1)
+    workers[1].ejected = True
+    send(d, key(100), workers)
+    assert d.admit(key(200), workers).queued

@@ -118,13 +118,13 @@ def test_held_first_turns_pass_the_door_oldest_first() -> None:
     clock.now += 1.0
     young = d.admit(key(400, session="young"), workers)
     assert old.queued and young.queued
-    assert d.flow.session_counts() == {MODEL: (2, 2)}  # admitted a and b; old and young at the door
+    assert d.flow.session_counts(d.now()) == {MODEL: (2, 2)}  # admitted a and b; old and young at the door
     d.finished(a, ok=True)
     clock.now += 6.0
     d.scraped(workers[0], 0, 0, 0.0)  # "a" forgotten: 900 + 800 fits, then 900 + 800 + 400 not
     assert old.state is TicketState.GRANTED
     assert young.queued
-    assert d.flow.session_counts()[MODEL][1] == 1  # young still waits
+    assert d.flow.session_counts(d.now())[MODEL][1] == 1  # young still waits
 
 
 def test_a_held_first_turn_is_admitted_after_the_door_wait() -> None:
@@ -142,3 +142,98 @@ def test_a_held_first_turn_is_admitted_after_the_door_wait() -> None:
     d.scraped(workers[0], 0, 0, 0.0)
     assert new.state is TicketState.GRANTED
     assert new.waited_s == 4.0
+
+
+# --- found in review: the door's bookkeeping ----------------------------------------------------
+
+def test_the_door_shuts_in_one_step_however_many_wait_at_it() -> None:
+    """Hundreds of new sessions held at a full door: one pass over the queue asks for its next
+    request a bounded number of times (it used to hold them back one ``_next`` scan each, a
+    quadratic pass on every answer), and a continuing session's turn behind them still goes."""
+    clock = Clock(1000.0)
+    d = dispatcher(clock, flow_session_admission=True, flow_kv_fill=10.0, flow_max_queued=1000)
+    workers = fleet(2, seqs=8, kv_tokens=1000)
+    a = send(d, key(900, session="a"), workers)
+    send(d, key(900, session="b"), workers)
+    held = [d.admit(key(500, session=f"new{i}"), workers) for i in range(400)]
+    assert all(t.queued for t in held)
+    d.finished(a, ok=True)
+    turn_a = d.admit(key(950, session="a"), workers)  # a's next turn: served, not at the door
+    calls = 0
+    original = d.flow._next
+
+    def counting(*args: object) -> object:
+        nonlocal calls
+        calls += 1
+        return original(*args)  # type: ignore[arg-type]
+
+    d.flow._next = counting  # type: ignore[method-assign]
+    d.flow.pump(clock.now)
+    assert calls <= 3
+    assert turn_a.state is TicketState.GRANTED and all(t.queued for t in held)
+
+
+def test_the_door_lets_in_only_a_request_a_replica_can_start() -> None:
+    """The door's oldest takes the place of the request the order picked only if a replica is
+    admissible for it: an 8k first turn on a 10k replica with 5k in flight waits, and so does
+    the younger 500-token one behind it (none passes another at the door)."""
+    clock = Clock(1000.0)
+    d = dispatcher(clock, flow_session_admission=True)
+    workers = fleet(1, seqs=8, kv_tokens=10_000)
+    running = send(d, key(5000), workers)  # no session: not in the working set
+    big = d.admit(key(8000, session="big"), workers)
+    small = d.admit(key(500, session="small"), workers)
+    assert big.queued and small.queued
+    d.scraped(workers[0], 1, 0, 0.5)
+    assert big.queued and small.queued
+    d.finished(running, ok=True)
+    assert big.state is TicketState.GRANTED
+
+
+def test_sessions_let_in_count_until_they_are_sent_across_passes() -> None:
+    """Two new sessions of 5k wait for a 15k fleet that serves 8k: the first answer lets one in;
+    a second pass before its edge sends it must count it (8 + 5 + 5 > 15) and hold the other."""
+    clock = Clock(1000.0)
+    d = dispatcher(clock, flow_session_admission=True, flow_kv_fill=10.0)
+    workers = fleet(1, seqs=2, kv_tokens=15_000)
+    a = send(d, key(4000, session="a"), workers)
+    b = send(d, key(4000, session="b"), workers)
+    first = d.admit(key(5000, session="c"), workers)
+    second = d.admit(key(5000, session="d"), workers)
+    assert first.queued and second.queued
+    d.finished(a, ok=True)
+    assert first.state is TicketState.GRANTED and first.door_tokens > 0  # not claimed yet
+    d.finished(b, ok=True)  # another pass while c is still on its way
+    assert second.queued
+    d.claim(first)
+    assert d.flow._queues[MODEL].opened == 0
+
+
+def test_the_session_book_stays_bounded_where_the_door_is_never_asked() -> None:
+    """KV sizes unknown: the door always opens and never sweeps; finished requests bound the book
+    instead, and the admitted count on /metrics counts only the sessions not idle."""
+    clock = Clock(1000.0)
+    d = dispatcher(clock, flow_session_admission=True, flow_session_idle_s=5.0)
+    workers = fleet(4, seqs=8)
+    for i in range(5000):
+        flight = send(d, key(100, session=f"s{i}"), workers)
+        d.finished(flight, ok=True)
+        clock.now += 1.0
+    assert len(d.flow._queues[MODEL].sessions) <= 2048
+    assert d.flow.session_counts(d.now())[MODEL] == (5, 0)  # the last 5 s
+
+
+def test_a_request_granted_as_it_arrives_adds_no_wait_sample() -> None:
+    """A request that joins a queue held at the door and is granted by the same pass did not
+    wait: it is counted at once and its 0 s does not pull the aging threshold down."""
+    clock = Clock(1000.0)
+    d = dispatcher(clock, flow_session_admission=True, flow_kv_fill=10.0)
+    workers = fleet(2, seqs=8, kv_tokens=1000)
+    a = send(d, key(900, session="a"), workers)
+    send(d, key(900, session="b"), workers)
+    assert d.admit(key(500, session="new"), workers).queued
+    d.finished(a, ok=True)
+    turn_a = d.admit(key(950, session="a"), workers)
+    assert turn_a.state is TicketState.GRANTED
+    assert list(d.flow._queues[MODEL].waits) == []
+    assert d.flow.admitted[(MODEL, "at_once", "normal")] == 1  # a and b were sent past the gate

@@ -94,13 +94,22 @@ class Dispatcher:
 
     def _why(self, ticket: Ticket) -> str:
         """Why a request just queued has to wait, in words (no prompt text): for its decision line."""
-        held = "no replica admissible" if self.flow.free_room(ticket.key) <= 0 else \
-            "a replica is free but its session is new (session admission)"
+        if self.flow.free_room(ticket.key) <= 0:
+            held = "no replica admissible"
+        elif self.flow.at_door(ticket):
+            held = "a replica is free but its session is new (session admission)"
+        else:
+            held = "a replica is free but the request ahead of it is not admissible yet"
         ahead = len(self.flow.queued(ticket.key.model)) - 1
         if ahead:
             held += f", {ahead} queued ahead"
         prefix = "resident" if ticket.resident else "cold"
         return f"{held}; predicted prefill {ticket.prefill_tokens} tokens, prefix {prefix}"
+
+    def now(self) -> float:
+        """The dispatcher's clock (for readers of time-dependent figures, such as
+        ``flow.session_counts``)."""
+        return self._timer()
 
     def claim(self, ticket: Ticket) -> None:
         """A ticket woken from the queue is being routed now (call it, then ``route`` and ``sent``

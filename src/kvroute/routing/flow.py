@@ -189,6 +189,7 @@ class Ticket:
     on_decided: Callable[[Ticket], None] | None = None
     seq: int = 0
     holds: bool = False  # granted from the queue and not yet claimed: counts as a reservation
+    door_tokens: int = 0  # a new session let in at the door: what it adds until it is sent
     why: str = ""
 
     @property
@@ -267,33 +268,12 @@ class _Queue:
     tickets: list[Ticket] = field(default_factory=list)
     tokens: int = 0
     reserved: int = 0  # granted from the queue, not yet claimed by their edge
+    opened: int = 0  # working-set tokens of new sessions let in at the door and not yet sent
     finished: deque[float] = field(default_factory=lambda: deque(maxlen=64))
     sessions: SessionBook = field(default_factory=SessionBook)  # for session admission
     bands: dict[int, _Band] = field(default_factory=dict)  # by priority class
     waits: deque[float] = field(default_factory=lambda: deque(maxlen=_RECENT_WAITS))
     median_wait: float | None = None  # of ``waits``; None: to be computed again
-
-
-@dataclass(frozen=True, slots=True)
-class ClassFigures:
-    """One priority class of one model's queue, as :meth:`FlowControl.snapshot` reads it."""
-
-    queued: int
-    tokens: int  # estimated prompt tokens queued
-    oldest_wait_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class QueueSnapshot:
-    """One model's queue for a reader (the dashboard): depth by class, the waits that set the aging
-    threshold, and each tenant label's share of the tokens served so far."""
-
-    classes: dict[str, ClassFigures]
-    median_wait_s: float
-    aged_after_s: float
-    tenant_tokens: dict[str, int]
-    tenant_shares: dict[str, float]
-    queued_by_tenant: dict[str, int]
 
 
 class FlowControl:
@@ -312,6 +292,7 @@ class FlowControl:
         # per model have their own label, the rest are "other".
         self.tenant_tokens: dict[tuple[str, str], int] = {}
         self._labelled: dict[str, set[str]] = {}
+        self._arriving: Ticket | None = None  # the request admit() is pumping the queue for
 
     # --- the gate ---------------------------------------------------------------------------------
 
@@ -356,10 +337,13 @@ class FlowControl:
             q.sessions.queued(key.session_id, +1)
         if self._room(key, q) > q.reserved:
             # Room, but requests wait (new sessions held back): the order decides, now.
-            self.pump(now)
-            if ticket.holds:  # granted at once: its edge routes it without a callback
-                ticket.holds = False
-                q.reserved -= 1
+            self._arriving = ticket
+            try:
+                self.pump(now)
+            finally:
+                self._arriving = None
+            if ticket.holds:  # granted at once: its edge routes it without a callback (or claim)
+                self.claim(ticket)
                 cls = class_name(key.priority)
                 self.admitted[(key.model, "after_wait", cls)] -= 1
                 self._count_admitted(key.model, cls, waited=False)
@@ -394,7 +378,7 @@ class FlowControl:
         ready = 0
         room = 0
         for w in q.workers:
-            if not w.healthy or w.draining or w.guard_holds or not w.serves(model):
+            if not w.ready or not w.serves(model):
                 continue
             ready += 1
             if admissible(w, need, placement, fill):
@@ -407,30 +391,35 @@ class FlowControl:
         return s.flow_session_admission and key.session_id is not None and \
             key.session_id not in q.sessions
 
+    def at_door(self, t: Ticket) -> bool:
+        """Whether session admission holds ``t`` at the door: a new session's request whose prefix
+        is not resident."""
+        q = self._queues.get(t.key.model)
+        return q is not None and self._at_door(t, q, self._settings(t.key.model))
+
     def _at_door(self, t: Ticket, q: _Queue, s: FlowSettings) -> bool:
         """A new session's request that session admission may hold (its prefix not resident)."""
         return not t.resident and self._new_session(t.key, q, s)
 
-    def _session_fits(self, t: Ticket, q: _Queue, now: float, s: FlowSettings,
-                      opened: int = 0) -> bool:
+    def _session_fits(self, t: Ticket, q: _Queue, now: float, s: FlowSettings) -> bool:
         """Session admission (routing/session_admission.py): a request of a session the fleet
         serves, or whose prefix is still resident (a session forgotten while quiet), always fits;
         a new session's first request fits while the working set has room for it in the fleet's
         KV cache, or once it has waited ``flow_session_door_s`` (always, when the setting is off,
-        the request has no session or the KV sizes are unknown).  ``opened``: what new sessions
-        let in just before it and not sent yet add to the working set."""
+        the request has no session or the KV sizes are unknown).  New sessions let in and not
+        sent yet (``q.opened``) count in the working set."""
         if not self._new_session(t.key, q, s) or t.resident:
             return True
         if s.flow_session_door_s and now - t.arrived >= s.flow_session_door_s:
             return True
         fleet = 0
         for w in q.workers:
-            if w.healthy and not w.draining and not w.guard_holds and w.serves(t.key.model):
+            if w.ready and w.serves(t.key.model):
                 if w.kv_tokens is None:
                     return True
                 fleet += w.kv_tokens
         return q.sessions.fits(t.key, t.prefill_tokens, fleet, s.flow_session_fill,
-                               s.flow_session_rule, now, s.flow_session_idle_s, opened)
+                               s.flow_session_rule, now, s.flow_session_idle_s, q.opened)
 
     def session_sent(self, key: RoutingKey, prefill_tokens: int) -> None:
         """A request of ``key``'s session was sent to a replica that computes ``prefill_tokens``
@@ -449,6 +438,8 @@ class FlowControl:
         q = self._queues.get(model)
         if q is not None:
             q.sessions.finished(session_id, now)
+            s = self._settings(model)
+            q.sessions.finished_sweep(now, s.flow_session_idle_s, s.flow_session_rule)
 
     def pump(self, now: float) -> list[Ticket]:
         """Grant queued requests, in each model's order, while a replica is admissible for the next
@@ -467,20 +458,27 @@ class FlowControl:
             door = deque(sorted((t for t in q.tickets if self._at_door(t, q, s)),
                                 key=lambda t: (-t.priority, t.arrived, t.seq)))
             door_shut = False
-            opened = 0  # tokens of the new sessions let in by this pass, not yet sent
             while (best := self._next(q, now, order, aged_after, held_back)) is not None:
                 if self._room(best.key, q) <= q.reserved:
                     break
                 if self._at_door(best, q, s):
-                    if door_shut or not door or not self._session_fits(door[0], q, now, s, opened):
+                    # The door's oldest goes in its place, if the fleet's KV holds its session and
+                    # a replica is admissible for it; else the door shuts for this pass, all of it
+                    # at once (a continuing session's turn behind it may still go).
+                    if door_shut or not door or not self._session_fits(door[0], q, now, s) or \
+                            self._room(door[0].key, q) <= q.reserved:
                         door_shut = True
-                        held_back.add(best.seq)  # a continuing session's turn behind it may go
+                        held_back.add(best.seq)
+                        held_back.update(t.seq for t in door)
+                        door.clear()
                         continue
                     best = door.popleft()
-                    opened += q.sessions.need(best.key, best.prefill_tokens, s.flow_session_rule)
+                    best.door_tokens = q.sessions.need(best.key, best.prefill_tokens, s.flow_session_rule)
+                    q.opened += best.door_tokens
                 self._leave(best, q, now)
-                q.waits.append(best.waited_s)
-                q.median_wait = None
+                if best is not self._arriving:  # one granted as it arrives did not wait
+                    q.waits.append(best.waited_s)
+                    q.median_wait = None
                 best.state = TicketState.GRANTED
                 best.holds = True
                 q.reserved += 1
@@ -525,12 +523,15 @@ class FlowControl:
 
     def claim(self, ticket: Ticket) -> None:
         """A ticket granted from the queue is about to be routed and sent (with no pause in between,
-        so its replica's load counts it from then on): its reservation ends."""
+        so its replica's load counts it from then on): its reservation ends, and a new session let
+        in at the door counts in the working set from its send on, not through ``q.opened``."""
         if ticket.holds:
             ticket.holds = False
             q = self._queues.get(ticket.key.model)
             if q is not None:
                 q.reserved -= 1
+                q.opened -= ticket.door_tokens
+            ticket.door_tokens = 0
 
     def withdraw(self, ticket: Ticket, now: float) -> list[Ticket]:
         """Its client left: the ticket leaves no trace (out of the queue, its reservation back).
@@ -596,15 +597,17 @@ class FlowControl:
         """Queued requests and queued estimated prompt tokens, by model."""
         return {m: (len(q.tickets), q.tokens) for m, q in self._queues.items()}
 
-    def session_counts(self) -> dict[str, tuple[int, int]]:
+    def session_counts(self, now: float) -> dict[str, tuple[int, int]]:
         """Session admission's door by model, for a model where it is on: sessions in the working
-        set (admitted, not yet forgotten) and new sessions whose first turn waits at the door."""
+        set (admitted, not idle past what the rule keeps) and new sessions whose first turn waits
+        at the door."""
         out: dict[str, tuple[int, int]] = {}
         for model, q in self._queues.items():
             s = self._settings(model)
             if s.flow_session_admission:
                 waiting = {t.key.session_id for t in q.tickets if self._at_door(t, q, s)}
-                out[model] = (len(q.sessions), len(waiting))
+                live = q.sessions.live(now, s.flow_session_idle_s, s.flow_session_rule)
+                out[model] = (live, len(waiting))
         return out
 
     def free_room(self, key: RoutingKey) -> int:
@@ -623,32 +626,6 @@ class FlowControl:
             for t in q.tickets:
                 n, tokens = out[(model, class_name(t.priority))]
                 out[(model, class_name(t.priority))] = (n + 1, tokens + t.key.est_prompt_tokens)
-        return out
-
-    def snapshot(self, now: float) -> dict[str, QueueSnapshot]:
-        """Every model's queue as a reader sees it (read-only; see :class:`QueueSnapshot`)."""
-        out: dict[str, QueueSnapshot] = {}
-        for model, q in self._queues.items():
-            s = self._settings(model)
-            classes: dict[str, ClassFigures] = {}
-            for priority, name in CLASSES.items():
-                mine = [t for t in q.tickets if t.priority == priority]
-                classes[name] = ClassFigures(
-                    len(mine), sum(t.key.est_prompt_tokens for t in mine),
-                    max((now - t.arrived for t in mine), default=0.0))
-            queued_by_tenant: dict[str, int] = {}
-            for t in q.tickets:
-                queued_by_tenant[t.tenant] = queued_by_tenant.get(t.tenant, 0) + 1
-            tokens = {tenant: n for (m, tenant), n in self.tenant_tokens.items() if m == model}
-            total = sum(tokens.values())
-            out[model] = QueueSnapshot(
-                classes=classes,
-                median_wait_s=statistics.median(q.waits) if q.waits else 0.0,
-                aged_after_s=self._aged_after(q, s),
-                tenant_tokens=tokens,
-                tenant_shares={t: n / total for t, n in tokens.items()} if total else {},
-                queued_by_tenant=queued_by_tenant,
-            )
         return out
 
     def queued(self, model: str) -> list[Ticket]:

@@ -98,6 +98,7 @@ class SessionBook:
     sessions: dict[str, ServedSession] = field(default_factory=dict)
     peaks: deque[int] = field(default_factory=lambda: deque(maxlen=64))  # forgotten sessions' sizes
     gaps: deque[float] = field(default_factory=lambda: deque(maxlen=256))  # answer -> next request
+    sweep_at: int = 1024  # past this many sessions, a finished request sweeps the idle ones
 
     def __contains__(self, session_id: object) -> bool:
         return session_id in self.sessions
@@ -154,16 +155,31 @@ class SessionBook:
             entry.inflight -= 1
             entry.ended = now
 
-    def working_set(self, now: float, idle_s: float, rule: str) -> int:
-        """KV tokens the served sessions count; a session quiet for longer than the rule keeps
-        one (see :class:`Rule`) is forgotten first."""
-        r = RULES[rule]
-        keep = self.idle_after(r, idle_s)
+    def forget_idle(self, now: float, idle_s: float, rule: str) -> None:
+        """Forget the sessions quiet for longer than the rule keeps one (see :class:`Rule`)."""
+        keep = self.idle_after(RULES[rule], idle_s)
         for sid, entry in list(self.sessions.items()):
             if entry.quiet() and now - entry.ended > keep:
                 del self.sessions[sid]
                 self.peaks.append(entry.tokens)
-        expected = self.expected(r)
+
+    def finished_sweep(self, now: float, idle_s: float, rule: str) -> None:
+        """Bound the book where the door is not asked (KV sizes unknown, every turn resident):
+        past ``sweep_at`` sessions, the idle ones are forgotten (what ``working_set`` would do
+        first anyway)."""
+        if len(self.sessions) > self.sweep_at:
+            self.forget_idle(now, idle_s, rule)
+            self.sweep_at = max(1024, 2 * len(self.sessions))
+
+    def live(self, now: float, idle_s: float, rule: str) -> int:
+        """How many sessions the working set counts now (read-only: the idle ones are not)."""
+        keep = self.idle_after(RULES[rule], idle_s)
+        return sum(1 for entry in self.sessions.values() if not (entry.quiet() and now - entry.ended > keep))
+
+    def working_set(self, now: float, idle_s: float, rule: str) -> int:
+        """KV tokens the served sessions count, the idle ones forgotten first."""
+        self.forget_idle(now, idle_s, rule)
+        expected = self.expected(RULES[rule])
         return sum(max(entry.tokens, expected) for entry in self.sessions.values())
 
     def fits(self, key: RoutingKey, prefill_tokens: int, fleet_kv: int, share: float, rule: str,

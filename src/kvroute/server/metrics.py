@@ -58,11 +58,6 @@ class RouterMetrics:
             "Time a request waited at the router's gate (flow control) before it was routed, by model",
             ["model"], buckets=QUEUE_BUCKETS, registry=r,
         )
-        self.shed = Counter(
-            "kvroute_shed",
-            "Requests answered with the overload error by flow control, by model, reason and priority class",
-            ["model", "reason", "class"], registry=r,
-        )
         r.register(_StateCollector(registry, scheduler_stats))
 
     def render(self) -> bytes:
@@ -145,7 +140,8 @@ class _StateCollector(Collector):
 
 def _flow_families(registry: Registry) -> Iterator[Metric]:
     """Flow control's queues (routing/flow.py): depth and queued tokens per model and priority
-    class, admissions, the tokens served per tenant, and session admission's door."""
+    class, admissions and sheds (flow control's own counts: one source for /metrics and the
+    dashboard), the tokens served per tenant, and session admission's door."""
     flow = registry.dispatch.flow
     depth = GaugeMetricFamily("kvroute_queue_depth",
                               "Requests waiting at the router's gate, by model and priority class",
@@ -161,6 +157,11 @@ def _flow_families(registry: Registry) -> Iterator[Metric]:
                                    "and priority class", labels=["model", "when", "class"])
     for (model, when, cls), count in sorted(flow.admitted.items()):
         admitted.add_metric([model, when, cls], count)
+    shed = CounterMetricFamily("kvroute_shed",
+                               "Requests answered with the overload error by flow control, by model, "
+                               "reason and priority class", labels=["model", "reason", "class"])
+    for (model, reason, cls), count in sorted(flow.shed.items()):
+        shed.add_metric([model, reason, cls], count)
     tenants = CounterMetricFamily("kvroute_tenant_tokens",
                                   "Tokens served through flow control's gate (the engine's prompt + output "
                                   "tokens; estimated prompt + max_tokens where it reported none), by model "
@@ -172,10 +173,10 @@ def _flow_families(registry: Registry) -> Iterator[Metric]:
                                  "Session admission (where it is on): sessions admitted to the "
                                  "working set, and new sessions waiting at the door, by model",
                                  labels=["model", "state"])
-    for model, (admitted_n, waiting_n) in sorted(flow.session_counts().items()):
+    for model, (admitted_n, waiting_n) in sorted(flow.session_counts(registry.dispatch.now()).items()):
         sessions.add_metric([model, "admitted"], admitted_n)
         sessions.add_metric([model, "waiting"], waiting_n)
-    yield from (depth, tokens, admitted, tenants, sessions)
+    yield from (depth, tokens, admitted, shed, tenants, sessions)
 
 
 def _gauge(name: str, doc: str, value: Any) -> GaugeMetricFamily:

@@ -23,7 +23,7 @@ from kvroute.api.errors import error_body
 from kvroute.router_settings import Settings
 from kvroute.routing.decision import Decision
 from kvroute.routing.dispatch import InFlight
-from kvroute.routing.flow import FlowSettings, Ticket, TicketState, class_name
+from kvroute.routing.flow import FlowSettings, Ticket, TicketState
 from kvroute.routing.key import RoutingKey
 from kvroute.routing.worker import WorkerState
 from kvroute.server.activity import RoutedRequest
@@ -342,7 +342,6 @@ class Proxy:
         r = self._r
         reason = ticket.reason.value if ticket.reason is not None else "shed"
         status = 529 if route.style == "anthropic" else 429
-        r.metrics.shed.labels(key.model, reason, class_name(key.priority)).inc()
         message = (f"the router's queue for model {key.model!r} is over its limit ({reason}); "
                    f"retry after {ticket.retry_after_s} s")
         writer.respond(status, JSON_HEADERS + b"retry-after: %d\r\n" % ticket.retry_after_s,

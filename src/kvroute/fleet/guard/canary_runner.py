@@ -93,12 +93,14 @@ class CanaryRunner:
 
     async def _round(self, rnd: CanaryRound) -> None:
         answers: dict[str, CanaryAnswer] = {}
-        try:
-            replies = await asyncio.gather(*(self._ask(rnd, ask) for ask in rnd.asks))
-            answers = {a.worker_id: r for a, r in zip(rnd.asks, replies, strict=True) if r is not None}
-        except Exception:
-            # Settled all the same (with what came back): an unsettled round would stop the model's canary.
-            log.exception("canary: round %d failed", rnd.number)
+        # Every ask runs to its end (its own timeout) and the round is settled with the answers
+        # that came back: an unsettled round would stop the model's canary.
+        replies = await asyncio.gather(*(self._ask(rnd, ask) for ask in rnd.asks), return_exceptions=True)
+        for ask, reply in zip(rnd.asks, replies, strict=True):
+            if isinstance(reply, CanaryAnswer):
+                answers[ask.worker_id] = reply
+            elif isinstance(reply, BaseException):
+                log.error("canary: round %d, %s: %r", rnd.number, ask.worker_id, reply)
         for change in self.watch.finish(rnd, answers):
             if self.registry.set_guard_hold(change.worker_id, HOLD_REASON, change.hold) is None:
                 continue

@@ -234,7 +234,7 @@ class _Budget:
     level: float = 0.0  # starts empty: nothing is spent before it has been earned
     at: float | None = None
     allowed: float = 0.0  # tokens the budget granted so far
-    spent: float = 0.0  # tokens the canary cost so far (estimates for unanswered asks)
+    spent: float = 0.0  # tokens the finished rounds cost (estimates for asks with no usage)
     next_at: float = 0.0
     busy: bool = False
     skipped: int = 0  # times a due round waited for the budget
@@ -294,9 +294,7 @@ class CanaryWatch:
                 budget.skipped += 1
                 continue
             asks = tuple(CanaryAsk(w.id, w.url, self._estimate(w, s)) for w in states)
-            cost = sum(a.estimate for a in asks)
-            budget.level -= cost
-            budget.spent += cost
+            budget.level -= sum(a.estimate for a in asks)
             budget.busy = True
             budget.next_at = now + s.canary_interval_s
             self._rounds += 1
@@ -334,15 +332,18 @@ class CanaryWatch:
         changes: list[CanaryChange] = []
         for ask in rnd.asks:
             answer = answers.get(ask.worker_id)
-            record = self._replicas.setdefault(ask.worker_id, ReplicaRecord())
-            if answer is None:
+            cost = answer.cost() if answer is not None else None
+            # Settled here, once, so the spent counter only grows: what the engine reported, else
+            # the estimate the bucket was charged (an ask unanswered may have cost it).
+            if cost is not None:
+                budget.level -= cost - ask.estimate
+            budget.spent += ask.estimate if cost is None else cost
+            record = self._replicas.get(ask.worker_id)
+            if answer is None or record is None:  # no answer, or the replica left during the round
                 continue
-            cost = answer.cost()
             if answer.prompt_tokens is not None:
                 budget.largest_prompt = max(budget.largest_prompt, answer.prompt_tokens)
             if cost is not None:
-                budget.level -= cost - ask.estimate
-                budget.spent += cost - ask.estimate
                 record.estimate = cost
             record.questions += 1
             record.last_verdict, record.last_reply, record.last_at = answer.verdict.value, answer.excerpt, now

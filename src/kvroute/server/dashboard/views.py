@@ -58,8 +58,9 @@ def local_queue(router: Router) -> QueueView:
     """Flow control's queues and counters and their recent history, as this process sees them."""
     flow, recent = router.dispatch.flow, router.activity.queue
     return QueueView(depth=flow.depth(), by_class=flow.depth_by_class(),
-                     sessions=flow.session_counts(), admitted=_without_class(flow.admitted),
-                     shed=_without_class(flow.shed), waits=list(recent.waits),
+                     sessions=flow.session_counts(router.dispatch.now()),
+                     admitted=_without_class(flow.admitted), shed=_without_class(flow.shed),
+                     waits=list(recent.waits),
                      history={model: [list(samples)] for model, samples in recent.history.items()})
 
 
