@@ -57,6 +57,13 @@ async def router(vllm_fleet: ReplicaFleet) -> AsyncIterator[RunningRouter]:
         workers=tuple(WorkerSpec(url=url) for url in vllm_fleet.urls),
         admin_token=ADMIN_TOKEN,
         probe_interval_s=0.5,
+        # vLLM on a shared 2-core CPU: a 2k-token prefill can take longer than the first-byte
+        # deadline's 10 s floor (meant for GPUs), and a deadline there would move a growing chat
+        # off its cache; docs/reliability.md says to raise the floor for such engines.
+        first_byte_floor_s=120.0,
+        # The scheduled canary asks every replica the same long prefix: its hits would land in the
+        # engine counters these tests compare (the guard's own real-vLLM test is the doctor's).
+        routing={"canary": False},
     )
     settings.validate()
     running = await start_router(settings, host="127.0.0.1", port=0)
