@@ -160,6 +160,8 @@ async def test_the_queue_with_flow_control_on(sim_fleet, dashboard_router, tmp_p
         assert await figure("at-once") == "1"
         assert await figure("after-wait") == "3"
         assert await figure("shed") == "2 (queue_full 2)"
+        # No tenant header, no API key: every token served is the default tenant's.
+        assert await figure("tenants") == "default 100.0 %"
         p50, _, p95 = (await figure("wait")).partition(" / ")
         assert p50 != "–" and p95 != "–"
         # The depth reached three: the chart has a bin with it, drawn in the queue's colour.

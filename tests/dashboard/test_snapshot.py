@@ -177,6 +177,7 @@ def test_the_queue_per_model_or_flow_control_off() -> None:
     flow = QueueView(depth={"on": (2, 250)},
                      by_class={("on", "high"): (0, 0), ("on", "normal"): (2, 250), ("on", "low"): (0, 0)},
                      sessions={"on": (7, 2)},
+                     tenant_tokens={("on", "a"): 300, ("on", "b"): 100, ("off", "c"): 5},
                      admitted={("on", "at_once"): 40, ("on", "after_wait"): 5},
                      shed={("on", "ttl"): 1, ("on", "queue_full"): 2},
                      waits=activity.queue.waits,
@@ -196,6 +197,8 @@ def test_the_queue_per_model_or_flow_control_off() -> None:
     assert q["classes"] == {"high": {"depth": 0, "tokens": 0}, "normal": {"depth": 2, "tokens": 250},
                             "low": {"depth": 0, "tokens": 0}}
     assert q["sessions"] == {"admitted": 7, "waiting": 2}
+    assert q["tenants"] == [{"tenant": "a", "tokens": 300, "share": 0.75},
+                            {"tenant": "b", "tokens": 100, "share": 0.25}]
     assert q["admitted"] == {"at_once": 40, "after_wait": 5}
     assert q["shed"] == {"queue_full": 2, "ttl": 1} and q["shed_total"] == 3
     # The default is off: the page says so, and there is nothing to count.

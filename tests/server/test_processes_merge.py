@@ -100,17 +100,20 @@ def test_the_dashboard_sums_the_processes_queues():
     mine.changed("m", 100.0, 2, 20)
     mine.waited("m", 101.0, 0.5)
     local = QueueView(depth={"m": (2, 20)}, by_class={("m", "high"): (1, 5), ("m", "normal"): (1, 15)},
-                      sessions={"m": (4, 1)}, admitted={("m", "at_once"): 3}, shed={("m", "ttl"): 1},
+                      sessions={"m": (4, 1)}, tenant_tokens={("m", "a"): 10},
+                      admitted={("m", "at_once"): 3}, shed={("m", "ttl"): 1},
                       waits=list(mine.waits), history={"m": [list(mine.history["m"])]})
     # Another process's share as it travels (JSON), with a queue of its own.
     sibling = orjson.loads(orjson.dumps({
         "depth": {"m": [1, 30]}, "by_class": [["m", "normal", 1, 30]], "sessions": {"m": [2, 0]},
+        "tenant_tokens": [["m", "a", 5], ["m", "other", 7]],
         "admitted": [["m", "at_once", 2], ["m", "after_wait", 4]],
         "shed": [["m", "ttl", 2]], "waits": [[99.0, "m", 1.5]], "history": {"m": [[100, 3, 40, 1, 30]]}}))
     merged = _merged_queue([local, _parse_queue(sibling), _parse_queue({})])  # {}: an older process
     assert merged.depth == {"m": (3, 50)}
     assert merged.by_class == {("m", "high"): (1, 5), ("m", "normal"): (2, 45)}
     assert merged.sessions == {"m": (6, 1)}
+    assert merged.tenant_tokens == {("m", "a"): 15, ("m", "other"): 7}
     assert merged.admitted == {("m", "at_once"): 5, ("m", "after_wait"): 4}
     assert merged.shed == {("m", "ttl"): 3}
     assert list(merged.waits) == [(99.0, "m", 1.5), (101.0, "m", 0.5)]

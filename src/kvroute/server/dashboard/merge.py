@@ -38,6 +38,7 @@ def activity_json(router: Router) -> dict[str, Any]:
             "depth": {m: list(d) for m, d in queue.depth.items()},
             "by_class": [[m, cls, n, t] for (m, cls), (n, t) in queue.by_class.items()],
             "sessions": {m: list(c) for m, c in queue.sessions.items()},
+            "tenant_tokens": [[m, t, n] for (m, t), n in queue.tenant_tokens.items()],
             "admitted": [[m, when, n] for (m, when), n in queue.admitted.items()],
             "shed": [[m, reason, n] for (m, reason), n in queue.shed.items()],
             "waits": list(queue.waits),
@@ -75,6 +76,7 @@ def _parse_queue(doc: Mapping[str, Any]) -> QueueView:
         depth={str(m): (int(d[0]), int(d[1])) for m, d in doc.get("depth", {}).items()},
         by_class={(str(m), str(c)): (int(n), int(t)) for m, c, n, t in doc.get("by_class", [])},
         sessions={str(m): (int(c[0]), int(c[1])) for m, c in doc.get("sessions", {}).items()},
+        tenant_tokens={(str(m), str(t)): int(n) for m, t, n in doc.get("tenant_tokens", [])},
         admitted={(str(m), str(w)): int(n) for m, w, n in doc.get("admitted", [])},
         shed={(str(m), str(r)): int(n) for m, r, n in doc.get("shed", [])},
         waits=[(float(t), str(m), float(v)) for t, m, v in doc.get("waits", [])],
@@ -102,9 +104,11 @@ def _merged_queue(views: Sequence[QueueView]) -> QueueView:
     sums them)."""
     admitted: Counter[tuple[str, str]] = Counter()
     shed: Counter[tuple[str, str]] = Counter()
+    tenant_tokens: Counter[tuple[str, str]] = Counter()
     history: dict[str, list[Any]] = {}
     for v in views:
         admitted.update(v.admitted)
+        tenant_tokens.update(v.tenant_tokens)
         shed.update(v.shed)
         for m, timelines in v.history.items():
             history.setdefault(m, []).extend(timelines)
@@ -112,6 +116,7 @@ def _merged_queue(views: Sequence[QueueView]) -> QueueView:
     return QueueView(depth=_summed_pairs(v.depth for v in views),
                      by_class=_summed_pairs(v.by_class for v in views),
                      sessions=_summed_pairs(v.sessions for v in views),
+                     tenant_tokens=dict(tenant_tokens),
                      admitted=dict(admitted), shed=dict(shed), waits=waits, history=history)
 
 

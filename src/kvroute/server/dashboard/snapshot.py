@@ -37,7 +37,8 @@ _KINDS = tuple(k.value for k in DecisionKind if k is not DecisionKind.NO_WORKER)
 class QueueView:
     """Flow control's side of a snapshot: each model's queue now (requests, estimated prompt
     tokens), the same by (model, priority class), session admission's door (sessions admitted and
-    new sessions waiting, by model, where it is on), the admitted (by model and ``at_once`` /
+    new sessions waiting, by model, where it is on), the tokens served per (model, tenant label),
+    the admitted (by model and ``at_once`` /
     ``after_wait``) and shed (by model and reason) counts since the router started, the waits of the
     requests that waited (``(time, model, seconds)``), and each model's depth history, one timeline
     per router process."""
@@ -45,6 +46,7 @@ class QueueView:
     depth: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     by_class: Mapping[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
     sessions: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    tenant_tokens: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (model, tenant)
     admitted: Mapping[tuple[str, str], int] = field(default_factory=dict)
     shed: Mapping[tuple[str, str], int] = field(default_factory=dict)
     waits: Iterable[tuple[float, str, float]] = ()
@@ -164,12 +166,20 @@ def _queue(name: str, policy: ModelPolicy, view: QueueView, waits: Iterable[tupl
         "classes": {cls: {"depth": n, "tokens": t}
                     for (model, cls), (n, t) in view.by_class.items() if model == name},
         "sessions": None if sessions is None else {"admitted": sessions[0], "waiting": sessions[1]},
+        "tenants": _tenant_shares(name, view.tenant_tokens),
         "series": queue_depths(view.history.get(name, ()), window).to_json(),
         "wait": {"count": wait["count"], "p50": wait["window_p50"], "p95": wait["window_p95"]},
         "admitted": {when: view.admitted.get((name, when), 0) for when in ("at_once", "after_wait")},
         "shed": shed,
         "shed_total": sum(shed.values()),
     }
+
+
+def _tenant_shares(model: str, tokens: Mapping[tuple[str, str], int]) -> list[dict[str, Any]]:
+    """Each tenant label's tokens served through the gate and share of the model's, largest first."""
+    mine = sorted(((n, tenant) for (m, tenant), n in tokens.items() if m == model and n > 0), reverse=True)
+    total = sum(n for n, _ in mine)
+    return [{"tenant": tenant, "tokens": n, "share": n / total} for n, tenant in mine]
 
 
 def _policy(policy: ModelPolicy) -> dict[str, Any]:

@@ -59,6 +59,7 @@ def local_queue(router: Router) -> QueueView:
     flow, recent = router.dispatch.flow, router.activity.queue
     return QueueView(depth=flow.depth(), by_class=flow.depth_by_class(),
                      sessions=flow.session_counts(router.dispatch.now()),
+                     tenant_tokens=dict(flow.tenant_tokens),
                      admitted=_without_class(flow.admitted), shed=_without_class(flow.shed),
                      waits=list(recent.waits),
                      history={model: [list(samples)] for model, samples in recent.history.items()})

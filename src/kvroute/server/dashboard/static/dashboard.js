@@ -217,6 +217,15 @@
       figure("shed", "shed", fmtInt(q.shed_total) + (shed ? " (" + shed + ")" : ""), q.shed_total ? "bad" : "",
         "Answered with the API's overload error (429 / 529), by reason, since the router started"),
     ];
+    if (q.tenants.length) {
+      // The largest shares first; the full list on hover.
+      const pct = (t) => t.tenant + " " + (100 * t.share).toFixed(1) + " %";
+      const more = q.tenants.length > 3 ? " (+" + (q.tenants.length - 3) + " more)" : "";
+      chips.push(figure("tenants", "tokens served by tenant", q.tenants.slice(0, 3).map(pct).join(", ") + more, "",
+        "Share of the tokens served through the gate (the engine's prompt + output tokens), by tenant " +
+        "(x-kvroute-tenant, the fairness header or the API key's hash), since the router started:\n" +
+        q.tenants.map((t) => pct(t) + " (" + fmtInt(t.tokens) + ")").join("\n")));
+    }
     if (q.sessions) {
       chips.push(figure("sessions", "sessions admitted / at the door",
         fmtInt(q.sessions.admitted) + " / " + fmtInt(q.sessions.waiting), q.sessions.waiting ? "warn" : "",
