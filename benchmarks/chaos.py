@@ -185,36 +185,33 @@ async def fuzz(url: str, count: int, seed: int, concurrency: int) -> dict[str, A
             if not a.complete:
                 tally["cut_short"] += 1
 
-    async def raw_case(base: bytes, data: bytes) -> None:
+    async def attempt(data: bytes, count: int | None = None) -> Conversation | None:
+        """One exchange within the concurrency gate, counted (None: it hung or never connected)."""
         async with gate:
             try:
-                conv = await exchange(url, data + HEALTH, timeout=30)
+                conv = await exchange(url, data, count=count, timeout=30)
             except TimeoutError:
                 tally["hangs"] += 1
-                return
+                return None
             except OSError:
                 tally["connect_errors"] += 1
-                return
+                return None
         tally["requests"] += 1
         record(conv)
+        return conv
+
+    async def raw_case(base: bytes, data: bytes) -> None:
+        conv = await attempt(data + HEALTH)
+        if conv is None:
+            return
         if not conv.answers:
             tally["unanswered"] += 1
         if data == base and len(conv.answers) != 2:
             tally["wellformed_unanswered"] += 1
 
     async def body_case(path: str, body: bytes) -> None:
-        async with gate:
-            try:
-                conv = await exchange(url, post(path.encode(), body), count=1, timeout=30)
-            except TimeoutError:
-                tally["hangs"] += 1
-                return
-            except OSError:
-                tally["connect_errors"] += 1
-                return
-        tally["requests"] += 1
-        record(conv)
-        if not conv.answers:
+        conv = await attempt(post(path.encode(), body), count=1)
+        if conv is not None and not conv.answers:
             tally["wellformed_unanswered"] += 1
 
     cases = []

@@ -23,6 +23,7 @@ import orjson
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # benchmarks/, for peers.*
 
+import launchers  # noqa: E402
 from peers.cost import CostPlan, run_cost  # noqa: E402
 from peers.procs import Proc, start_sim, wait_serving  # noqa: E402
 from peers.routers import Launch  # noqa: E402
@@ -67,47 +68,11 @@ def launches(
         out["kvroute serve (hand-written front)"] = (Launch(tuple(argv), f"http://127.0.0.1:{port}"), {})
     if "granian" in which:
         port = free_port()
-        argv = [
-            str(bindir / "granian"),
-            "--interface",
-            "asgi",
-            "--loop",
-            "uvloop",
-            "--workers",
-            "1",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--no-ws",
-            "--log-level",
-            "warning",
-            "--working-dir",
-            str(HERE),
-            "asgi_router:app",
-        ]
+        argv = [*launchers.granian(bindir, str(port)), launchers.APP]
         out[f"granian 2.8.9 (ASGI prototype{tag})"] = (Launch(tuple(argv), f"http://127.0.0.1:{port}"), env)
     if "uvicorn" in which:
         port = free_port()
-        argv = [
-            str(bindir / "uvicorn"),
-            "--loop",
-            "uvloop",
-            "--http",
-            "httptools",
-            "--ws",
-            "none",
-            "--no-access-log",
-            "--log-level",
-            "warning",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--app-dir",
-            str(HERE),
-            "asgi_router:app",
-        ]
+        argv = [*launchers.uvicorn(bindir, str(port)), launchers.APP]
         out[f"uvicorn 0.54 httptools (ASGI prototype{tag})"] = (
             Launch(tuple(argv), f"http://127.0.0.1:{port}"),
             env,

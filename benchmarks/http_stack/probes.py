@@ -23,6 +23,7 @@ import orjson
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+import launchers  # noqa: E402
 from peers.procs import start_sim  # noqa: E402
 
 from kvroute.sync.local_redis import free_port  # noqa: E402
@@ -254,76 +255,15 @@ def servers(workers: list[str], log_dir: Path) -> dict[str, tuple[list[str], dic
     py = sys.executable
     bindir = Path(py).parent
     env = {"HTTPSTACK_WORKERS": ",".join(workers)}
-    kv = (
-        [
-            py,
-            "-c",
-            "from kvroute.cli import main; main()",
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "{port}",
-            "--log-level",
-            "warning",
-            "--shutdown-timeout",
-            "3",
-        ]
-        if False
-        else [
-            py,
-            "-c",
-            "from kvroute.cli import main; main()",
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "{port}",
-            "--log-level",
-            "warning",
-        ]
-    )
+    kv = [py, "-c", "from kvroute.cli import main; main()", "serve", "--host", "127.0.0.1",
+          "--port", "{port}", "--log-level", "warning"]
     for w in workers:
         kv += ["--worker", w]
-    gr = [
-        str(bindir / "granian"),
-        "--interface",
-        "asgi",
-        "--loop",
-        "uvloop",
-        "--workers",
-        "1",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "{port}",
-        "--no-ws",
-        "--log-level",
-        "warning",
-        "--working-dir",
-        str(HERE),
-    ]
-    uv = [
-        str(bindir / "uvicorn"),
-        "--loop",
-        "uvloop",
-        "--http",
-        "httptools",
-        "--ws",
-        "none",
-        "--no-access-log",
-        "--log-level",
-        "warning",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "{port}",
-        "--app-dir",
-        str(HERE),
-    ]
+    gr = launchers.granian(bindir, "{port}")
+    uv = launchers.uvicorn(bindir, "{port}")
     return {
         "kvroute serve": (kv, {}),
-        "granian default": ([*gr, "asgi_router:app"], env),
+        "granian default": ([*gr, launchers.APP], env),
         "granian configured": (
             [
                 *gr,
@@ -335,11 +275,11 @@ def servers(workers: list[str], log_dir: Path) -> dict[str, tuple[list[str], dic
                 "32",
                 "--workers-kill-timeout",
                 "5",
-                "asgi_router:app",
+                launchers.APP,
             ],
             env,
         ),
-        "uvicorn default": ([*uv, "asgi_router:app"], env),
+        "uvicorn default": ([*uv, launchers.APP], env),
         "uvicorn configured": (
             [
                 *uv,
@@ -349,7 +289,7 @@ def servers(workers: list[str], log_dir: Path) -> dict[str, tuple[list[str], dic
                 "5",
                 "--timeout-graceful-shutdown",
                 "5",
-                "asgi_router:app",
+                launchers.APP,
             ],
             env,
         ),

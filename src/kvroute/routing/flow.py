@@ -38,7 +38,7 @@ from enum import StrEnum
 from kvroute.routing.filters import seq_slots
 from kvroute.routing.key import RoutingKey
 from kvroute.routing.session_admission import RULES, SessionBook, footprint
-from kvroute.routing.settings import PlacementSettings, check_non_negative, setting
+from kvroute.routing.settings import PlacementSettings, check_non_negative, check_positive, setting
 from kvroute.routing.view import Candidate
 from kvroute.routing.worker import WorkerState
 
@@ -103,12 +103,8 @@ class FlowSettings:
         tenant_weights(self.flow_tenant_weights)  # raises ValueError when malformed
         if self.flow_session_rule not in RULES:
             raise ValueError(f"flow_session_rule must be one of {', '.join(RULES)}")
-        if not isinstance(self.flow_session_fill, int | float) or not self.flow_session_fill > 0:
-            raise ValueError("flow_session_fill must be a positive share")
-        if not isinstance(self.flow_kv_fill, int | float) or not self.flow_kv_fill > 0:
-            raise ValueError("flow_kv_fill must be a positive share")
-        if not isinstance(self.flow_queue_ttl_s, int | float) or not self.flow_queue_ttl_s > 0:
-            raise ValueError("flow_queue_ttl_s must be a positive number of seconds")
+        check_positive(self, "flow_session_fill", "flow_kv_fill", what="share")
+        check_positive(self, "flow_queue_ttl_s", what="number of seconds")
         if self.flow_order not in ORDERS:
             raise ValueError(f"flow_order must be one of {', '.join(ORDERS)}")
 
@@ -438,8 +434,9 @@ class FlowControl:
         q = self._queues.get(model)
         if q is not None:
             q.sessions.finished(session_id, now)
-            s = self._settings(model)
-            q.sessions.finished_sweep(now, s.flow_session_idle_s, s.flow_session_rule)
+            if len(q.sessions) > q.sessions.sweep_at:
+                s = self._settings(model)
+                q.sessions.sweep(now, s.flow_session_idle_s, s.flow_session_rule)
 
     def pump(self, now: float) -> list[Ticket]:
         """Grant queued requests, in each model's order, while a replica is admissible for the next

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvroute.routing.key import RoutingKey
@@ -106,9 +106,6 @@ class SessionBook:
     def __len__(self) -> int:
         return len(self.sessions)
 
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.sessions)
-
     def idle_after(self, rule: Rule, idle_s: float) -> float:
         """How long a quiet session is kept: 1.5 x the longest recent pause between turns (at
         least 1 s, at most ``idle_s``) for a rule that learns, else ``idle_s``."""
@@ -163,13 +160,12 @@ class SessionBook:
                 del self.sessions[sid]
                 self.peaks.append(entry.tokens)
 
-    def finished_sweep(self, now: float, idle_s: float, rule: str) -> None:
-        """Bound the book where the door is not asked (KV sizes unknown, every turn resident):
-        past ``sweep_at`` sessions, the idle ones are forgotten (what ``working_set`` would do
-        first anyway)."""
-        if len(self.sessions) > self.sweep_at:
-            self.forget_idle(now, idle_s, rule)
-            self.sweep_at = max(1024, 2 * len(self.sessions))
+    def sweep(self, now: float, idle_s: float, rule: str) -> None:
+        """Bound the book where the door is not asked (KV sizes unknown, every turn resident): once
+        it holds more than ``sweep_at`` sessions, the idle ones are forgotten (what
+        ``working_set`` would do first anyway) and the next sweep waits for twice what is left."""
+        self.forget_idle(now, idle_s, rule)
+        self.sweep_at = max(1024, 2 * len(self.sessions))
 
     def live(self, now: float, idle_s: float, rule: str) -> int:
         """How many sessions the working set counts now (read-only: the idle ones are not)."""

@@ -49,6 +49,16 @@ def check_non_negative(block: object, *names: str) -> None:
             raise ValueError(f"{name} must be a finite non-negative number")
 
 
+def check_positive(block: object, *names: str, what: str = "number") -> None:
+    """Raise ValueError unless each named field is a finite number > 0 (``what`` names its kind
+    in the message: "share", "number of seconds")."""
+    for name in names:
+        value = getattr(block, name)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+                or value <= 0:
+            raise ValueError(f"{name} must be a positive {what}")
+
+
 @dataclass(frozen=True, slots=True)
 class PlacementSettings:
     """Rules every policy shares: which policy, session stickiness, overflow, slots and slack."""

@@ -63,22 +63,24 @@ class _HeldAnswer:
 
 class _FirstByteTimer:
     """An attempt's first-byte deadline.  When it expires with somewhere else to go, the call fails
-    (``first_byte_timeout``) and the request is retried there; when this attempt is the last chance
-    (``nowhere_else()``), it is given until ``first_byte_ceiling_s`` instead: a deadline exists to
-    move a slow request, and with nowhere to move it, cutting it would only turn a slow answer (a
-    long prefill on a loaded replica) into a 502."""
+    (``first_byte_timeout``) and the request is retried there; when this attempt is the last chance,
+    ``last_chance()`` gives the longer deadline it gets instead (``first_byte_ceiling_s``): a
+    deadline exists to move a slow request, and with nowhere to move it, cutting it would only turn
+    a slow answer (a long prefill on a loaded replica) into a 502."""
 
-    __slots__ = ("_call", "_ceiling", "_deadline", "_handle", "_nowhere_else")
+    __slots__ = ("_call", "_deadline", "_handle", "_last_chance")
 
-    def __init__(self, call: Call, deadline: float, ceiling: float, nowhere_else: Callable[[], bool]) -> None:
+    def __init__(self, call: Call, deadline: float, last_chance: Callable[[], float | None]) -> None:
         self._call = call
-        self._deadline, self._ceiling = deadline, ceiling
-        self._nowhere_else = nowhere_else
-        self._handle = asyncio.get_running_loop().call_later(self._deadline, self._expired)
+        self._deadline = deadline
+        self._last_chance: Callable[[], float | None] | None = last_chance
+        self._handle = asyncio.get_running_loop().call_later(deadline, self._expired)
 
     def _expired(self) -> None:
-        if self._ceiling > self._deadline and self._nowhere_else():
-            later, self._deadline = self._ceiling - self._deadline, self._ceiling
+        longer = self._last_chance() if self._last_chance is not None else None
+        self._last_chance = None  # extended once at most
+        if longer is not None and longer > self._deadline:
+            later, self._deadline = longer - self._deadline, longer
             self._handle = asyncio.get_running_loop().call_later(later, self._expired)
             return
         self._call.expire(self._deadline)
@@ -248,8 +250,7 @@ class Proxy:
                     # One timer per attempt (cheaper than asyncio.timeout on the hot path); on expiry
                     # the call fails with reason first_byte_timeout, handled like any failure below.
                     timer = None if deadline is None else _FirstByteTimer(
-                        call, deadline, first_byte_deadline(r.settings, math.inf, key) or deadline,
-                        functools.partial(self._nowhere_else, key, state, exclude, attempts))
+                        call, deadline, functools.partial(self._last_chance, key, state, exclude, attempts))
                     try:
                         head = await call.head
                         if head.event_stream and head.status < 500:
@@ -286,14 +287,17 @@ class Proxy:
                 dispatch.finished(flight, ok=False)  # a no-op once the relay accounted for it
         self._give_up(writer, route, key, decision, held, failure, attempts, started)
 
-    def _nowhere_else(self, key: RoutingKey, state: WorkerState, exclude: list[str], attempts: int) -> bool:
-        """Whether an attempt on ``state`` is the request's last chance: no retry is left, or no
-        other worker could take it now (asked only when a first-byte deadline expires)."""
+    def _last_chance(self, key: RoutingKey, state: WorkerState, exclude: list[str],
+                     attempts: int) -> float | None:
+        """The longest first-byte deadline when an attempt on ``state`` is the request's last chance
+        (no retry left, or no other worker could take it now), else None.  Asked only when a
+        deadline expires."""
         r = self._r
-        if attempts > r.settings.retries:
-            return True
-        return not any(w.ready and w.serves(key.model) and w is not state and w.id not in exclude
-                       for w in r.registry.states())
+        if attempts <= r.settings.retries and any(
+                w.ready and w.serves(key.model) and w is not state and w.id not in exclude
+                for w in r.registry.states()):
+            return None
+        return first_byte_deadline(r.settings, math.inf, key)
 
     async def _wait(self, ticket: Ticket, writer: ResponseWriter, route: Route, key: RoutingKey,
                     started: float) -> bool:

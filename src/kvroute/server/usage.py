@@ -34,16 +34,20 @@ def output_tokens_of(doc: Any) -> int | None:
     """The answer's tokens so far from a body or event: OpenAI ``completion_tokens``, Anthropic
     and Responses ``output_tokens`` (Anthropic streams repeat it, growing, in ``message_delta``)."""
     usage = _usage(doc)
-    if usage is None:
-        return None
-    return _int(usage.get("completion_tokens", usage.get("output_tokens")))
+    return None if usage is None else _output(usage)
 
 
 def usage_of(doc: Any) -> tuple[int | None, int | None]:
     """``(prompt_tokens, cached_tokens)`` from an OpenAI, Responses or Anthropic body or event."""
     usage = _usage(doc)
-    if usage is None:
-        return None, None
+    return (None, None) if usage is None else _prompt_and_cached(usage)
+
+
+def _output(usage: Mapping[str, Any]) -> int | None:
+    return _int(usage.get("completion_tokens", usage.get("output_tokens")))
+
+
+def _prompt_and_cached(usage: Mapping[str, Any]) -> tuple[int | None, int | None]:
     if "prompt_tokens" in usage:
         details = usage.get("prompt_tokens_details")
         cached = details.get("cached_tokens") if isinstance(details, Mapping) else None
@@ -96,11 +100,14 @@ class UsageSniffer:
             self._parts = None
 
     def _take(self, doc: Any) -> None:
-        prompt, cached = usage_of(doc)
+        usage = _usage(doc)
+        if usage is None:
+            return
+        prompt, cached = _prompt_and_cached(usage)
         if prompt is not None:
             self.prompt_tokens = prompt
         if cached is not None:
             self.cached_tokens = cached
-        output = output_tokens_of(doc)
+        output = _output(usage)
         if output is not None:  # the last report wins: Anthropic's message_start says 1
             self.output_tokens = output
