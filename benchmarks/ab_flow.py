@@ -5,7 +5,10 @@
     python benchmarks/ab_flow.py --variants auto,auto/off --set flow_kv_fill=1.0
     python benchmarks/ab_flow.py --variants auto/sessions,auto,auto/off,least-loaded/off --steps 24,32,48
 
-A variant is ``POLICY`` (flow control with its defaults and ``--set``), ``POLICY/off``
+A variant is ``POLICY`` (``flow_control = true``, the rest as ``--set``), ``POLICY/default``
+(every setting at its default: flow control and fleet placement engage while the fleet is
+saturated, docs/saturation.md), ``POLICY/before`` (the previous release's defaults: flow control
+and session admission off, placement by predicted TTFT even when saturated), ``POLICY/off``
 (``flow_control = false``), ``POLICY/sessions`` (``flow_session_admission = true``) or
 ``POLICY/footprint`` (session admission with the first version's rule,
 ``flow_session_rule = "footprint"``), optionally followed by ``+FIELD=VALUE`` settings of that
@@ -46,7 +49,11 @@ def _run(job: tuple[str, dict[str, Any], int, float, list[int], float]) -> list[
     variant, fields, seed, think, steps, duration = job
     name, *extra = variant.split("+")
     policy, _, switch = name.partition("/")
-    settings = {**fields, "flow_control": switch != "off"}
+    settings = dict(fields)
+    if switch == "before":  # the previous release's defaults: nothing engages at saturation
+        settings.update(flow_control=False, flow_session_admission=False, fleet_full_placement="request")
+    elif switch != "default":
+        settings["flow_control"] = switch != "off"
     if switch in ("sessions", "footprint"):
         settings["flow_session_admission"] = True
     if switch == "footprint":

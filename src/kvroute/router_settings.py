@@ -340,6 +340,8 @@ def _model(name: str, value: Any) -> ModelSettings:
             v = _coerce(f"models.{name}.overflow", v, 1)
             if v < 0:
                 raise SettingsError(f"models.{name}.overflow must be 'auto' or a non-negative integer")
+        elif default == "auto" and (isinstance(v, bool) or v == "auto"):
+            pass  # a true/false/"auto" switch (flow_control, flow_session_admission)
         elif default is None:
             v = None if v is None else _coerce(f"models.{name}.{key}", v, 1)
         elif not isinstance(default, tuple):

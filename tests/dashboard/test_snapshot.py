@@ -166,7 +166,8 @@ def test_the_queue_per_model_or_flow_control_off() -> None:
     reg = Registry(clock=clock)
     reg.add("http://a:1", worker_id="a", models=["on"])
     reg.add("http://b:1", worker_id="b", models=["off"])
-    routing = RoutingConfig(models={"on": ModelPolicy(flow_control=True)})
+    routing = RoutingConfig(models={"on": ModelPolicy(flow_control=True),
+                                    "off": ModelPolicy(flow_control=False)})
     activity = Activity()
     now = clock.now
     for i, depth in enumerate((1, 3, 2, 0)):
@@ -181,7 +182,8 @@ def test_the_queue_per_model_or_flow_control_off() -> None:
                      admitted={("on", "at_once"): 40, ("on", "after_wait"): 5},
                      shed={("on", "ttl"): 1, ("on", "queue_full"): 2},
                      waits=activity.queue.waits,
-                     history={m: [h] for m, h in activity.queue.history.items()})
+                     history={m: [h] for m, h in activity.queue.history.items()},
+                     saturation={"on": (2, 1)})
     v = FleetView(records=reg.records(), scheduler_stats={}, routing=routing, requests=activity.requests,
                   ttfb=activity.ttfb, queue=flow)
 
@@ -190,6 +192,8 @@ def test_the_queue_per_model_or_flow_control_off() -> None:
     off, on = snap["models"]
     q = on["queue"]
     assert q["flow_control"] is True and (q["depth"], q["tokens"]) == (2, 250)
+    assert (q["saturated"], q["thrashing"], q["gate"]) == (True, True, True)
+    assert (off["queue"]["saturated"], off["queue"]["gate"]) == (False, False)
     assert len(q["series"]["depth"]) == snap["window"]["bins"]
     assert max(q["series"]["depth"]) == 3 and max(q["series"]["tokens"]) == 300
     assert q["wait"]["count"] == 5
@@ -201,7 +205,7 @@ def test_the_queue_per_model_or_flow_control_off() -> None:
                             {"tenant": "b", "tokens": 100, "share": 0.25}]
     assert q["admitted"] == {"at_once": 40, "after_wait": 5}
     assert q["shed"] == {"queue_full": 2, "ttl": 1} and q["shed_total"] == 3
-    # The default is off: the page says so, and there is nothing to count.
+    # Switched off: the page says so, and there is nothing to count.
     assert off["queue"]["flow_control"] is False
     quiet = off["queue"]
     assert quiet["depth"] == 0 and quiet["wait"]["count"] == 0 and quiet["shed_total"] == 0

@@ -293,16 +293,18 @@ def test_session_admission_is_off_by_default() -> None:
 
 @pytest.mark.parametrize("flow_control", [False, True])
 def test_sessions_are_remembered_only_for_session_admission(flow_control: bool) -> None:
-    """Without session admission nothing reads the served sessions, so none may pile up: every
-    conversation a router ever saw would otherwise stay in memory."""
+    """With session admission off nothing reads the served sessions, so none may pile up: every
+    conversation a router ever saw would otherwise stay in memory.  With "auto" (the default)
+    they are kept, for when the fleet saturates (the book's sweep bounds them)."""
     clock = Clock(1000.0)
-    d = dispatcher(clock, flow_control=flow_control)
+    d = dispatcher(clock, flow_control=flow_control, flow_session_admission=False)
     ws = fleet(2, seqs=64)
     for i in range(50):
         flight = send(d, key(session=f"s{i}"), ws)
         clock.now += 1.0
         d.finished(flight, ok=True)
     assert all(not q.sessions for q in d.flow._queues.values())
-    d = dispatcher(clock, flow_control=True, flow_session_admission=True)
-    flight = send(d, key(session="kept"), ws)
-    assert "kept" in d.flow._queues[MODEL].sessions
+    for switch in (True, "auto"):
+        d = dispatcher(clock, flow_control=True, flow_session_admission=switch)
+        flight = send(d, key(session="kept"), ws)
+        assert "kept" in d.flow._queues[MODEL].sessions

@@ -34,13 +34,18 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from kvroute.routing.decision import Decision
-from kvroute.routing.flow import FlowControl, FlowSettings, Ticket
+from kvroute.routing.flow import FlowControl, FlowSettings, Prediction, Ticket
 from kvroute.routing.key import RoutingKey
 from kvroute.routing.loadbook import LoadBook
+from kvroute.routing.saturation import Saturation, SaturationSettings, read_fleet
 from kvroute.routing.scheduler import Scheduler
 from kvroute.routing.session_admission import footprint
 from kvroute.routing.sync_record import SyncRecord
 from kvroute.routing.worker import WorkerState
+
+# How often (dispatcher clock seconds) the fleet is read for saturation: a read looks at every
+# worker, and the level it feeds moves on a scale of seconds.
+READ_EVERY_S = 0.25
 
 
 @dataclass(slots=True)
@@ -71,22 +76,80 @@ class Dispatcher:
         self.scheduler = scheduler
         self._timer = timer
         self.book = LoadBook()
+        # Per model: whether its fleet is saturated (routing/saturation.py), and the workers it
+        # was last routed over (what the saturation reading looks at).
+        self.saturation: dict[str, Saturation] = {}
+        self._fleets: dict[str, Sequence[WorkerState]] = {}
+        self._read_at = -float("inf")
         self.flow = FlowControl(lambda m: scheduler.policy_for(m).block(FlowSettings),
-                                lambda m: scheduler.policy_for(m).placement)
+                                lambda m: scheduler.policy_for(m).placement, self.saturated,
+                                self.thrashing)
+
+    def saturated(self, model: str) -> bool:
+        """Whether ``model``'s fleet is saturated (engaged, with hysteresis): placement then routes
+        for the fleet's throughput and flow control's "auto" switches engage."""
+        sat = self.saturation.get(model)
+        return sat is not None and sat.engaged
+
+    def thrashing(self, model: str) -> bool:
+        """Whether ``model``'s saturated fleet holds more conversations than its caches keep
+        (session admission's "auto" then engages, until the fleet is released)."""
+        sat = self.saturation.get(model)
+        return sat is not None and sat.thrashing
+
+    def _observe(self, now: float) -> None:
+        """Read every model's fleet for saturation, at most every ``READ_EVERY_S``; when a model
+        engages or is released, its queue is pumped (the gate's switch changed)."""
+        if now - self._read_at < READ_EVERY_S:
+            return
+        self._read_at = now
+        changed = False
+        for model, workers in self._fleets.items():
+            policy = self.scheduler.policy_for(model)
+            s = policy.block(SaturationSettings)
+            reading = read_fleet(model, workers, policy.placement, s, policy.block(FlowSettings).flow_kv_fill,
+                                 self.flow.blocked(model, now), self._realisation,
+                                 self.flow.working_set(model, now))
+            sat = self.saturation.get(model)
+            if sat is None:
+                sat = self.saturation[model] = Saturation()
+            changed |= sat.observe(now, reading, s)
+        if changed:
+            self.flow.pump(now)
+
+    def _realisation(self, worker_id: str) -> float:
+        learned = self.scheduler.learned(worker_id)
+        return 1.0 if learned is None else learned.realised
 
     def admit(self, key: RoutingKey, workers: Sequence[WorkerState],
               on_decided: Callable[[Ticket], None] | None = None) -> Ticket:
         """Flow control's gate for a request that just arrived: the ticket is granted (route it now),
         queued (``on_decided`` is called once it is granted or shed; ``claim`` it before routing)
         or shed (answer with the overload error, ``Retry-After: ticket.retry_after_s``)."""
-        def predict() -> tuple[int, bool]:
+        model = key.model
+        self._fleets[model] = workers
+        now = self._timer()
+        self._observe(now)
+
+        def predict() -> Prediction:
             # Where it would go now, for the order only: it is decided afresh when granted.
-            d = self.scheduler.decide(key, workers, (), self.book)
+            full = self.saturated(model)
+            d = self.scheduler.decide(key, workers, (), self.book, fleet_full=full)
             resident = key.session_id is not None and d.matched_blocks > 0 and \
                 2 * d.prefill_tokens < d.est_tokens
-            return d.prefill_tokens, resident
+            if not full:
+                return Prediction(d.prefill_tokens, resident)
+            factor = self.scheduler.policy_for(model).block(SaturationSettings).fleet_late_bind
+            holder, held = self.scheduler.holder(key, workers)
+            if holder is None or factor <= 0 or 2 * held < key.est_prompt_tokens:
+                return Prediction(d.prefill_tokens, resident)
+            # Waiting for the holder costs this request time; going elsewhere costs the fleet a
+            # cold prefill of the whole prompt (and the prefix it evicts): wait up to a multiple
+            # of that prefill.
+            bind_s = factor * key.est_prompt_tokens * self.scheduler.prefill_s_per_token(holder)
+            return Prediction(d.prefill_tokens, resident, holder, bind_s)
 
-        ticket = self.flow.admit(key, workers, self._timer(), predict)
+        ticket = self.flow.admit(key, workers, now, predict)
         ticket.on_decided = on_decided
         if ticket.queued:
             ticket.why = self._why(ticket)
@@ -94,7 +157,9 @@ class Dispatcher:
 
     def _why(self, ticket: Ticket) -> str:
         """Why a request just queued has to wait, in words (no prompt text): for its decision line."""
-        if self.flow.free_room(ticket.key) <= 0:
+        if self.flow.waits_for_holder(ticket, self._timer()):
+            held = f"waits for {ticket.holder}, which holds its prefix (late binding, fleet saturated)"
+        elif self.flow.free_room(ticket.key) <= 0:
             held = "no replica admissible"
         elif self.flow.at_door(ticket):
             held = "a replica is free but its session is new (session admission)"
@@ -130,8 +195,11 @@ class Dispatcher:
 
     def route(self, key: RoutingKey, workers: Sequence[WorkerState],
               exclude: Collection[str] = ()) -> Decision:
-        """Where ``key`` should go (a decision with no worker when none can serve it)."""
-        return self.scheduler.decide(key, workers, exclude, self.book)
+        """Where ``key`` should go (a decision with no worker when none can serve it); while its
+        model's fleet is saturated, placed for the fleet (``fleet_full``)."""
+        self._fleets[key.model] = workers
+        return self.scheduler.decide(key, workers, exclude, self.book,
+                                     fleet_full=self.saturated(key.model))
 
     def sent(self, key: RoutingKey, decision: Decision,
              state: WorkerState) -> tuple[InFlight, list[SyncRecord]]:
@@ -144,6 +212,7 @@ class Dispatcher:
         records = self.scheduler.commit(key, decision)
         self.flow.session_sent(key, decision.prefill_tokens)
         now = self._timer()
+        self._observe(now)
         self.flow.pump(now)
         return InFlight(state, decision, now, model=key.model, tokens=tokens,
                         session_id=key.session_id, tenant=key.tenant, priority=key.priority), records
@@ -160,7 +229,9 @@ class Dispatcher:
         """The ``side_sent`` request to ``state`` ended: its load is given back."""
         state.inflight -= 1
         self.book.touch(state)
-        self.flow.pump(self._timer())
+        now = self._timer()
+        self._observe(now)
+        self.flow.pump(now)
 
     def first_byte(self, flight: InFlight) -> None:
         """The worker's first byte of the answer arrived."""
@@ -187,6 +258,7 @@ class Dispatcher:
             used = None if prompt_tokens is None or output_tokens is None else prompt_tokens + output_tokens
             self.flow.served(flight.model, flight.tenant, flight.priority, flight.tokens, used)
         now = self._timer()
+        self._observe(now)
         self.flow.finished(flight.model, now)
         if flight.session_id is not None:
             self.flow.session_finished(flight.model, flight.session_id, now)
@@ -207,14 +279,18 @@ class Dispatcher:
         seen = state.inflight + state.peer_inflight
         state.scraped_inflight = seen if inflight_before is None else max(seen, inflight_before)
         self.book.touch(state)
-        self.flow.pump(self._timer())
+        now = self._timer()
+        self._observe(now)
+        self.flow.pump(now)
 
     def peer_load(self, state: WorkerState, inflight: int) -> None:
         """Other router instances have ``inflight`` requests on ``state`` in total."""
         if state.peer_inflight != inflight:
             state.peer_inflight = inflight
             self.book.touch(state)
-            self.flow.pump(self._timer())
+            now = self._timer()
+            self._observe(now)
+            self.flow.pump(now)
 
     def worker_epoch(self, worker_id: str, epoch: float) -> list[SyncRecord]:
         """A worker (re)registered or restarted at ``epoch``; returns the fact to publish if news."""

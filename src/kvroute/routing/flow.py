@@ -34,9 +34,11 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Literal
 
 from kvroute.routing.filters import seq_slots
 from kvroute.routing.key import RoutingKey
+from kvroute.routing.saturation import check_switch, switch_on
 from kvroute.routing.session_admission import RULES, SessionBook, footprint
 from kvroute.routing.settings import PlacementSettings, check_non_negative, check_positive, setting
 from kvroute.routing.view import Candidate
@@ -47,11 +49,10 @@ from kvroute.routing.worker import WorkerState
 class FlowSettings:
     """Flow control's settings (docs/flow-control.md)."""
 
-    # Off by default: measured so far, the gate alone cuts preemptions but not TTFB or output
-    # (docs/flow-control.md, "Why it is off by default").
-    flow_control: bool = setting(
-        False, "hold requests at the router while no replica is admissible, and admit them in "
-               "flow_order when one frees up; false: forward every request at once")
+    flow_control: bool | Literal["auto"] = setting(
+        "auto", "hold requests at the router while no replica is admissible, and admit them in "
+                "flow_order when one frees up: 'auto' while the fleet is saturated "
+                "(docs/saturation.md), true always, false never (every request is forwarded at once)")
     flow_kv_fill: float = setting(
         1.25, "a replica is admissible while the KV footprint of what the routers sent it and have "
              "not seen finish (prompt + max_tokens), plus the request's, stays within this share "
@@ -80,10 +81,11 @@ class FlowSettings:
     flow_queue_ttl_s: float = setting(
         60.0, "a request queued this long is shed with the API's overload answer")
 
-    flow_session_admission: bool = setting(
-        False, "start a new session only while the working set of the sessions the fleet already "
-               "serves (flow_session_rule), plus the new one's, fits in flow_session_fill x the "
-               "fleet's KV cache; a held first turn waits in the queue")
+    flow_session_admission: bool | Literal["auto"] = setting(
+        "auto", "start a new session only while the working set of the sessions the fleet already "
+                "serves (flow_session_rule), plus the new one's, fits in flow_session_fill x the "
+                "fleet's KV cache; a held first turn waits in the queue ('auto': while the fleet "
+                "is saturated)")
     flow_session_rule: str = setting(
         "unique", "what a served session counts in the working set: 'unique' (its last request's "
                   "prompt + max_tokens less the prefix other sessions had cached, e.g. a shared "
@@ -98,6 +100,7 @@ class FlowSettings:
              "(0: it waits until flow_queue_ttl_s)")
 
     def __post_init__(self) -> None:
+        check_switch(self, "flow_control", "flow_session_admission")
         check_non_negative(self, "flow_aging_s", "flow_aging_factor", "flow_max_queued",
                            "flow_max_queued_tokens", "flow_session_idle_s", "flow_session_door_s")
         tenant_weights(self.flow_tenant_weights)  # raises ValueError when malformed
@@ -187,6 +190,9 @@ class Ticket:
     holds: bool = False  # granted from the queue and not yet claimed: counts as a reservation
     door_tokens: int = 0  # a new session let in at the door: what it adds until it is sent
     why: str = ""
+    holder: str | None = None  # late binding: the replica holding its prefix, which it waits for
+    bind_until: float = 0.0  # ... until then (the dispatcher's clock)
+    target: str | None = None  # granted for its holder and not yet claimed
 
     @property
     def queued(self) -> bool:
@@ -202,6 +208,19 @@ class Ticket:
     def tenant(self) -> str:
         """Whose request it is, for the fair share."""
         return self.key.tenant or DEFAULT_TENANT
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """Where a request would go if it were routed now, for the queue: the prompt tokens it would
+    prefill there, whether it is a continuing session's turn whose prefix is still resident, and
+    (late binding, while the fleet is saturated) the replica holding most of its prompt and how
+    many seconds it may wait for that replica before it may go elsewhere."""
+
+    prefill_tokens: int
+    resident: bool
+    holder: str | None = None
+    bind_s: float = 0.0
 
 
 # An order maps (ticket, now, aging threshold in seconds) to a sort key; the smallest key goes
@@ -265,6 +284,7 @@ class _Queue:
     tokens: int = 0
     reserved: int = 0  # granted from the queue, not yet claimed by their edge
     opened: int = 0  # working-set tokens of new sessions let in at the door and not yet sent
+    targeted: dict[str, int] = field(default_factory=dict)  # unclaimed grants for their holder
     finished: deque[float] = field(default_factory=lambda: deque(maxlen=64))
     sessions: SessionBook = field(default_factory=SessionBook)  # for session admission
     bands: dict[int, _Band] = field(default_factory=dict)  # by priority class
@@ -276,9 +296,13 @@ class FlowControl:
     """Every model's gate and queue (see the module's docstring)."""
 
     def __init__(self, settings: Callable[[str], FlowSettings],
-                 placement: Callable[[str], PlacementSettings]) -> None:
+                 placement: Callable[[str], PlacementSettings],
+                 saturated: Callable[[str], bool] = lambda model: False,
+                 thrashing: Callable[[str], bool] = lambda model: False) -> None:
         self._settings = settings
         self._placement = placement
+        self._saturated = saturated
+        self._thrashing = thrashing
         self._queues: dict[str, _Queue] = {}
         self._seq = 0
         self.admitted: dict[tuple[str, str, str], int] = {}  # by (model, "at_once" | "after_wait", class)
@@ -292,15 +316,21 @@ class FlowControl:
 
     # --- the gate ---------------------------------------------------------------------------------
 
+    def gate_on(self, model: str) -> bool:
+        """Whether ``model``'s requests pass the gate: ``flow_control`` true, or "auto" while the
+        fleet is saturated."""
+        return switch_on(self._settings(model).flow_control, self._saturated(model))
+
     def admit(self, key: RoutingKey, workers: Sequence[WorkerState], now: float,
-              predict: Callable[[], tuple[int, bool]]) -> Ticket:
-        """A request arrived: grant it at once while some replica is admissible for it and nothing
-        waits ahead of it; else queue it (``predict`` gives its predicted prefill and whether its
-        prefix is resident, for the order and session admission) or shed it past the caps."""
+              predict: Callable[[], Prediction]) -> Ticket:
+        """A request arrived: grant it at once while some replica is admissible for it, nothing
+        waits ahead of it and (late binding) the replica holding its prefix is among them; else
+        queue it (``predict`` says where it would go, for the order, session admission and late
+        binding) or shed it past the caps."""
         s = self._settings(key.model)
         self._seq += 1
         ticket = Ticket(key, now, seq=self._seq)
-        if not s.flow_control:
+        if not self.gate_on(key.model):
             return ticket
         q = self._queues.get(key.model)
         if q is None:
@@ -308,11 +338,12 @@ class FlowControl:
         q.workers = workers
         if key.session_id is not None:
             q.sessions.arrived(key.session_id, now)
-        predicted = self._new_session(key, q, s)
-        if predicted:  # the door needs what the fleet holds of its prompt already
-            ticket.prefill_tokens, ticket.resident = predict()
+        # The door needs what the fleet holds of its prompt already; late binding, its holder.
+        predicted = self._new_session(key, q, s) or self._saturated(key.model)
+        if predicted:
+            self._predicted(ticket, predict())
         if not q.tickets and self._room(key, q) > q.reserved and \
-                self._session_fits(ticket, q, now, s):
+                self._session_fits(ticket, q, now, s) and self._holder_free(ticket, q, now):
             self._granted(ticket, q, s, waited=False)
             return ticket
         full = len(q.tickets) >= s.flow_max_queued
@@ -325,7 +356,7 @@ class FlowControl:
                 self._leave(victim, q, now)
                 self._shed(victim, q, ShedReason.DISPLACED, now, s, queued=True)
         if not predicted:
-            ticket.prefill_tokens, ticket.resident = predict()
+            self._predicted(ticket, predict())
         ticket.state = TicketState.QUEUED
         q.tickets.append(ticket)
         q.tokens += key.est_prompt_tokens
@@ -344,6 +375,35 @@ class FlowControl:
                 self.admitted[(key.model, "after_wait", cls)] -= 1
                 self._count_admitted(key.model, cls, waited=False)
         return ticket
+
+    @staticmethod
+    def _predicted(ticket: Ticket, p: Prediction) -> None:
+        ticket.prefill_tokens, ticket.resident = p.prefill_tokens, p.resident
+        if p.holder is not None and p.bind_s > 0:
+            ticket.holder, ticket.bind_until = p.holder, ticket.arrived + p.bind_s
+
+    def _holder_free(self, t: Ticket, q: _Queue, now: float) -> bool:
+        """Late binding: whether ``t`` may be granted now as far as its holder goes — it has none,
+        its wait for it is over, or the holder is admissible for it and no grant for it is
+        unclaimed yet (a holder that left or is not ready is nothing to wait for)."""
+        holder = t.holder
+        if holder is None or now >= t.bind_until:
+            return True
+        if q.targeted.get(holder):
+            return False
+        for w in q.workers:
+            if w.id == holder:
+                if not w.ready:
+                    return True
+                model = t.key.model
+                return admissible(w, footprint(t.key), self._placement(model),
+                                  self._settings(model).flow_kv_fill)
+        return True
+
+    def waits_for_holder(self, t: Ticket, now: float) -> bool:
+        """Whether ``t`` waits for the replica holding its prefix (late binding) at ``now``."""
+        q = self._queues.get(t.key.model)
+        return q is not None and t.holder is not None and not self._holder_free(t, q, now)
 
     def _displaceable(self, ticket: Ticket, q: _Queue, s: FlowSettings) -> list[Ticket] | None:
         """The queued requests ``ticket`` pushes out of a full queue — of lower classes only, the
@@ -384,8 +444,8 @@ class FlowControl:
     def _new_session(self, key: RoutingKey, q: _Queue, s: FlowSettings) -> bool:
         """Whether session admission applies to ``key``: on, and a session the fleet does not
         serve yet."""
-        return s.flow_session_admission and key.session_id is not None and \
-            key.session_id not in q.sessions
+        return key.session_id is not None and key.session_id not in q.sessions and \
+            switch_on(s.flow_session_admission, self._thrashing(key.model))
 
     def at_door(self, t: Ticket) -> bool:
         """Whether session admission holds ``t`` at the door: a new session's request whose prefix
@@ -422,7 +482,7 @@ class FlowControl:
         of its prompt.  Tracked only where session admission reads it (its idle sessions are
         dropped there): otherwise every conversation ever seen would stay in this table."""
         s = self._settings(key.model)
-        if key.session_id is None or not s.flow_session_admission:
+        if key.session_id is None or s.flow_session_admission is False:
             return
         q = self._queues.get(key.model)
         if q is None:
@@ -446,6 +506,12 @@ class FlowControl:
             if not q.tickets:
                 continue
             s = self._settings(model)
+            if not self.gate_on(model):
+                # The gate opened (the fleet is no longer saturated): whoever waits goes now.
+                for t in sorted(q.tickets, key=lambda t: (-t.priority, t.arrived, t.seq)):
+                    self._grant(t, q, s, now)
+                    granted.append(t)
+                continue
             order = ORDERS[s.flow_order]
             aged_after = self._aged_after(q, s)
             held_back: set[int] = set()
@@ -458,6 +524,9 @@ class FlowControl:
             while (best := self._next(q, now, order, aged_after, held_back)) is not None:
                 if self._room(best.key, q) <= q.reserved:
                     break
+                if not self._holder_free(best, q, now):
+                    held_back.add(best.seq)  # it waits for its holder; others may go
+                    continue
                 if self._at_door(best, q, s):
                     # The door's oldest goes in its place, if the fleet's KV holds its session and
                     # a replica is admissible for it; else the door shuts for this pass, all of it
@@ -472,18 +541,26 @@ class FlowControl:
                     best = door.popleft()
                     best.door_tokens = q.sessions.need(best.key, best.prefill_tokens, s.flow_session_rule)
                     q.opened += best.door_tokens
-                self._leave(best, q, now)
-                if best is not self._arriving:  # one granted as it arrives did not wait
-                    q.waits.append(best.waited_s)
-                    q.median_wait = None
-                best.state = TicketState.GRANTED
-                best.holds = True
-                q.reserved += 1
-                self._granted(best, q, s, waited=True)
+                self._grant(best, q, s, now)
                 granted.append(best)
-                if best.on_decided is not None:
-                    best.on_decided(best)
         return granted
+
+    def _grant(self, t: Ticket, q: _Queue, s: FlowSettings, now: float) -> None:
+        """Grant queued ``t``: out of the queue, a reservation until its edge claims it (for its
+        holder, when it waited for one), and its edge told."""
+        self._leave(t, q, now)
+        if t is not self._arriving:  # one granted as it arrives did not wait
+            q.waits.append(t.waited_s)
+            q.median_wait = None
+        t.state = TicketState.GRANTED
+        t.holds = True
+        q.reserved += 1
+        if t.holder is not None and now < t.bind_until:
+            t.target = t.holder
+            q.targeted[t.holder] = q.targeted.get(t.holder, 0) + 1
+        self._granted(t, q, s, waited=True)
+        if t.on_decided is not None:
+            t.on_decided(t)
 
     def _next(self, q: _Queue, now: float, order: Order, aged_after: float,
               held_back: set[int]) -> Ticket | None:
@@ -528,7 +605,14 @@ class FlowControl:
             if q is not None:
                 q.reserved -= 1
                 q.opened -= ticket.door_tokens
+                if ticket.target is not None:
+                    left = q.targeted[ticket.target] - 1
+                    if left:
+                        q.targeted[ticket.target] = left
+                    else:
+                        del q.targeted[ticket.target]
             ticket.door_tokens = 0
+            ticket.target = None
 
     def withdraw(self, ticket: Ticket, now: float) -> list[Ticket]:
         """Its client left: the ticket leaves no trace (out of the queue, its reservation back).
@@ -601,7 +685,7 @@ class FlowControl:
         out: dict[str, tuple[int, int]] = {}
         for model, q in self._queues.items():
             s = self._settings(model)
-            if s.flow_session_admission:
+            if s.flow_session_admission is not False:
                 waiting = {t.key.session_id for t in q.tickets if self._at_door(t, q, s)}
                 live = q.sessions.live(now, s.flow_session_idle_s, s.flow_session_rule)
                 out[model] = (live, len(waiting))
@@ -624,6 +708,23 @@ class FlowControl:
                 n, tokens = out[(model, class_name(t.priority))]
                 out[(model, class_name(t.priority))] = (n + 1, tokens + t.key.est_prompt_tokens)
         return out
+
+    def working_set(self, model: str, now: float) -> int:
+        """KV tokens the sessions ``model``'s fleet serves count in session admission's working
+        set (0 where it is off)."""
+        q = self._queues.get(model)
+        s = self._settings(model)
+        if q is None or s.flow_session_admission is False:
+            return 0
+        return q.sessions.working_set(now, s.flow_session_idle_s, s.flow_session_rule)
+
+    def blocked(self, model: str, now: float) -> int:
+        """How many of ``model``'s queued requests wait for room (at the door included), not only
+        for the replica holding their prefix (late binding)."""
+        q = self._queues.get(model)
+        if q is None:
+            return 0
+        return sum(1 for t in q.tickets if t.holder is None or self._holder_free(t, q, now))
 
     def queued(self, model: str) -> list[Ticket]:
         """The model's queued tickets, in arrival order."""
@@ -679,7 +780,7 @@ class FlowControl:
         ask for a large ``max_tokens`` and get short answers is not held back for tokens it never
         used; and its served tokens are counted (``tenant_tokens``)."""
         s = self._settings(model)
-        if not s.flow_control:
+        if s.flow_control is False:
             return
         tenant = tenant or DEFAULT_TENANT
         q = self._queues.get(model)

@@ -28,6 +28,7 @@ from kvroute.routing.learning import LearningSettings, WorkerLearning
 from kvroute.routing.loadbook import LoadBook
 from kvroute.routing.policies import policy_named
 from kvroute.routing.prefix_index import PrefixIndex
+from kvroute.routing.saturation import SaturationSettings
 from kvroute.routing.sessions import SessionTable
 from kvroute.routing.stages import PickerState, Policy, Pruning
 from kvroute.routing.sync_record import PrefixRecord, SessionRecord, SyncRecord, WorkerEpochRecord
@@ -76,11 +77,14 @@ class Scheduler:
         return self._memo_hashes
 
     def decide(self, key: RoutingKey, workers: Sequence[WorkerState],
-               exclude: Collection[str] = (), book: LoadBook | None = None) -> Decision:
+               exclude: Collection[str] = (), book: LoadBook | None = None, *,
+               fleet_full: bool = False) -> Decision:
         """Where to send ``key`` among ``workers`` (``WorkerState``s), skipping ``exclude`` ids.
 
         With ``book`` (the dispatcher's, filed with these workers' loads) a fleet larger than
         ``prune_above`` is decided over the workers the policy's ``Pruning`` says can win.
+        ``fleet_full``: the model's fleet is saturated (routing/saturation.py); with
+        ``fleet_full_placement = "fleet"`` the policy then places for the fleet (``View.fleet_full``).
         """
         now = self._clock()
         cfg = self.config.policy_for(key.model)
@@ -88,14 +92,17 @@ class Scheduler:
         policy = policy_named(placement.policy)
         needs = policy.needs
         hashes = self.hashes(key)
-        view = View(key, cfg, placement, now, len(hashes), self._block_tokens)
+        view = View(key, cfg, placement, now, len(hashes), self._block_tokens,
+                    fleet_full=fleet_full and cfg.block(SaturationSettings).fleet_full_placement == "fleet")
         if Signal.BINDING in needs and placement.sticky and key.session_id is not None:
             view.session = session_hash(key)
             assert view.session is not None
             view.bound = self._sessions.get(view.session, now)
         offered = len(workers)
         few = None
-        if book is not None and policy.pruning is not None and offered > self.config.prune_above:
+        # Placing for a full fleet compares every worker with the fleet's mean load: no pruning.
+        if book is not None and policy.pruning is not None and offered > self.config.prune_above \
+                and not view.fleet_full:
             few = self._prune(policy, policy.pruning, view, hashes, workers, exclude, book)
         if few is not None:
             cands = few
@@ -126,6 +133,18 @@ class Scheduler:
             prefill_tokens=prefill, scores=keys[i], considered=considered,
             predicted_ttft_s=self.predicted_ttft(policy, view, chosen, prefill),
         )
+
+    def holder(self, key: RoutingKey, workers: Sequence[WorkerState]) -> tuple[str | None, float]:
+        """The ready worker serving ``key``'s model whose indexed match of the prompt is deepest,
+        and the prompt tokens it holds by the index ((None, 0) when none holds any): what late
+        binding waits for, whatever the workers' load."""
+        model = key.model
+        cands = [Candidate.of(w) for w in workers if w.ready and w.serves(model)]
+        self._match(self.hashes(key), cands, self._clock())
+        best = max(cands, key=lambda c: c.matched_blocks, default=None)
+        if best is None or not best.matched_blocks:
+            return None, 0.0
+        return best.worker.id, min(float(key.est_prompt_tokens), best.matched_blocks * self._block_tokens)
 
     def predicted_ttft(self, policy: Policy, view: View, c: Candidate, prefill_tokens: int) -> float:
         """Predicted seconds to the first token on the chosen candidate ``c``: the policy's own

@@ -73,7 +73,8 @@ class View:
     """What every stage may read about the request being routed.
 
     ``bound`` is the worker the request's session is bound to (None without a session, without
-    stickiness, or for a new session).
+    stickiness, or for a new session).  ``fleet_full``: the model's fleet is saturated and its
+    policy places for the fleet's throughput (routing/saturation.py).
     """
 
     key: RoutingKey
@@ -84,6 +85,7 @@ class View:
     block_tokens: float
     session: int | None = None
     bound: str | None = None
+    fleet_full: bool = False
     _memo: dict[Callable[[View], Any], Any] = field(default_factory=dict, repr=False)
 
     def derived(self, fn: Callable[[View], T]) -> T:

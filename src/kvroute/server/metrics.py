@@ -177,6 +177,31 @@ def _flow_families(registry: Registry) -> Iterator[Metric]:
         sessions.add_metric([model, "admitted"], admitted_n)
         sessions.add_metric([model, "waiting"], waiting_n)
     yield from (depth, tokens, admitted, shed, tenants, sessions)
+    yield from _saturation_families(registry)
+
+
+def _saturation_families(registry: Registry) -> Iterator[Metric]:
+    """Whether each model's fleet is saturated (routing/saturation.py): the state, the level its
+    hysteresis reads, thrashing, and how often it engaged.  Per router process, summed over the
+    processes of a multi-process router (each reads the fleet itself)."""
+    saturated = GaugeMetricFamily("kvroute_fleet_saturated",
+                                  "1 while the model's fleet is saturated: no replica could start a "
+                                  "request at once for a while (placement then routes for the fleet)",
+                                  labels=["model"])
+    thrashing = GaugeMetricFamily("kvroute_fleet_thrashing",
+                                  "1 while the saturated fleet holds more conversations than its caches "
+                                  "keep (session admission's 'auto' engaged)", labels=["model"])
+    level = GaugeMetricFamily("kvroute_fleet_full_level",
+                              "Share of recent time the model's fleet read full (exponentially "
+                              "averaged over fleet_full_window_s)", labels=["model"])
+    engaged = CounterMetricFamily("kvroute_fleet_saturations",
+                                  "Times the model's fleet became saturated", labels=["model"])
+    for model, sat in sorted(registry.dispatch.saturation.items()):
+        saturated.add_metric([model], int(sat.engaged))
+        thrashing.add_metric([model], int(sat.thrashing))
+        level.add_metric([model], sat.level)
+        engaged.add_metric([model], sat.engagements)
+    yield from (saturated, thrashing, level, engaged)
 
 
 def _gauge(name: str, doc: str, value: Any) -> GaugeMetricFamily:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from kvroute.routing.flow import FlowSettings
 from kvroute.routing.learning import LearningSettings
 from kvroute.routing.policies import auto, balance, prefix, session
+from kvroute.routing.saturation import SaturationSettings
 from kvroute.routing.settings import PlacementSettings
 from kvroute.routing.stages import Policy
 
@@ -28,7 +29,7 @@ BUILT_IN_NAMES: tuple[str, ...] = tuple(POLICIES)
 
 # Settings blocks every model carries, in the order help and docs list them.  The learned figures
 # are always kept (a model's policy can change at run time through the admin API).
-BLOCKS: list[type] = [PlacementSettings, LearningSettings, FlowSettings]
+BLOCKS: list[type] = [PlacementSettings, LearningSettings, FlowSettings, SaturationSettings]
 for _p in _BUILT_IN:
     BLOCKS.extend(b for b in _p.settings if b not in BLOCKS)
 

@@ -27,6 +27,16 @@ a cost rather than filtering on them keeps what is known exactly (the work queue
 whole bursts of new sessions to the workers whose previous sessions happened to have finished
 (docs/routing.md).  ``balanced_sessions`` stays, with ``session_spread`` = 2, as a loose guard so
 that a long head cached on one worker does not collect every new session.
+
+**When the fleet is full** (``View.fleet_full``, routing/saturation.py) no replica can start a
+request at once, so a shorter queue is no longer worth a cold prefill: that prefill is the fleet's
+work, and it evicts a prefix whose next request then goes cold too.  The cost becomes the fleet's:
+the prefill the request adds (its uncached tokens, weighted like above) plus the decode
+interference of the requests in flight there — no backlog, waiting queue or session load, which
+only say when *this* request starts.  In place of the prompt-size slack, consistent hashing with
+bounded loads (``bounded_load``): a replica takes the request only while it would carry at most
+``fleet_load_bound`` x the fleet's mean load, so a prefix stays on its holder, and a hot prefix
+gets a second replica only once its holder is that far above the mean.
 """
 
 from __future__ import annotations
@@ -38,6 +48,7 @@ from kvroute.routing import filters, pickers, scorers
 from kvroute.routing.decision import DecisionKind
 from kvroute.routing.explain import blocks, bound_kind, session_tag
 from kvroute.routing.learning import LearningSettings
+from kvroute.routing.saturation import SaturationSettings
 from kvroute.routing.settings import check_non_negative, setting
 from kvroute.routing.stages import Filter, Policy, Pruning, Scorer
 from kvroute.routing.view import Candidate, Signal, View
@@ -136,12 +147,17 @@ def _costs(view: View, cands: list[Candidate]) -> list[float]:
     p = view.derived(_Prices.of)
     s, est, bound = p.s, float(p.est), p.bound
     cap = view.placement.overflow if view.placement.overflow != "auto" else None
+    full = view.fleet_full
     out: list[float] = []
     for c in cands:
-        queue, held = p.queue_and_held(c)
-        uncached = est - held
-        if p.per_session:
-            queue += p.sessions(c)
+        if full:  # the fleet's cost: the prefill it adds, and decode interference
+            uncached = est - p.held(c)
+            queue = s.inflight_tokens * c.busy
+        else:
+            queue, held = p.queue_and_held(c)
+            uncached = est - held
+            if p.per_session:
+                queue += p.sessions(c)
         cost = c.s_per_token * (queue + (1.0 + s.prefill_penalty) * uncached)
         if c.worker.id == bound:
             if cap is not None and c.load > cap:
@@ -160,6 +176,26 @@ predicted_ttft = Scorer("predicted_ttft", _costs,
 def predicted_ttft_s(view: View, c: Candidate) -> float:
     """auto's predicted time to first token on ``c`` (what the proxy's first-byte deadline scales)."""
     return _Prices.of(view).predicted(c)
+
+
+def load_bound(view: View, cands: list[Candidate]) -> int:
+    """The most requests a candidate may carry, this one included, while the fleet is full:
+    ``fleet_load_bound`` x the mean over ``cands`` with this request added, rounded up."""
+    total = sum(c.busy for c in cands) + 1
+    return math.ceil(view.block(SaturationSettings).fleet_load_bound * total / len(cands))
+
+
+def _room_guard(view: View, cands: list[Candidate]) -> list[Candidate]:
+    if not view.fleet_full:
+        return filters.load_within_slack.keep(view, cands)
+    limit = load_bound(view, cands)
+    # The least busy always passes (its load + 1 is within any bound >= 1 x the mean).
+    return [c for c in cands if c.busy + 1 <= limit]
+
+
+room_guard = Filter("room_guard", _room_guard, frozenset({Signal.BINDING}))
+"""With room in the fleet, the prompt-size slack (``load_within_slack``); when it is full, the
+bounded load: candidates that would carry at most ``fleet_load_bound`` x the mean load."""
 
 
 def _balanced_sessions(view: View, cands: list[Candidate]) -> list[Candidate]:
@@ -188,6 +224,8 @@ def explain(view: View, cands: list[Candidate], i: int) -> tuple[DecisionKind, s
     versus = f" vs {alt_s:.3f}s on {alt.worker.id}" if alt is not None else ""
     figures = (f"predicted {prices.predicted(c):.3f}s{versus}; keeps {blocks(view, c)}, "
                f"busy={c.busy}, ~{view.est_tokens} tokens")
+    if view.fleet_full:
+        figures += f"; fleet saturated: placed for the fleet, load bound {load_bound(view, cands)}"
     kind = bound_kind(view, c)
     if kind is DecisionKind.STICKY:
         return kind, f"[AUTO] sticky: {session_tag(view)} stays on {c.worker.id} ({figures})"
@@ -212,10 +250,11 @@ def _floor(view: View, busy: int) -> float | None:
 
 
 PRUNING = Pruning("busy", lambda view: view.placement.slack_for(view.est_tokens), _floor)
-"""A new placement goes within the prompt-size slack of the least busy (``load_within_slack``);
-a bound session's turn stays unless a worker beats the cost of staying."""
+"""A new placement goes within the prompt-size slack of the least busy (``room_guard`` with room);
+a bound session's turn stays unless a worker beats the cost of staying.  Not used while the fleet
+is full (every worker is compared with the mean load)."""
 
-POLICY = Policy("auto", (*filters.BASE, filters.load_within_slack, balanced_sessions),
+POLICY = Policy("auto", (*filters.BASE, room_guard, balanced_sessions),
                 (predicted_ttft, scorers.deepest_match, scorers.inflight), pickers.lowest, explain,
                 held=expected_held_tokens, settings=(AutoSettings,), pruning=PRUNING,
                 predict=predicted_ttft_s,

@@ -42,6 +42,7 @@ def activity_json(router: Router) -> dict[str, Any]:
             "admitted": [[m, when, n] for (m, when), n in queue.admitted.items()],
             "shed": [[m, reason, n] for (m, reason), n in queue.shed.items()],
             "waits": list(queue.waits),
+            "saturation": {m: list(c) for m, c in queue.saturation.items()},
             "history": {m: [s.to_json() for s in samples]
                         for m, samples in router.activity.queue.history.items()},
         },
@@ -82,6 +83,7 @@ def _parse_queue(doc: Mapping[str, Any]) -> QueueView:
         waits=[(float(t), str(m), float(v)) for t, m, v in doc.get("waits", [])],
         history={str(m): [[QueueSample(*(int(x) for x in s)) for s in samples]]
                  for m, samples in doc.get("history", {}).items()},
+        saturation={str(m): (int(c[0]), int(c[1])) for m, c in doc.get("saturation", {}).items()},
     )
 
 
@@ -99,9 +101,9 @@ def _summed_pairs(maps: Iterable[Mapping[K, tuple[int, int]]]) -> dict[K, tuple[
 
 
 def _merged_queue(views: Sequence[QueueView]) -> QueueView:
-    """Every process's queues: depths and counts summed (session admission's door too: each
-    process keeps its own), waits interleaved by time, one depth timeline per process (the series
-    sums them)."""
+    """Every process's queues: depths and counts summed (session admission's door and the processes
+    that see the fleet saturated too: each process keeps its own), waits interleaved by time, one
+    depth timeline per process (the series sums them)."""
     admitted: Counter[tuple[str, str]] = Counter()
     shed: Counter[tuple[str, str]] = Counter()
     tenant_tokens: Counter[tuple[str, str]] = Counter()
@@ -117,7 +119,8 @@ def _merged_queue(views: Sequence[QueueView]) -> QueueView:
                      by_class=_summed_pairs(v.by_class for v in views),
                      sessions=_summed_pairs(v.sessions for v in views),
                      tenant_tokens=dict(tenant_tokens),
-                     admitted=dict(admitted), shed=dict(shed), waits=waits, history=history)
+                     admitted=dict(admitted), shed=dict(shed), waits=waits, history=history,
+                     saturation=_summed_pairs(v.saturation for v in views))
 
 
 def merged_view(router: Router, others: Sequence[Mapping[str, Any]]) -> FleetView:

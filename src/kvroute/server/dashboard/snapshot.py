@@ -18,6 +18,7 @@ from kvroute.routing.config import ModelPolicy, RoutingConfig
 from kvroute.routing.decision import DecisionKind
 from kvroute.routing.flow import FlowSettings
 from kvroute.routing.policies import policy_named
+from kvroute.routing.saturation import switch_on
 from kvroute.routing.view import Signal
 from kvroute.server.activity import QueueSample, RoutedRequest
 from kvroute.server.dashboard.series import (
@@ -41,7 +42,8 @@ class QueueView:
     the admitted (by model and ``at_once`` /
     ``after_wait``) and shed (by model and reason) counts since the router started, the waits of the
     requests that waited (``(time, model, seconds)``), and each model's depth history, one timeline
-    per router process."""
+    per router process; ``saturation`` counts, per model, the processes that see its fleet
+    saturated and thrashing (routing/saturation.py)."""
 
     depth: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     by_class: Mapping[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
@@ -51,6 +53,7 @@ class QueueView:
     shed: Mapping[tuple[str, str], int] = field(default_factory=dict)
     waits: Iterable[tuple[float, str, float]] = ()
     history: Mapping[str, Sequence[Iterable[QueueSample]]] = field(default_factory=dict)
+    saturation: Mapping[str, tuple[int, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,8 +162,13 @@ def _queue(name: str, policy: ModelPolicy, view: QueueView, waits: Iterable[tupl
     sessions = view.sessions.get(name)
     wait = latency_percentiles(waits, window).to_json()
     shed = {reason: n for (model, reason), n in sorted(view.shed.items()) if model == name}
+    saturated, thrashing = view.saturation.get(name, (0, 0))
+    switch = policy.block(FlowSettings).flow_control
     return {
-        "flow_control": policy.block(FlowSettings).flow_control,
+        "flow_control": switch,
+        "saturated": saturated > 0,
+        "thrashing": thrashing > 0,
+        "gate": switch_on(switch, saturated > 0),
         "depth": depth,
         "tokens": tokens,
         "classes": {cls: {"depth": n, "tokens": t}

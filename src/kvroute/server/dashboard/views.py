@@ -62,7 +62,9 @@ def local_queue(router: Router) -> QueueView:
                      tenant_tokens=dict(flow.tenant_tokens),
                      admitted=_without_class(flow.admitted), shed=_without_class(flow.shed),
                      waits=list(recent.waits),
-                     history={model: [list(samples)] for model, samples in recent.history.items()})
+                     history={model: [list(samples)] for model, samples in recent.history.items()},
+                     saturation={model: (int(s.engaged), int(s.thrashing))
+                                 for model, s in router.dispatch.saturation.items()})
 
 
 def _without_class(counts: dict[tuple[str, str, str], int]) -> dict[tuple[str, str], int]:

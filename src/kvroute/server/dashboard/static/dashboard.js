@@ -206,7 +206,14 @@
     // Only the classes with something queued: "(high 1, normal 2)".
     const classes = Object.entries(q.classes).filter(([, c]) => c.depth > 0)
       .map(([cls, c]) => cls + " " + fmtInt(c.depth)).join(", ");
+    const fleet = q.saturated
+      ? "saturated · placing for the fleet" + (q.thrashing ? " · session admission on" : "")
+      : "has room";
     const chips = [
+      figure("saturation", "fleet", fleet, q.saturated ? "warn" : "",
+        "Saturated: no replica could start a request at once for a while (kvroute_fleet_saturated). "
+        + "Placement then keeps each prefix on its holders and the gate (flow_control = "
+        + JSON.stringify(q.flow_control) + ") is " + (q.gate ? "on" : "off") + " (docs/saturation.md)"),
       figure("queued", "queued now", fmtInt(q.depth) + " requests · " + fmtInt(q.tokens) + " tokens"
         + (classes ? " (" + classes + ")" : ""),
         q.depth ? "warn" : "", "Requests waiting at the router for an admissible replica, their estimated prompt tokens, and how many of each priority class (x-kvroute-priority)"),
