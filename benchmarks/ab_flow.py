@@ -16,14 +16,18 @@ variant alone (``auto/sessions+flow_session_fill=1.2``).  ``--think-time 0`` is 
 with no pause between rounds.  Per
 step, the mean over seeds of: output tokens/min, TTFB p50 / p95, prefix hits, engine
 preemptions, the router-queue wait p50 / p95 (over every routed request, zero for those
-admitted at once) and the requests shed.  Each (variant, seed) runs on a fresh fleet, in
-parallel over ``--jobs`` processes; deterministic.
+admitted at once), the requests shed, and per session: its duration p50 / p95 (first request
+sent to last answer, over the sessions that finished), the first turn's TTFB p95 (its gate wait
+included) and the continuing turns' TTFB p95 (``nan`` where no seed finished a session inside
+the step: with 180 s steps a six-round session at overload may not fit).  Each (variant, seed)
+runs on a fresh fleet, in parallel over ``--jobs`` processes; deterministic.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import math
 import statistics
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -38,15 +42,17 @@ from kvroute.quantiles import percentile
 Row = dict[str, float]
 
 
-def _seeds(text: str) -> list[int]:
+def parse_seeds(text: str) -> list[int]:
+    """``0-7`` or ``0,3,5``: the workload seeds to run."""
     if "-" in text:
         first, last = text.split("-")
         return list(range(int(first), int(last) + 1))
     return [int(s) for s in text.split(",")]
 
 
-def _run(job: tuple[str, dict[str, Any], int, float, list[int], float]) -> list[Row]:
-    variant, fields, seed, think, steps, duration = job
+def variant_settings(variant: str, fields: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The policy of ``variant`` and its ModelPolicy settings (``fields`` for every variant, then
+    the variant's switch and its own ``+FIELD=VALUE``; the module docstring lists the switches)."""
     name, *extra = variant.split("+")
     policy, _, switch = name.partition("/")
     settings = dict(fields)
@@ -59,6 +65,17 @@ def _run(job: tuple[str, dict[str, Any], int, float, list[int], float]) -> list[
     if switch == "footprint":
         settings["flow_session_rule"] = "footprint"
     settings.update({k: ast.literal_eval(v) for k, _, v in (e.partition("=") for e in extra)})
+    return policy, settings
+
+
+def _or_nan(value: float | None) -> float:
+    # A step without a finished session has no session figures; NaN keeps it out of the mean.
+    return math.nan if value is None else value
+
+
+def _run(job: tuple[str, dict[str, Any], int, float, list[int], float]) -> list[Row]:
+    variant, fields, seed, think, steps, duration = job
+    policy, settings = variant_settings(variant, fields)
     cluster = cluster_for(ClusterConfig(policy=settings), policy)
     records_by_step: list[list[Any]] = []
     run = cluster.run(AgentWorkload(AgentWorkloadConfig(think_time_s=think), seed), steps, duration,
@@ -72,6 +89,8 @@ def _run(job: tuple[str, dict[str, Any], int, float, list[int], float]) -> list[
             "preempt": float(step.preemptions or 0),
             "wait50": percentile(waits, 50) or 0.0, "wait95": percentile(waits, 95) or 0.0,
             "shed": float(step.shed),
+            "session50": _or_nan(step.session_p50_s), "session95": _or_nan(step.session_p95_s),
+            "first95": _or_nan(step.first_ttfb_p95_s), "next95": _or_nan(step.continuing_ttfb_p95_s),
         })
     return rows
 
@@ -93,7 +112,7 @@ def main() -> int:
 
     fields = {name: ast.literal_eval(value) for name, _, value in (s.partition("=") for s in args.set)}
     variants = [v for v in args.variants.split(",") if v]
-    seeds, steps = _seeds(args.seeds), [int(s) for s in args.steps.split(",")]
+    seeds, steps = parse_seeds(args.seeds), [int(s) for s in args.steps.split(",")]
     jobs = [(v, fields, seed, args.think_time, steps, args.duration) for v in variants for seed in seeds]
     with ProcessPoolExecutor(args.jobs) as pool:
         runs = list(pool.map(_run, jobs))
@@ -101,18 +120,22 @@ def main() -> int:
     print(f"4 x a4000-qwen3-4b, seeds {args.seeds}, think time {args.think_time:g} s, "
           f"{args.duration:g} virtual s per step{extra}; means over seeds\n")
     print("| Sessions | Variant | Output tokens/min | TTFB p50 (s) | TTFB p95 (s) | Prefix hits (%) "
-          "| Preemptions | Queue wait p50 / p95 (s) | Shed |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| Preemptions | Queue wait p50 / p95 (s) | Shed | Session p50 / p95 (s) "
+          "| First-turn TTFB p95 (s) | Continuing TTFB p95 (s) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for k, n in enumerate(steps):
         for i, v in enumerate(variants):
             rows = [run[k] for run in runs[i * len(seeds):(i + 1) * len(seeds)]]
 
             def mean(name: str, rows: list[Row] = rows) -> float:
-                return statistics.mean(r[name] for r in rows)
+                # Over the seeds that have the figure (session figures can be missing).
+                present = [r[name] for r in rows if not math.isnan(r[name])]
+                return statistics.mean(present) if present else math.nan
 
             print(f"| {n} | {v} | {mean('tokens'):,.0f} | {mean('p50'):.2f} | {mean('p95'):.2f} "
                   f"| {mean('hits'):.1f} | {mean('preempt'):.0f} | {mean('wait50'):.2f} / "
-                  f"{mean('wait95'):.2f} | {mean('shed'):.1f} |")
+                  f"{mean('wait95'):.2f} | {mean('shed'):.1f} | {mean('session50'):.1f} / "
+                  f"{mean('session95'):.1f} | {mean('first95'):.2f} | {mean('next95'):.2f} |")
     if args.spread and len(seeds) > 1:
         print("\nStandard deviation over the seeds:\n")
         print("| Sessions | Variant | Output tokens/min | TTFB p50 (s) | TTFB p95 (s) "

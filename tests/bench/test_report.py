@@ -53,3 +53,27 @@ def test_report_files_round_trip(tmp_path: Path) -> None:
 def test_chat_table_like_seed_one() -> None:
     md = chat_markdown([("1 (cold)", "A", 5629, 6.3), ("2", "A", 5818, 0.54)])
     assert md.splitlines()[2] == "| 1 (cold) | A | 5,629 | 6.30 s |"
+
+
+def test_session_columns_appear_once_a_session_finished() -> None:
+    res = result(["least-loaded", "session"])
+    res.runs[1].steps[0].session_p50_s, res.runs[1].steps[0].continuing_ttfb_p95_s = 61.25, 0.4
+    lines = markdown_table(res).splitlines()
+    assert lines[0].endswith("| Session p50 off → on (s) | Session p95 off → on (s) "
+                             "| First-turn TTFB p95 off → on (s) | Continuing TTFB p95 off → on (s) |")
+    assert lines[2].endswith("| — → 61.2 | — → — | — → — | — → 0.40 |")
+
+
+def test_open_loop_table_is_by_rate() -> None:
+    steps = [StepResult(policy="prefix", sessions=0, duration_s=180.0, requests=360, errors=0,
+                        sessions_completed=0, sessions_per_hour=0.0, output_tokens_per_min=23000.0,
+                        ttfb_p50_s=0.08, ttfb_p95_s=1.25, replicas_busy=3.5, prefix_hit_pct=79.3,
+                        stayed_pct=None, preemptions=0, ttfb_p99_s=2.5, shed=3, rate=rate,
+                        completed_per_s=1.94)
+             for rate in (2.0, 4.5)]
+    md = markdown_table(BenchResult({}, [PolicyRun("prefix", steps)]))
+    lines = md.splitlines()
+    assert lines[0] == ("| Rate (req/s) | Policy | Requests | Completed (req/s) | TTFT p50 (s) "
+                        "| TTFT p95 (s) | TTFT p99 (s) | Prefix hits (%) | Preemptions | Shed |")
+    assert lines[2] == "| 2 | prefix | 360 | 1.94 | 0.08 | 1.25 | 2.50 | 79.3 | 0 | 3 |"
+    assert lines[3].startswith("| 4.5 | prefix |")

@@ -14,6 +14,7 @@ from kvroute.bench.stats import (
     parse_samples,
     percentile,
     queue_figures,
+    session_figures,
     stayed_share,
     summarize_step,
 )
@@ -171,3 +172,37 @@ def test_shed_requests_are_counted_apart_from_errors() -> None:
     step = summarize_step("p", 3, 10.0, records, [], None)
     assert (step.requests, step.shed, step.errors) == (3, 1, 1)
     assert step.ttfb_p50_s == step.ttfb_p99_s == 0.5
+
+
+def test_session_figures_from_hand_made_sessions() -> None:
+    def rec(sid: str | None, rnd: int, start: float, ttfb: float | None, end: float | None, *,
+            last: bool = False, queue: float = 0.0, error: str | None = None) -> RequestRecord:
+        return RequestRecord(sid, rnd, start, ttfb_s=ttfb, end_s=end, last_round=last, queue_s=queue,
+                             error=error)
+
+    records = [
+        # a: two rounds, finished: 0 -> 9 s; round 0 waited 1 s at the gate (TTFB 2 s).
+        rec("a", 0, 0.0, 2.0, 4.0, queue=1.0), rec("a", 1, 5.0, 0.5, 9.0, last=True),
+        # b: finished: 1 -> 21 s, its first turn 4 s (3 s of it at the gate).
+        rec("b", 0, 1.0, 4.0, 8.0, queue=3.0), rec("b", 1, 10.0, 1.5, 21.0, last=True),
+        # c: its last round was cut off: no duration, but its turns count.
+        rec("c", 0, 2.0, 1.0, 5.0), rec("c", 1, 6.0, 2.5, None, last=True),
+        # d: gave up after an error in round 0: no TTFB, no duration.
+        rec("d", 0, 3.0, None, None, error="HTTP 500: boom"),
+        # No session id (an open-loop request): not a session.
+        rec(None, 0, 4.0, 9.0, 12.0, last=True),
+    ]
+    fig = session_figures(records)
+    assert fig.duration_p50_s == pytest.approx(14.5)  # of 9 and 20
+    assert fig.duration_p95_s == pytest.approx(9 + 0.95 * 11)
+    assert fig.first_ttfb_p50_s == pytest.approx(2.0)  # of 1, 2, 4
+    assert fig.first_ttfb_p95_s == pytest.approx(2 + 0.9 * 2)
+    assert fig.first_queue_p50_s == pytest.approx(1.0)  # of 0, 1, 3
+    assert fig.first_queue_p95_s == pytest.approx(1 + 0.9 * 2)
+    assert fig.continuing_ttfb_p50_s == pytest.approx(1.5)  # of 0.5, 1.5, 2.5
+    assert fig.continuing_ttfb_p95_s == pytest.approx(1.5 + 0.9 * 1.0)
+    step = summarize_step("p", 4, 30.0, records, [], None)
+    assert (step.session_p50_s, step.first_ttfb_p95_s, step.continuing_ttfb_p95_s) == (
+        fig.duration_p50_s, fig.first_ttfb_p95_s, fig.continuing_ttfb_p95_s)
+    assert step.completed_per_s == pytest.approx(6 / 30.0)  # a's, b's, c's first and the open one
+    assert session_figures([]).duration_p50_s is None

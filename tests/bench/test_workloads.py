@@ -13,8 +13,11 @@ from kvroute.bench.workloads import (
     AgentWorkload,
     AgentWorkloadConfig,
     GrowingChatConfig,
+    SharedPrefixConfig,
+    SharedPrefixWorkload,
     growing_chat,
 )
+from kvroute.sim.presets import build_config
 
 
 def test_same_seed_same_sessions_different_seed_different() -> None:
@@ -144,3 +147,38 @@ def test_empty_trace_is_an_error(tmp_path: Path) -> None:
     path.write_text("\n")
     with pytest.raises(TraceError, match="no requests"):
         TraceWorkload.from_path(path)
+
+
+def test_shared_prefix_requests_share_their_group_prompt_and_carry_no_session() -> None:
+    cfg = SharedPrefixConfig(groups=3, system_tokens=500, questions=2, question_tokens=50, output_tokens=20)
+    wl, same, other = SharedPrefixWorkload(cfg, 4), SharedPrefixWorkload(cfg, 4), SharedPrefixWorkload(cfg, 5)
+    requests = [wl.request(i) for i in range(60)]
+    assert requests == [same.request(i) for i in range(60)]
+    assert requests[0] != other.request(0)
+    assert len({r.system for r in requests}) == 3  # every group drawn
+    assert len({r.messages for r in requests}) == 6  # and every question of every group
+    for r in requests:
+        assert r.session_id is None and r.headers() == {} and r.max_tokens == 20
+        assert 500 + 50 <= r.est_prompt_tokens <= 500 + 50 + 10
+    with pytest.raises(IndexError):
+        wl.request(-1)
+
+
+def test_shared_prefix_arrivals_are_poisson_and_scale_with_the_rate() -> None:
+    wl = SharedPrefixWorkload(SharedPrefixConfig(groups=2, system_tokens=10, questions=1), 0)
+    slow, fast = list(wl.arrivals(2.0, 1000.0)), list(wl.arrivals(4.0, 500.0))
+    assert 1800 <= len(slow) <= 2200  # 2/s for 1,000 s
+    assert [t.request for t in fast] == [t.request for t in slow]  # the same requests, twice as fast
+    assert all(f.at_s == pytest.approx(s.at_s / 2) for f, s in zip(fast, slow, strict=True))
+    assert next(t.index for t in wl.arrivals(1.0, 20.0, 100)) == 100
+    assert all(b.at_s > a.at_s for a, b in pairwise(slow))
+    with pytest.raises(ValueError):
+        next(wl.arrivals(0.0, 10.0))
+
+
+def test_shared_prefix_default_is_half_the_fleets_kv() -> None:
+    engine = build_config("a4000-qwen3-4b")
+    fleet_kv = 4 * engine.num_gpu_blocks * engine.block_size
+    cfg = SharedPrefixConfig()
+    assert cfg.groups == round(0.5 * fleet_kv / cfg.system_tokens)
+    assert 0.45 <= cfg.groups * cfg.system_tokens / fleet_kv <= 0.55

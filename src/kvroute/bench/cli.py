@@ -22,6 +22,8 @@ from kvroute.bench.workloads import (
     AgentWorkload,
     AgentWorkloadConfig,
     GrowingChatConfig,
+    SharedPrefixConfig,
+    SharedPrefixWorkload,
     Workload,
     growing_chat,
 )
@@ -36,6 +38,17 @@ def _int_list(text: str, name: str) -> tuple[int, ...]:
                                  param_hint=name) from None
     if not values or any(v < 1 for v in values):
         raise typer.BadParameter("expected positive integers", param_hint=name)
+    return values
+
+
+def _rate_list(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise typer.BadParameter(f"expected comma-separated numbers, got {text!r}",
+                                 param_hint="--rates") from None
+    if not values or any(not 0.0 < v < float("inf") for v in values):
+        raise typer.BadParameter("expected positive requests per second", param_hint="--rates")
     return values
 
 
@@ -71,36 +84,39 @@ def _overrides(items: Sequence[str], name: str) -> dict[str, Any]:
 
 
 class _Progress:
-    """Rich progress bars: one per policy and step, advancing with the step's clock."""
+    """Rich progress bars: one per policy and step, advancing with the step's clock; ``unit`` names
+    the steps' load ("sessions", or "req/s" for an open loop)."""
 
-    def __init__(self, console: Console, duration_s: float, enabled: bool) -> None:
+    def __init__(self, console: Console, duration_s: float, enabled: bool, unit: str = "sessions") -> None:
         self.duration_s = duration_s
+        self.unit = unit
         self.progress = Progress(
             TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[stats]}"),
             TimeElapsedColumn(), console=console, disable=not enabled, transient=False,
         )
-        self._tasks: dict[tuple[str, int], TaskID] = {}
+        self._tasks: dict[tuple[str, float], TaskID] = {}
+
+    def _task(self, policy: str, load: float) -> TaskID:
+        key = (policy, load)
+        if key not in self._tasks:
+            self._tasks[key] = self.progress.add_task(f"{policy:>12} · {load:>3g} {self.unit}",
+                                                      total=self.duration_s, stats="")
+        return self._tasks[key]
 
     def for_policy(self, policy: str) -> StepCallback:
-        def tick(sessions: int, elapsed: float, records: Sequence[RequestRecord]) -> None:
-            key = (policy, sessions)
-            if key not in self._tasks:
-                self._tasks[key] = self.progress.add_task(f"{policy:>12} · {sessions:>3} sessions",
-                                                          total=self.duration_s, stats="")
+        def tick(load: float, elapsed: float, records: Sequence[RequestRecord]) -> None:
+            task = self._task(policy, load)
             ttfbs = [r.ttfb_s for r in records if r.ttfb_s is not None]
             p50 = percentile(ttfbs, 50)
             stats = f"{len(records):>5} requests" + (f" · TTFB p50 {p50:.2f} s" if p50 is not None else "")
-            self.progress.update(self._tasks[key], completed=elapsed, stats=stats)
+            self.progress.update(task, completed=elapsed, stats=stats)
         return tick
 
     def step_done(self, step: StepResult) -> None:
-        key = (step.policy, step.sessions)
-        if key not in self._tasks:
-            self._tasks[key] = self.progress.add_task(f"{step.policy:>12} · {step.sessions:>3} sessions",
-                                                      total=self.duration_s, stats="")
+        task = self._task(step.policy, step.load)
         p50 = step.ttfb_p50_s
         stats = f"{step.requests:>5} requests" + (f" · TTFB p50 {p50:.2f} s" if p50 is not None else "")
-        self.progress.update(self._tasks[key], completed=self.duration_s, stats=stats)
+        self.progress.update(task, completed=self.duration_s, stats=stats)
 
 
 def _print_result(console: Console, result: BenchResult, out: Path, plots: bool) -> None:
@@ -149,14 +165,19 @@ def bench(
     scrape_interval: Annotated[float, typer.Option(
         min=0.01, help="The router's probe interval (how stale its load view is), simulated seconds.")] = 1.0,
     seed: Annotated[int, typer.Option(help="Workload seed: the same seed, the same prompts.")] = 0,
-    workload: Annotated[str, typer.Option(help="agent (agent sessions) or chat (the growing-chat table).")]
-        = "agent",
+    workload: Annotated[str, typer.Option(
+        help="agent (agent sessions), shared-prefix (open loop, llm-d's shape: give --rates) "
+             "or chat (the growing-chat table).")] = "agent",
+    rates: Annotated[str | None, typer.Option(
+        help="Open loop (--workload shared-prefix): arrival rate per step, requests/s "
+             "(simulated seconds with --speed or --virtual), instead of --steps.")] = None,
     trace: Annotated[Path | None, typer.Option(help="Replay sessions from a JSONL trace.")] = None,
     write_trace_to: Annotated[Path | None, typer.Option(
         "--write-trace", help="Write --trace-sessions sessions of the workload to this JSONL file and exit.")]
         = None,
     trace_sessions: Annotated[int, typer.Option(min=1, help="Sessions to write with --write-trace.")] = 100,
-    system_tokens: Annotated[int, typer.Option(min=0, help="Shared system prompt (tokens).")] = 3500,
+    system_tokens: Annotated[int | None, typer.Option(
+        min=0, help="Shared system prompt (tokens; default 3500 agent, 6000 shared-prefix).")] = None,
     first_tokens: Annotated[int, typer.Option(min=0, help="First message, unique per session.")] = 7000,
     rounds: Annotated[int, typer.Option(min=0, help="Follow-up rounds after the first message.")] = 5,
     round_tokens: Annotated[int, typer.Option(min=0, help="New tokens per follow-up round.")] = 400,
@@ -167,6 +188,11 @@ def bench(
     jitter: Annotated[float, typer.Option(min=0.0, max=0.99, help="Relative size variation.")] = 0.1,
     think_time: Annotated[float, typer.Option(
         min=0.0, help="Mean pause between a response and the session's next request (s).")] = 3.0,
+    groups: Annotated[int, typer.Option(
+        min=1, help="Shared prefix: groups, each with its own system prompt.")] = 14,
+    questions: Annotated[int, typer.Option(min=1, help="Shared prefix: questions per group.")] = 32,
+    question_tokens: Annotated[int, typer.Option(min=1, help="Shared prefix: tokens per question.")] = 150,
+    output_tokens: Annotated[int, typer.Option(min=1, help="Shared prefix: tokens per answer.")] = 200,
     chat_tokens: Annotated[int, typer.Option(min=1, help="Growing chat: first prompt (tokens).")] = 5600,
     chat_turn_tokens: Annotated[int, typer.Option(min=2, help="Growing chat: tokens per turn.")] = 190,
     chat_turns: Annotated[int, typer.Option(min=1, help="Growing chat: turns.")] = 5,
@@ -184,16 +210,21 @@ def bench(
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write PNG plots.")] = True,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars.")] = False,
 ) -> None:
-    """Closed-loop benchmark of router policies: agent sessions or a growing chat."""
+    """Benchmark of router policies: closed-loop agent sessions, the open-loop shared-prefix
+    workload, or a growing chat."""
     console = Console()
     if api not in ("openai", "anthropic"):
         raise typer.BadParameter("expected openai or anthropic", param_hint="--api")
-    if workload not in ("agent", "chat"):
-        raise typer.BadParameter("expected agent or chat", param_hint="--workload")
+    if workload not in ("agent", "shared-prefix", "chat"):
+        raise typer.BadParameter("expected agent, shared-prefix or chat", param_hint="--workload")
+    if (workload == "shared-prefix") != (rates is not None):
+        raise typer.BadParameter("--rates goes with --workload shared-prefix (and it needs them)",
+                                 param_hint="--rates")
     if target is not None and replica:
         raise typer.BadParameter("give --target or --replica, not both", param_hint="--target")
     try:
-        agent_cfg = AgentWorkloadConfig(system_tokens, first_tokens, rounds, round_tokens, max_output_tokens,
+        agent_system = AgentWorkloadConfig().system_tokens if system_tokens is None else system_tokens
+        agent_cfg = AgentWorkloadConfig(agent_system, first_tokens, rounds, round_tokens, max_output_tokens,
                                         min_output_tokens or max_output_tokens, system_prompts, jitter,
                                         think_time)
     except ValueError as exc:
@@ -216,13 +247,24 @@ def bench(
         _run_chat(console, names, chat_cfg, seed, target, replica or [], sim, replicas, speed, sim_fields,
                   model, api, time_scale, out)
         return
-    wl = _agent_workload(trace, seed, agent_cfg)
-    meta["workload_config"] = asdict(agent_cfg) if trace is None else {"trace": str(trace)}
-    progress = _Progress(console, duration, enabled=not quiet)
+    rate_steps = _rate_list(rates) if rates is not None else ()
+    wl: Workload | SharedPrefixWorkload
+    if rate_steps:
+        try:
+            shared_system = SharedPrefixConfig().system_tokens if system_tokens is None else system_tokens
+            shared_cfg = SharedPrefixConfig(groups, shared_system, questions, question_tokens, output_tokens)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
+        wl = SharedPrefixWorkload(shared_cfg, seed)
+        meta.update(workload_config=asdict(shared_cfg), rates=list(rate_steps))
+    else:
+        wl = _agent_workload(trace, seed, agent_cfg)
+        meta["workload_config"] = asdict(agent_cfg) if trace is None else {"trace": str(trace)}
+    progress = _Progress(console, duration, enabled=not quiet, unit="req/s" if rate_steps else "sessions")
     if virtual:
         if target is not None or replica:
             raise typer.BadParameter("--virtual simulates its own fleet; drop --target/--replica")
-        from kvroute.bench.cluster import ClusterConfig, run_virtual_bench
+        from kvroute.bench.cluster import ClusterConfig, run_virtual_bench, run_virtual_open_bench
 
         try:
             cluster = ClusterConfig(sim, replicas, sim_fields, policy_fields, {}, scrape_interval)
@@ -232,9 +274,14 @@ def bench(
         meta.update(mode="virtual", preset=sim, replicas=replicas, scrape_interval_s=scrape_interval,
                     engine_options=sim_fields)
         with progress.progress:
-            result = run_virtual_bench(cluster, names, wl, step_sizes, duration, meta,
-                                       poll_interval_s=poll_interval, drain_timeout_s=drain_timeout,
-                                       on_step=progress.step_done)
+            if isinstance(wl, SharedPrefixWorkload):
+                result = run_virtual_open_bench(cluster, names, wl, rate_steps, duration, meta,
+                                                poll_interval_s=poll_interval,
+                                                drain_timeout_s=drain_timeout, on_step=progress.step_done)
+            else:
+                result = run_virtual_bench(cluster, names, wl, step_sizes, duration, meta,
+                                           poll_interval_s=poll_interval, drain_timeout_s=drain_timeout,
+                                           on_step=progress.step_done)
         _print_result(console, result, out, plots)
         return
 
@@ -248,7 +295,7 @@ def bench(
     if replica and len(names) > 1:
         console.print("[yellow]note: given replicas keep their caches between policies; each policy after "
                       "the first starts warm. Use simulated replicas for a fair A/B.[/yellow]")
-    plan = StepPlan(step_sizes, duration, drain_timeout, poll_interval)
+    plan = StepPlan(step_sizes, duration, drain_timeout, poll_interval, rates=rate_steps)
     try:
         with progress.progress:
             result = asyncio.run(run_http_bench(spec, names, wl, plan, meta, progress.for_policy))

@@ -1,4 +1,5 @@
-"""Virtual-time simulation: N engine models, the router's real dispatch path and a closed-loop workload.
+"""Virtual-time simulation: N engine models, the router's real dispatch path and a workload: closed-loop
+sessions, or open-loop requests arriving at their own (Poisson) times.
 
 Nothing here reads a clock or does I/O, so a run is a pure function of its inputs: the same seed
 gives the same results, and a five-step A/B of a four-replica fleet takes seconds instead of an
@@ -21,7 +22,9 @@ are computed by one piece of code for both clocks.  What differs is only where e
 
 The network is instantaneous: a session sends its next round ``think_s`` (the workload's pause for
 the agent's tools, 0 by default) after the previous response ends, and a request reaches its
-engine ``request_overhead_s`` (the preset's fixed per-request cost) after the decision.
+engine ``request_overhead_s`` (the preset's fixed per-request cost) after the decision.  In the
+open loop (:meth:`VirtualCluster.run_open`) each request is sent at its arrival time through the same
+path; a request the gate sheds is recorded and not retried.
 """
 
 from __future__ import annotations
@@ -29,14 +32,20 @@ from __future__ import annotations
 import functools
 import heapq
 import itertools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvroute.api.requests import parse_request as route_key
 from kvroute.bench.results import BenchResult, PolicyRun, RequestRecord, StepResult
 from kvroute.bench.stats import CacheCounters, summarize_step
-from kvroute.bench.workloads import PlannedRequest, SessionScript, Workload
+from kvroute.bench.workloads import (
+    PlannedRequest,
+    SessionScript,
+    SharedPrefixWorkload,
+    TimedRequest,
+    Workload,
+)
 from kvroute.routing.config import ModelPolicy, RoutingConfig
 from kvroute.routing.decision import Decision
 from kvroute.routing.dispatch import Dispatcher, InFlight
@@ -139,6 +148,17 @@ class _StepRun:
         return req, rec
 
 
+@dataclass(slots=True)
+class _OpenRun:
+    """The open loop of one step: requests arriving at their own times, whatever the fleet does."""
+
+    start: float
+    end: float
+    arrivals: Iterator[TimedRequest]
+    records: list[RequestRecord] = field(default_factory=list)
+    busy: list[int] = field(default_factory=list)
+
+
 class VirtualCluster:
     """A fleet of engine models behind one router instance, in virtual time.
 
@@ -176,7 +196,7 @@ class VirtualCluster:
         self._waiting: dict[int, Ticket] = {}  # queued at the router, or woken and not yet routed
         self.last_records: list[RequestRecord] = []  # the last step's requests, as the client saw them
         self._next_scrape = 0.0
-        self._step: _StepRun | None = None
+        self._step: _StepRun | _OpenRun | None = None
         self._poll_interval = 1.0
 
     @property
@@ -311,7 +331,7 @@ class VirtualCluster:
 
     def _issue(self, i: int) -> None:
         step = self._step
-        assert step is not None
+        assert isinstance(step, _StepRun)
         nxt = step.next_request(i, self.now)
         if nxt is not None:
             self._send(i, *nxt)
@@ -319,6 +339,8 @@ class VirtualCluster:
     def _after(self, loop: int, failed: bool) -> None:
         step = self._step
         assert step is not None
+        if isinstance(step, _OpenRun):
+            return  # an open-loop client sends one request and nothing after it
         lp = step.loops[loop]
         if failed:
             lp.script = None  # an agent whose request failed gives up on that task
@@ -337,19 +359,39 @@ class VirtualCluster:
             step.busy.append(sum(1 for e in self.engines if e.has_work()))
             self._at(self.now + self._poll_interval, self._poll)
 
-    def _run_step(self, workload: Workload, label: str, sessions: int, first_index: int,
-                  duration_s: float, drain_timeout_s: float) -> tuple[StepResult, int]:
-        start = self.now
-        step = self._step = _StepRun(workload, start, start + duration_s, first_index,
-                                     [_Loop() for _ in range(sessions)])
+    # --- open loop --------------------------------------------------------------------------------
+
+    def _next_arrival(self) -> None:
+        # One arrival in the heap at a time: a long step never holds all of its requests at once.
+        step = self._step
+        assert isinstance(step, _OpenRun)
+        timed = next(step.arrivals, None)
+        if timed is not None:
+            self._at(step.start + timed.at_s, lambda: self._arrival(timed))
+
+    def _arrival(self, timed: TimedRequest) -> None:
+        step = self._step
+        assert isinstance(step, _OpenRun)
+        rec = RequestRecord(timed.request.session_id, timed.request.round, self.now - step.start)
+        step.records.append(rec)
+        self._send(timed.index, timed.request, rec)
+        self._next_arrival()
+
+    # --- steps ------------------------------------------------------------------------------------
+
+    def _drive(self, step: _StepRun | _OpenRun, drain_timeout_s: float) -> CacheCounters:
+        """Run ``step`` (its first events already in the heap) through its window and the drain; the
+        engines' prefix-cache and preemption counters over it."""
+        self._step = step
         before = [e.snapshot().stats for e in self.engines]
-        for i in range(sessions):
-            self._at(self.now, functools.partial(self._issue, i))
         self._at(self.now + self._poll_interval, self._poll)
         if self._next_scrape <= self.now:
             self._scrape()
         deadline = step.end + drain_timeout_s
-        while self._heap and (self.now < step.end or self._live):
+        # The open loop also drains the router's queue: its requests have no client loop that
+        # would give up on them at the window's end.
+        open_loop = isinstance(step, _OpenRun)
+        while self._heap and (self.now < step.end or self._live or (open_loop and self._waiting)):
             t, _, action = heapq.heappop(self._heap)
             if t > deadline:
                 break
@@ -368,12 +410,47 @@ class VirtualCluster:
         self._scrape()
         after = [e.snapshot().stats for e in self.engines]
         pairs = list(zip(after, before, strict=True))
-        cache = CacheCounters(hits=sum(a.prefix_cache_hits - b.prefix_cache_hits for a, b in pairs),
-                              queries=sum(a.prefix_cache_queries - b.prefix_cache_queries for a, b in pairs),
-                              preemptions=sum(a.num_preemptions - b.num_preemptions for a, b in pairs))
         self._step = None
         self.last_records = step.records
+        return CacheCounters(hits=sum(a.prefix_cache_hits - b.prefix_cache_hits for a, b in pairs),
+                             queries=sum(a.prefix_cache_queries - b.prefix_cache_queries for a, b in pairs),
+                             preemptions=sum(a.num_preemptions - b.num_preemptions for a, b in pairs))
+
+    def _run_step(self, workload: Workload, label: str, sessions: int, first_index: int,
+                  duration_s: float, drain_timeout_s: float) -> tuple[StepResult, int]:
+        step = _StepRun(workload, self.now, self.now + duration_s, first_index,
+                        [_Loop() for _ in range(sessions)])
+        self._step = step
+        for i in range(sessions):
+            self._at(self.now, functools.partial(self._issue, i))
+        cache = self._drive(step, drain_timeout_s)
         return summarize_step(label, sessions, duration_s, step.records, step.busy, cache), step.next_index
+
+    def _run_open_step(self, workload: SharedPrefixWorkload, label: str, rate: float, first_index: int,
+                       duration_s: float, drain_timeout_s: float) -> StepResult:
+        step = _OpenRun(self.now, self.now + duration_s,
+                        workload.arrivals(rate, duration_s, first_index))
+        self._step = step
+        self._next_arrival()
+        cache = self._drive(step, drain_timeout_s)
+        return summarize_step(label, 0, duration_s, step.records, step.busy, cache, rate=rate)
+
+    def run_open(self, workload: SharedPrefixWorkload, rates: Sequence[float], duration_s: float, *,
+                 poll_interval_s: float = 1.0, drain_timeout_s: float = 600.0, label: str | None = None,
+                 on_step: Callable[[StepResult], None] | None = None) -> PolicyRun:
+        """Run each step (an arrival rate, requests/s) for ``duration_s`` virtual seconds, one after
+        another: open-loop arrivals, then the drain (requests in flight and at the router's gate)."""
+        if duration_s <= 0 or poll_interval_s <= 0 or drain_timeout_s < 0:
+            raise ValueError("duration and poll interval must be positive, the drain timeout non-negative")
+        self._poll_interval = poll_interval_s
+        run = PolicyRun(label or self.policy)
+        for k, rate in enumerate(rates):
+            result = self._run_open_step(workload, run.policy, rate, k * STEP_STRIDE, duration_s,
+                                         drain_timeout_s)
+            run.steps.append(result)
+            if on_step is not None:
+                on_step(result)
+        return run
 
     def run(self, workload: Workload, steps: Sequence[int], duration_s: float, *,
             poll_interval_s: float = 1.0, drain_timeout_s: float = 600.0, label: str | None = None,
@@ -404,4 +481,17 @@ def run_virtual_bench(config: ClusterConfig, policies: Sequence[str], workload: 
         cluster = VirtualCluster(config, policy)
         result.runs.append(cluster.run(workload, steps, duration_s, poll_interval_s=poll_interval_s,
                                        drain_timeout_s=drain_timeout_s, on_step=on_step))
+    return result
+
+
+def run_virtual_open_bench(config: ClusterConfig, policies: Sequence[str], workload: SharedPrefixWorkload,
+                           rates: Sequence[float], duration_s: float, meta: Mapping[str, Any], *,
+                           poll_interval_s: float = 1.0, drain_timeout_s: float = 600.0,
+                           on_step: Callable[[StepResult], None] | None = None) -> BenchResult:
+    """The same open-loop arrivals under each policy, each on a fresh cluster."""
+    result = BenchResult(dict(meta))
+    for policy in policies:
+        cluster = VirtualCluster(config, policy)
+        result.runs.append(cluster.run_open(workload, rates, duration_s, poll_interval_s=poll_interval_s,
+                                            drain_timeout_s=drain_timeout_s, on_step=on_step))
     return result

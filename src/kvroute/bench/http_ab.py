@@ -24,7 +24,7 @@ import aiohttp
 
 from kvroute.bench.results import BenchResult, RequestRecord
 from kvroute.bench.runner import ApiKind, HttpTarget, StepCallback, StepPlan, run_policy, send_request
-from kvroute.bench.workloads import ChatStep, Workload
+from kvroute.bench.workloads import ChatStep, SharedPrefixWorkload, Workload
 
 
 class BenchSetupError(RuntimeError):
@@ -135,7 +135,8 @@ async def policy_target(spec: HttpBenchSpec, policy: str) -> AsyncIterator[HttpT
             await router.close()
 
 
-async def run_http_bench(spec: HttpBenchSpec, policies: Sequence[str], workload: Workload, plan: StepPlan,
+async def run_http_bench(spec: HttpBenchSpec, policies: Sequence[str],
+                         workload: Workload | SharedPrefixWorkload, plan: StepPlan,
                          meta: Mapping[str, Any],
                          on_tick: Callable[[str], StepCallback] | None = None) -> BenchResult:
     """Run ``plan`` under each policy in turn; ``on_tick(policy)`` returns that run's step callback."""

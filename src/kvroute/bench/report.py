@@ -38,6 +38,44 @@ COLUMNS: tuple[Column, ...] = (
 )
 
 
+# What a session's user waits for (closed loop): shown when some session finished in the result.
+SESSION_COLUMNS: tuple[Column, ...] = (
+    Column("Session p50", " (s)", lambda s: s.session_p50_s, _fixed(1)),
+    Column("Session p95", " (s)", lambda s: s.session_p95_s, _fixed(1)),
+    Column("First-turn TTFB p95", " (s)", lambda s: s.first_ttfb_p95_s, _fixed(2)),
+    Column("Continuing TTFB p95", " (s)", lambda s: s.continuing_ttfb_p95_s, _fixed(2)),
+)
+
+PREEMPTIONS = Column("Preemptions", "", lambda s: None if s.preemptions is None else float(s.preemptions),
+                     _fixed(0))
+
+# An open loop's steps are arrival rates: what it completed and how long the first token took.
+OPEN_COLUMNS: tuple[Column, ...] = (
+    Column("Completed", " (req/s)", lambda s: s.completed_per_s, _fixed(2)),
+    Column("TTFT p50", " (s)", lambda s: s.ttfb_p50_s, _fixed(2)),
+    Column("TTFT p95", " (s)", lambda s: s.ttfb_p95_s, _fixed(2)),
+    Column("TTFT p99", " (s)", lambda s: s.ttfb_p99_s, _fixed(2)),
+    Column("Prefix hits", " (%)", lambda s: s.prefix_hit_pct, _fixed(1)),
+    PREEMPTIONS,
+    Column("Shed", "", lambda s: float(s.shed), _fixed(0)),
+)
+
+
+def columns(result: BenchResult) -> tuple[Column, ...]:
+    """The figures of ``result``'s table: the open loop's, or the closed loop's with the session
+    figures when any session finished."""
+    if result.open_loop():
+        return OPEN_COLUMNS
+    if any(step.session_p50_s is not None for run in result.runs for step in run.steps):
+        return COLUMNS + SESSION_COLUMNS
+    return COLUMNS
+
+
+def load_header(result: BenchResult) -> str:
+    """The first column's header: what a step offered."""
+    return "Rate (req/s)" if result.open_loop() else "Sessions"
+
+
 def _cell(col: Column, step: StepResult | None) -> str:
     if step is None:
         return "—"
@@ -47,29 +85,28 @@ def _cell(col: Column, step: StepResult | None) -> str:
 
 def ab_rows(result: BenchResult, off: str, on: str) -> tuple[list[str], list[list[str]]]:
     """Header and rows of seed 2's table: each figure as ``off → on``, one row per step."""
-    header = ["Sessions"] + [f"{c.header} off → on{c.unit}" for c in COLUMNS]
+    cols = columns(result)
+    header = [load_header(result)] + [f"{c.header} off → on{c.unit}" for c in cols]
     rows = []
     for n in result.step_sizes():
         a, b = result.step(off, n), result.step(on, n)
-        rows.append([str(n)] + [f"{_cell(c, a)} → {_cell(c, b)}" for c in COLUMNS])
+        rows.append([f"{n:g}"] + [f"{_cell(c, a)} → {_cell(c, b)}" for c in cols])
     return header, rows
-
-
-PREEMPTIONS = Column("Preemptions", "", lambda s: None if s.preemptions is None else float(s.preemptions),
-                     _fixed(0))
 
 
 def wide_rows(result: BenchResult) -> tuple[list[str], list[list[str]]]:
     """Header and rows for any number of policies: one row per step and policy, with the request
     and preemption counts that explain the overloaded steps."""
-    columns = (*COLUMNS, PREEMPTIONS)
-    header = ["Sessions", "Policy", "Requests"] + [f"{c.header}{c.unit}" for c in columns]
+    cols = columns(result)
+    if PREEMPTIONS not in cols:
+        cols = (*cols, PREEMPTIONS)
+    header = [load_header(result), "Policy", "Requests"] + [f"{c.header}{c.unit}" for c in cols]
     rows = []
     for n in result.step_sizes():
         for policy in result.policies():
             step = result.step(policy, n)
             requests = "—" if step is None else f"{step.requests:,}"
-            rows.append([str(n), policy, requests] + [_cell(c, step) for c in columns])
+            rows.append([f"{n:g}", policy, requests] + [_cell(c, step) for c in cols])
     return header, rows
 
 
@@ -138,8 +175,8 @@ def write_plots(result: BenchResult, out_dir: Path) -> list[Path]:
         return values
 
     def finish(fig: Any, ax: Any, ylabel: str, name: str) -> None:
-        ax.set_xticks(xs, [str(n) for n in sizes])
-        ax.set_xlabel("concurrent sessions")
+        ax.set_xticks(xs, [f"{n:g}" for n in sizes])
+        ax.set_xlabel("arrival rate (requests/s)" if result.open_loop() else "concurrent sessions")
         ax.set_ylabel(ylabel)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()

@@ -32,7 +32,12 @@ class RequestRecord:
 
 @dataclass(slots=True)
 class StepResult:
-    """The summary of one load step (one policy's row of the A/B table)."""
+    """The summary of one load step (one policy's row of the A/B table).
+
+    A closed-loop step is ``sessions`` concurrent sessions (``rate`` None); an open-loop step is an
+    arrival ``rate`` in requests/s (``sessions`` 0).  Session figures are over the sessions whose
+    last round finished; None where there are none (an open loop has no sessions).
+    """
 
     policy: str
     sessions: int
@@ -58,6 +63,23 @@ class StepResult:
     queue_wait_p50_s: float | None = None
     queue_wait_p95_s: float | None = None
     router_shed: int | None = None
+    rate: float | None = None  # the open loop's offered requests/s
+    completed_per_s: float | None = None  # requests that ended without error inside the window, per s
+    # A session from its first request's start to its last answer's end (gate waits and pauses
+    # included); the first round's time to first byte and its wait at the gate; later rounds' TTFB.
+    session_p50_s: float | None = None
+    session_p95_s: float | None = None
+    first_ttfb_p50_s: float | None = None
+    first_ttfb_p95_s: float | None = None
+    first_queue_p50_s: float | None = None
+    first_queue_p95_s: float | None = None
+    continuing_ttfb_p50_s: float | None = None
+    continuing_ttfb_p95_s: float | None = None
+
+    @property
+    def load(self) -> float:
+        """What the step offered: its arrival rate (open loop) or its concurrent sessions."""
+        return self.rate if self.rate is not None else self.sessions
 
 
 @dataclass(slots=True)
@@ -89,20 +111,25 @@ class BenchResult:
         """Policy names in run order."""
         return [r.policy for r in self.runs]
 
-    def step_sizes(self) -> list[int]:
-        """Concurrent-session counts of the steps, in order of first appearance."""
-        sizes: list[int] = []
+    def step_sizes(self) -> list[float]:
+        """The steps' loads (concurrent sessions, or arrival rates in an open loop), in order of
+        first appearance."""
+        sizes: list[float] = []
         for run in self.runs:
             for step in run.steps:
-                if step.sessions not in sizes:
-                    sizes.append(step.sessions)
+                if step.load not in sizes:
+                    sizes.append(step.load)
         return sizes
 
-    def step(self, policy: str, sessions: int) -> StepResult | None:
-        """The step of ``policy`` at ``sessions`` concurrent sessions, if it ran."""
+    def open_loop(self) -> bool:
+        """Whether the steps are arrival rates rather than session counts."""
+        return any(step.rate is not None for run in self.runs for step in run.steps)
+
+    def step(self, policy: str, load: float) -> StepResult | None:
+        """The step of ``policy`` at ``load`` (concurrent sessions or arrival rate), if it ran."""
         for run in self.runs:
             if run.policy == policy:
                 for step in run.steps:
-                    if step.sessions == sessions:
+                    if step.load == load:
                         return step
         return None

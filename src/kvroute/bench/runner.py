@@ -1,10 +1,13 @@
-"""Closed-loop load over HTTP: steps of concurrent agent sessions against one endpoint.
+"""Load over HTTP against one endpoint: closed-loop steps of concurrent agent sessions, or open-loop
+steps of requests arriving at a rate.
 
 Each of ``n`` session loops sends a session's rounds one after another (the next round starts when
 the previous response has ended) and starts the workload's next session when one is done.  When a
 step's window closes no new request starts; requests in flight run to their end (bounded by the
-drain timeout) so that their time to first byte is measured rather than censored.  Meanwhile the
-replicas' ``/metrics`` are polled for the number of busy replicas, and scraped before and after the
+drain timeout) so that their time to first byte is measured rather than censored.  In the open
+loop (a :class:`SharedPrefixWorkload`) each request is sent at its arrival time whatever the
+answers do, a shed one is recorded and not retried, and the step drains the same way.  Meanwhile
+the replicas' ``/metrics`` are polled for the number of busy replicas, and scraped before and after the
 step for the prefix-cache counters.
 """
 
@@ -27,7 +30,7 @@ from kvroute.bench.stats import (
     queue_figures,
     summarize_step,
 )
-from kvroute.bench.workloads import PlannedRequest, Workload
+from kvroute.bench.workloads import PlannedRequest, SharedPrefixWorkload, Workload
 from kvroute.event_loop import cancel_and_wait
 
 WORKER_HEADER = "x-kvroute-worker"
@@ -75,24 +78,29 @@ def retry_after(value: str | None) -> float | None:
 
 @dataclass(frozen=True, slots=True)
 class StepPlan:
-    """Load steps (concurrent sessions), the window of each, and the bounds around it, in the target's
-    seconds (simulated seconds for a simulator running faster than real time); only the busy-replica
-    poll interval is in wall seconds (scraping every replica is not free)."""
+    """Load steps (concurrent sessions; or ``rates``, requests/s, for an open-loop workload), the
+    window of each, and the bounds around it, in the target's seconds (simulated seconds for a
+    simulator running faster than real time); only the busy-replica poll interval is in wall
+    seconds (scraping every replica is not free)."""
 
     sessions: tuple[int, ...] = (4, 8, 16, 24, 32)
     duration_s: float = 180.0
     drain_timeout_s: float = 120.0
     poll_interval_s: float = 1.0
     request_timeout_s: float = 600.0
+    rates: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.sessions or any(n < 1 for n in self.sessions):
             raise ValueError("steps must be positive session counts")
+        if any(not 0.0 < r < float("inf") for r in self.rates):
+            raise ValueError("rates must be positive requests per second")
         if self.duration_s <= 0 or self.drain_timeout_s < 0 or self.poll_interval_s <= 0:
             raise ValueError("duration and poll interval must be > 0, drain timeout >= 0")
 
 
-StepCallback = Callable[[int, float, Sequence[RequestRecord]], None]
+# (the step's load: sessions or rate, seconds into its window, its records so far)
+StepCallback = Callable[[float, float, Sequence[RequestRecord]], None]
 
 
 def _content_of(event: dict[str, Any]) -> str | None:
@@ -200,19 +208,27 @@ async def scrape(http: aiohttp.ClientSession, urls: Sequence[str]) -> list[Sampl
     return list(await asyncio.gather(*(one(u) for u in urls)))
 
 
-class _Step:
-    """The state of one running step: its clock, its records and the session indices it hands out."""
+class _Clock:
+    """A step's clock (the target's seconds since it started) and its records."""
 
-    def __init__(self, workload: Workload, first_index: int, time_scale: float) -> None:
+    def __init__(self, time_scale: float) -> None:
         self.loop = asyncio.get_running_loop()
         self.t0 = self.loop.time()
         self.time_scale = time_scale
-        self.workload = workload
-        self.next_index = first_index
         self.records: list[RequestRecord] = []
 
     def now(self) -> float:
         return (self.loop.time() - self.t0) * self.time_scale
+
+
+class _Step(_Clock):
+    """The state of one running closed-loop step: its clock, its records and the session indices it
+    hands out."""
+
+    def __init__(self, workload: Workload, first_index: int, time_scale: float) -> None:
+        super().__init__(time_scale)
+        self.workload = workload
+        self.next_index = first_index
 
     def take_session(self) -> int | None:
         size = self.workload.size
@@ -245,56 +261,114 @@ async def _session_loop(http: aiohttp.ClientSession, target: HttpTarget, step: _
                 break  # an agent whose request failed gives up on that task
 
 
+class _Measure:
+    """What every step measures around its load: the replicas' and the router's counters before and
+    after, and the busy-replica polls (with the progress callback) during the window."""
+
+    def __init__(self, http: aiohttp.ClientSession, target: HttpTarget) -> None:
+        self.http, self.target = http, target
+        self.busy: list[int] = []
+        self.before: list[Samples | None] = []
+        self.router_before: list[Samples | None] = []
+
+    async def start(self) -> None:
+        http, target = self.http, self.target
+        self.before = await scrape(http, target.metrics_urls) if target.metrics_urls else []
+        if target.router_metrics_url:
+            self.router_before = await scrape(http, [target.router_metrics_url])
+
+    async def poll(self, clock: _Clock, load: float, window_s: float, plan: StepPlan,
+                   on_tick: StepCallback | None) -> None:
+        # Polls start one interval in, so that none sees the fleet before the first requests.
+        while True:
+            await asyncio.sleep(plan.poll_interval_s)
+            if self.target.metrics_urls and clock.now() < window_s:
+                self.busy.append(busy_count(await scrape(self.http, self.target.metrics_urls)))
+            if on_tick is not None:
+                on_tick(load, min(clock.now(), window_s), clock.records)
+
+    async def finish(self, policy: str, sessions: int, window_s: float, records: Sequence[RequestRecord],
+                     rate: float | None = None) -> StepResult:
+        http, target = self.http, self.target
+        cache = None
+        if target.metrics_urls:
+            after = await scrape(http, target.metrics_urls)
+            if all(s is not None for s in self.before + after):
+                cache = cache_delta([s or {} for s in self.before], [s or {} for s in after])
+        result = summarize_step(policy, sessions, window_s, records, self.busy, cache, rate=rate)
+        if target.router_metrics_url:
+            router_after = await scrape(http, [target.router_metrics_url])
+            if self.router_before[0] is not None and router_after[0] is not None:
+                queue = queue_figures(self.router_before[0], router_after[0], target.time_scale)
+                if queue is not None:
+                    result.queue_wait_p50_s, result.queue_wait_p95_s = queue.wait_p50_s, queue.wait_p95_s
+                    result.router_shed = queue.shed
+        return result
+
+
 async def run_step(http: aiohttp.ClientSession, target: HttpTarget, workload: Workload, policy: str,
                    sessions: int, first_index: int, plan: StepPlan,
                    on_tick: StepCallback | None = None) -> tuple[StepResult, int]:
     """Run one step of ``sessions`` concurrent session loops; returns its summary and the next unused
     session index."""
-    before = await scrape(http, target.metrics_urls) if target.metrics_urls else []
-    router_before = await scrape(http, [target.router_metrics_url]) if target.router_metrics_url else []
+    measure = _Measure(http, target)
+    await measure.start()
     step = _Step(workload, first_index, target.time_scale)
     window_s = plan.duration_s
-    busy: list[int] = []
-
-    async def poll() -> None:
-        # Polls start one interval in, so that none sees the fleet before the first requests.
-        while True:
-            await asyncio.sleep(plan.poll_interval_s)
-            if target.metrics_urls and step.now() < window_s:
-                busy.append(busy_count(await scrape(http, target.metrics_urls)))
-            if on_tick is not None:
-                on_tick(sessions, min(step.now(), window_s), step.records)
-
-    poller = asyncio.create_task(poll())
+    poller = asyncio.create_task(measure.poll(step, sessions, window_s, plan, on_tick))
     loops = [asyncio.create_task(_session_loop(http, target, step, window_s)) for _ in range(sessions)]
     wall_limit = (window_s + plan.drain_timeout_s) / target.time_scale
     _, pending = await asyncio.wait(loops, timeout=wall_limit)
     await cancel_and_wait([*pending, poller])
     if on_tick is not None:
         on_tick(sessions, window_s, step.records)
-    cache = None
-    if target.metrics_urls:
-        after = await scrape(http, target.metrics_urls)
-        if all(s is not None for s in before + after):
-            cache = cache_delta([s or {} for s in before], [s or {} for s in after])
-    result = summarize_step(policy, sessions, window_s, step.records, busy, cache)
-    if target.router_metrics_url:
-        router_after = await scrape(http, [target.router_metrics_url])
-        if router_before[0] is not None and router_after[0] is not None:
-            queue = queue_figures(router_before[0], router_after[0], target.time_scale)
-            if queue is not None:
-                result.queue_wait_p50_s, result.queue_wait_p95_s = queue.wait_p50_s, queue.wait_p95_s
-                result.router_shed = queue.shed
-    return result, step.next_index
+    return await measure.finish(policy, sessions, window_s, step.records), step.next_index
 
 
-async def run_policy(target: HttpTarget, workload: Workload, policy: str, plan: StepPlan,
-                     on_tick: StepCallback | None = None) -> PolicyRun:
-    """Every step of ``plan`` against ``target``, labelled ``policy``."""
+async def run_open_step(http: aiohttp.ClientSession, target: HttpTarget, workload: SharedPrefixWorkload,
+                        policy: str, rate: float, first_index: int, plan: StepPlan,
+                        on_tick: StepCallback | None = None) -> StepResult:
+    """Run one open-loop step: the workload's requests sent at their Poisson arrival times at
+    ``rate`` requests/s (the target's seconds) for the window, each on its own, then the drain."""
+    measure = _Measure(http, target)
+    await measure.start()
+    clock = _Clock(target.time_scale)
+    window_s = plan.duration_s
+    poller = asyncio.create_task(measure.poll(clock, rate, window_s, plan, on_tick))
+    sends: list[asyncio.Task[None]] = []
+    for timed in workload.arrivals(rate, window_s, first_index):
+        # Sleep to the arrival's own instant (not by the gap): a late wake-up does not delay the rest.
+        delay = (timed.at_s - clock.now()) / target.time_scale
+        if delay > 0:
+            await asyncio.sleep(delay)
+        rec = RequestRecord(timed.request.session_id, timed.request.round, clock.now())
+        clock.records.append(rec)
+        sends.append(asyncio.create_task(send_request(http, target, timed.request, rec, clock.now)))
+    drain_left = (window_s + plan.drain_timeout_s) / target.time_scale - (clock.loop.time() - clock.t0)
+    pending: set[asyncio.Task[None]] = set()
+    if sends:
+        _, pending = await asyncio.wait(sends, timeout=max(0.0, drain_left))
+    await cancel_and_wait([*pending, poller])
+    if on_tick is not None:
+        on_tick(rate, window_s, clock.records)
+    return await measure.finish(policy, 0, window_s, clock.records, rate=rate)
+
+
+async def run_policy(target: HttpTarget, workload: Workload | SharedPrefixWorkload, policy: str,
+                     plan: StepPlan, on_tick: StepCallback | None = None) -> PolicyRun:
+    """Every step of ``plan`` against ``target``, labelled ``policy``: its rates for an open-loop
+    workload, its session counts otherwise."""
+    if isinstance(workload, SharedPrefixWorkload) and not plan.rates:
+        raise ValueError("an open-loop workload needs the plan's rates")
     run = PolicyRun(policy)
     timeout = aiohttp.ClientTimeout(total=plan.request_timeout_s / target.time_scale)
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
+        if isinstance(workload, SharedPrefixWorkload):
+            for k, rate in enumerate(plan.rates):
+                run.steps.append(await run_open_step(http, target, workload, policy, rate, k * STEP_STRIDE,
+                                                     plan, on_tick))
+            return run
         next_index = 0
         for k, sessions in enumerate(plan.sessions):
             first = k * STEP_STRIDE if workload.size is None else next_index

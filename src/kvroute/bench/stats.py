@@ -98,8 +98,61 @@ def stayed_share(records: Iterable[RequestRecord]) -> float | None:
     return 100.0 * stayed / (stayed + moved) if stayed + moved else None
 
 
+@dataclass(frozen=True, slots=True)
+class SessionFigures:
+    """Per-session percentiles of one step (see :func:`session_figures`)."""
+
+    duration_p50_s: float | None
+    duration_p95_s: float | None
+    first_ttfb_p50_s: float | None
+    first_ttfb_p95_s: float | None
+    first_queue_p50_s: float | None
+    first_queue_p95_s: float | None
+    continuing_ttfb_p50_s: float | None
+    continuing_ttfb_p95_s: float | None
+
+
+def session_figures(records: Iterable[RequestRecord]) -> SessionFigures:
+    """What a session's user waits for, from the records of the requests that carry a session id.
+
+    Duration: from the session's first request's start to its last answer's end, over the sessions
+    whose last round finished without error (a session cut off by the window, or one that gave up
+    after an error, has no duration; the figure is therefore of the sessions that fit).  The start
+    is when the client sent the request, so any wait at the router's gate and every pause between
+    rounds count.  First turn: round 0's time to first byte (its gate wait included) and that
+    gate wait alone; continuing turns: the time to first byte of rounds 1 and later.  Time to first
+    byte is over every request that got one.
+    """
+    by_session: dict[str, list[RequestRecord]] = {}
+    for rec in records:
+        if rec.session_id is not None:
+            by_session.setdefault(rec.session_id, []).append(rec)
+    durations: list[float] = []
+    first_ttfb: list[float] = []
+    first_queue: list[float] = []
+    continuing: list[float] = []
+    for recs in by_session.values():
+        for rec in recs:
+            if rec.error is not None or rec.ttfb_s is None:
+                continue
+            if rec.round == 0:
+                first_ttfb.append(rec.ttfb_s)
+                first_queue.append(rec.queue_s)
+            else:
+                continuing.append(rec.ttfb_s)
+        last = next((r for r in recs if r.last_round), None)
+        first = next((r for r in recs if r.round == 0), None)
+        if last is not None and first is not None and last.error is None and last.end_s is not None:
+            durations.append(last.end_s - first.start_s)
+    return SessionFigures(percentile(durations, 50), percentile(durations, 95),
+                          percentile(first_ttfb, 50), percentile(first_ttfb, 95),
+                          percentile(first_queue, 50), percentile(first_queue, 95),
+                          percentile(continuing, 50), percentile(continuing, 95))
+
+
 def summarize_step(policy: str, sessions: int, duration_s: float, records: Sequence[RequestRecord],
-                   busy_samples: Sequence[int], cache: CacheCounters | None) -> StepResult:
+                   busy_samples: Sequence[int], cache: CacheCounters | None, *,
+                   rate: float | None = None) -> StepResult:
     """The A/B table's figures for one step.
 
     ``records`` are the requests started during the step's window of ``duration_s`` seconds; each
@@ -109,6 +162,7 @@ def summarize_step(policy: str, sessions: int, duration_s: float, records: Seque
     Time to first byte is over every request that got one, inside the window or during the drain, so
     that slow requests under overload are not censored away.  The hit share comes from the replicas'
     own counters (``cache``) when they were scraped, and from the responses' ``usage`` otherwise.
+    ``rate`` is an open-loop step's arrival rate (``sessions`` is 0 there).
     """
     if duration_s <= 0:
         raise ValueError("duration_s must be > 0")
@@ -122,6 +176,7 @@ def summarize_step(policy: str, sessions: int, duration_s: float, records: Seque
         hit_pct: float | None = cache.hit_pct
     else:
         hit_pct = 100.0 * cached / prompt if prompt else None
+    per_session = session_figures(records)
     return StepResult(
         policy=policy,
         sessions=sessions,
@@ -142,6 +197,16 @@ def summarize_step(policy: str, sessions: int, duration_s: float, records: Seque
         preemptions=None if cache is None or cache.preemptions is None else round(cache.preemptions),
         ttfb_p99_s=percentile(ttfbs, 99),
         shed=sum(1 for r in records if r.shed),
+        rate=rate,
+        completed_per_s=len(in_window) / duration_s,
+        session_p50_s=per_session.duration_p50_s,
+        session_p95_s=per_session.duration_p95_s,
+        first_ttfb_p50_s=per_session.first_ttfb_p50_s,
+        first_ttfb_p95_s=per_session.first_ttfb_p95_s,
+        first_queue_p50_s=per_session.first_queue_p50_s,
+        first_queue_p95_s=per_session.first_queue_p95_s,
+        continuing_ttfb_p50_s=per_session.continuing_ttfb_p50_s,
+        continuing_ttfb_p95_s=per_session.continuing_ttfb_p95_s,
     )
 
 

@@ -267,3 +267,90 @@ def growing_chat(config: GrowingChatConfig, seed: int = 0) -> list[ChatStep]:
             steps.append(ChatStep("a different conversation",
                                   PlannedRequest(None, 0, "", other, config.output_tokens)))
     return steps
+
+
+@dataclass(frozen=True, slots=True)
+class SharedPrefixConfig:
+    """llm-d's shared-prefix benchmark shape: ``groups`` groups of clients, each group with its own
+    long system prompt of ``system_tokens`` and ``questions`` short questions of ``question_tokens``,
+    each answered in ``output_tokens``; requests carry no session id and arrive open-loop (Poisson
+    at the step's rate), each from a uniformly drawn group with one of that group's questions.
+
+    The default fleet is 4 replicas of preset ``a4000-qwen3-4b``: ``build_config('a4000-qwen3-4b')``
+    has ``num_gpu_blocks = 2543`` blocks of ``block_size = 16``, i.e. 40,688 KV tokens per replica,
+    162,752 for the fleet.  The groups' system prompts together are about half of that:
+    ``groups = round(0.5 * 162,752 / 6,000) = round(13.56) = 14`` groups of 6,000 tokens, 84,000
+    tokens (52 % of the fleet's KV).  A policy that keeps each group on one replica holds 3-4
+    prompts (~21,000 tokens) per replica and leaves the rest for the questions and the answers; one
+    that spreads every group over every replica needs 84,000 tokens on each and cannot keep them.
+    """
+
+    groups: int = 14
+    system_tokens: int = 6000
+    questions: int = 32
+    question_tokens: int = 150
+    output_tokens: int = 200
+
+    def __post_init__(self) -> None:
+        for name in ("groups", "questions", "question_tokens", "output_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if self.system_tokens < 0:
+            raise ValueError("system_tokens must be >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class TimedRequest:
+    """An open-loop request and when it arrives, in seconds since its step started."""
+
+    at_s: float
+    index: int
+    request: PlannedRequest
+
+
+@dataclass(frozen=True, slots=True)
+class SharedPrefixWorkload:
+    """Deterministic shared-prefix requests: request ``i`` depends only on the seed and ``i`` (its
+    group and question), and a step's arrival times only on the seed, the step's first index and its
+    rate, so every policy of an A/B sees the same requests at the same instants."""
+
+    config: SharedPrefixConfig = field(default_factory=SharedPrefixConfig)
+    seed: int = 0
+    _systems: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    _questions: tuple[tuple[str, ...], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        cfg = self.config
+        systems, questions = [], []
+        for g in range(cfg.groups):
+            rng = random.Random(f"kvroute-shared-system:{self.seed}:{g}")
+            head = f"You are assistant {g} of the shared-prefix benchmark.\n"
+            systems.append(head + words(rng, max(0, cfg.system_tokens - len(head) // 4)))
+            # The question's own head keeps every question distinct from its first token on.
+            questions.append(tuple(f"Question {g}.{q}:\n" + words(rng, cfg.question_tokens)
+                                   for q in range(cfg.questions)))
+        object.__setattr__(self, "_systems", tuple(systems))
+        object.__setattr__(self, "_questions", tuple(questions))
+
+    def request(self, index: int) -> PlannedRequest:
+        """Request number ``index``: its group's system prompt and one of that group's questions."""
+        if index < 0:
+            raise IndexError(index)
+        rng = random.Random(f"kvroute-shared-request:{self.seed}:{index}")
+        group = rng.randrange(self.config.groups)
+        question = self._questions[group][rng.randrange(self.config.questions)]
+        return PlannedRequest(None, 0, self._systems[group], (Message("user", question),),
+                              self.config.output_tokens)
+
+    def arrivals(self, rate: float, duration_s: float, first_index: int = 0) -> Iterator[TimedRequest]:
+        """Poisson arrivals at ``rate`` requests/s for ``duration_s`` seconds, numbered from
+        ``first_index``.  The gaps are one seeded stream of unit exponentials divided by the rate,
+        so a faster step is the slower one compressed in time (the same requests, in the same order)."""
+        if not 0.0 < rate < float("inf") or duration_s <= 0:
+            raise ValueError("rate and duration must be positive and finite")
+        gaps = random.Random(f"kvroute-shared-arrivals:{self.seed}:{first_index}")
+        at, index = gaps.expovariate(1.0) / rate, first_index
+        while at < duration_s:
+            yield TimedRequest(at, index, self.request(index))
+            at += gaps.expovariate(1.0) / rate
+            index += 1
