@@ -58,7 +58,8 @@ class InFlight:
     first_byte_at: float | None = None
     done: bool = False
     model: str = ""
-    tokens: int = 0  # KV footprint counted in the worker's inflight_tokens (and the fair share's charge)
+    tokens: int = 0  # KV tokens it adds, counted in the worker's inflight_tokens
+    charged: int = 0  # its fair-share charge at the grant: prompt + max_tokens
     session_id: str | None = None
     tenant: str | None = None
     priority: int = 0
@@ -206,7 +207,10 @@ class Dispatcher:
         """``key`` leaves for ``state`` as ``decision`` said; returns its handle and the facts to
         publish to other router instances."""
         state.inflight += 1
-        tokens = footprint(key)
+        # What it adds to the worker's KV: the prompt the worker does not hold and the output.  A
+        # prefix it holds is there once, however many requests share it (a system prompt of many
+        # clients, a session's history).
+        tokens = decision.prefill_tokens + key.max_tokens
         state.inflight_tokens += tokens
         self.book.touch(state)
         records = self.scheduler.commit(key, decision)
@@ -214,7 +218,7 @@ class Dispatcher:
         now = self._timer()
         self._observe(now)
         self.flow.pump(now)
-        return InFlight(state, decision, now, model=key.model, tokens=tokens,
+        return InFlight(state, decision, now, model=key.model, tokens=tokens, charged=footprint(key),
                         session_id=key.session_id, tenant=key.tenant, priority=key.priority), records
 
     def side_sent(self, state: WorkerState) -> None:
@@ -256,7 +260,7 @@ class Dispatcher:
             self.scheduler.on_finished(flight.state.id, prompt_tokens=prompt_tokens,
                                        cached_tokens=cached_tokens, ttft_s=ttft)
             used = None if prompt_tokens is None or output_tokens is None else prompt_tokens + output_tokens
-            self.flow.served(flight.model, flight.tenant, flight.priority, flight.tokens, used)
+            self.flow.served(flight.model, flight.tenant, flight.priority, flight.charged, used)
         now = self._timer()
         self._observe(now)
         self.flow.finished(flight.model, now)

@@ -54,8 +54,9 @@ class FlowSettings:
                 "flow_order when one frees up: 'auto' while the fleet is saturated "
                 "(docs/saturation.md), true always, false never (every request is forwarded at once)")
     flow_kv_fill: float = setting(
-        1.25, "a replica is admissible while the KV footprint of what the routers sent it and have "
-             "not seen finish (prompt + max_tokens), plus the request's, stays within this share "
+        1.25, "a replica is admissible while the KV tokens of what the routers sent it and have "
+             "not seen finish add (the prompt each was not predicted to find cached, plus "
+             "max_tokens), plus the request's whole footprint, stays within this share "
              "of its KV cache (when the engine's KV size is known)")
     flow_order: str = setting(
         "cache", "order of queued requests: 'cache' (continuing sessions' turns with a resident "
@@ -248,7 +249,8 @@ def admissible(w: WorkerState, need: int, placement: PlacementSettings, kv_fill:
     """Whether ``w`` can start a request needing ``need`` KV tokens without queueing it behind a full
     batch or preempting: a free sequence slot by every count the router has (its own, the other
     routers', the engine's scraped load beyond them), and — when the engine's KV size is known —
-    room for the KV footprint of what the routers have sent it and not seen finish.  A replica with
+    room for the KV tokens what the routers have sent it and not seen finish add (each request's
+    prompt the replica was not predicted to hold, and its output), plus ``need``.  A replica with
     nothing of the routers' in flight always has room (a prompt bigger than the cache is the
     engine's to refuse)."""
     if Candidate.of(w).busy >= seq_slots(w, placement):

@@ -11,8 +11,8 @@ cost, routing/policies/auto.py), and flow control's gate and session admission e
 (``flow_control = "auto"``, routing/flow.py).
 
 **The reading.**  At an instant, a replica is *full* when a request could not start there without
-queueing or preempting: no free sequence slot by any count the router has, the KV footprint of
-what the routers sent it past ``flow_kv_fill`` of its cache, its scraped KV usage at
+queueing or preempting: no free sequence slot by any count the router has, the KV tokens
+what the routers sent it adds past ``flow_kv_fill`` of its cache, its scraped KV usage at
 ``fleet_full_kv_usage``, or requests waiting in the engine's own queue.  The fleet is full when at
 least ``fleet_full_share`` of its ready replicas are, or when requests wait in the router's own
 queue for room (then the gate is what keeps the engines' queues empty) — not those that wait only
@@ -114,7 +114,7 @@ class FullReason(StrEnum):
 
     QUEUE = "queue"  # requests wait in the router's own queue
     SLOTS = "slots"  # no free sequence slot
-    KV = "kv"  # the routers' KV footprint there, or its scraped KV usage, at the ceiling
+    KV = "kv"  # the KV tokens the routers' requests add there, or its scraped KV usage, at the ceiling
     WAITING = "waiting"  # the engine reports requests in its own queue
 
 

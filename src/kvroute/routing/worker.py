@@ -38,8 +38,9 @@ class WorkerState:
     running: int | None = None
     waiting: int | None = None
     kv_usage: float | None = None
-    # The engine's KV cache in tokens (num_gpu_blocks x block_size), when known; and the KV
-    # footprint (prompt + max_tokens) of what this router has sent there and not seen finish.
+    # The engine's KV cache in tokens (num_gpu_blocks x block_size), when known; and the KV tokens
+    # what this router has sent there and not seen finish adds (the prompt the worker was not
+    # predicted to hold, plus max_tokens).
     kv_tokens: int | None = None
     inflight_tokens: int = 0
     # Router in-flight (own + peers) when running/waiting were scraped: the engine's figures minus
