@@ -76,10 +76,10 @@ async def test_cards_and_charts_after_traffic(sim_fleet, dashboard_router, tmp_p
         assert await colour_pixels(page, "section.model canvas.tokens-chart", CACHED_GREEN) > 200
         assert int(await page.get_attribute("#ttfb-chart", "data-points") or 0) > 0
         assert await colour_pixels(page, "#ttfb-chart", P50_BLUE) > 8  # a dot at least
-        # Flow control is off by default: the model's queue says so plainly, and draws no chart.
-        assert "Flow control off" in await page.locator("section.model .flow-off").inner_text()
-        assert await page.locator("section.model .queue-charts").is_hidden()
-        assert await page.locator("section.model .queue-figures .chip").count() == 0
+        # Flow control is "auto" by default: the queue panel shows, and a fleet with room says so.
+        assert await page.locator("section.model .flow-off").is_hidden()
+        fleet_chip = page.locator('section.model .queue-figures .chip[data-field="saturation"]')
+        assert "has room" in await fleet_chip.inner_text()
 
     shot = tmp_path / "dashboard.png"
     await open_dashboard(router.url, shot, check=check)
