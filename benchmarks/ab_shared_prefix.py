@@ -1,6 +1,6 @@
 """The shared-prefix open loop (llm-d's benchmark shape) through the virtual-time cluster.
 
-    python benchmarks/ab_shared_prefix.py                 # round-robin, prefix/off, auto/off, auto
+    python benchmarks/ab_shared_prefix.py                 # the previous defaults against today's
     python benchmarks/ab_shared_prefix.py --rates 1,2,3 --base-rate 2.0 --seeds 0-7
     python benchmarks/ab_shared_prefix.py --variants auto,auto/off --set flow_kv_fill=1.0
 
@@ -8,7 +8,8 @@ Groups of clients share a long system prompt each (``SharedPrefixConfig``: by de
 6,000 tokens, half of 4 x a4000-qwen3-4b's KV) and ask short questions without a session id; the
 requests arrive open-loop, Poisson at each step's rate (``--rates`` multiples of ``--base-rate``
 requests/s), whatever the fleet does, and a request the router sheds is not retried.  A variant is
-written as in ``ab_flow.py`` (``POLICY``, ``POLICY/off``, ``+FIELD=VALUE``).  Per step, over the
+written as in ``ab_flow.py`` (``POLICY``, ``POLICY/default``, ``POLICY/before``, ``POLICY/off``,
+``+FIELD=VALUE``).  Per step, over the
 seeds, the mean and the spread (min-max) of: TTFT p50 / p95 (every request that got a first token,
 its wait at the router's gate included), completed requests/s (ended inside the window / its
 length), the engines' prefix-cache hit share, engine preemptions and requests shed.  Each (variant,
@@ -58,7 +59,7 @@ def _cell(values: list[float], digits: int) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--variants", default="round-robin,prefix/off,auto/off,auto")
+    parser.add_argument("--variants", default="round-robin/before,prefix/before,auto/before,auto/default")
     parser.add_argument("--rates", default="1,2,3", help="multiples of --base-rate")
     parser.add_argument("--base-rate", type=float, default=2.0, help="requests/s at 1x")
     parser.add_argument("--seeds", default="0-3")

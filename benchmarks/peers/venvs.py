@@ -7,11 +7,21 @@ dependencies never meet kvroute's.  An environment counts as ready when the pinn
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
-DEFAULT_CACHE = Path("/work/.cache/kvroute-peers")
+
+def default_cache() -> Path:
+    """``$KVROUTE_PEERS_HOME``, else ``$XDG_CACHE_HOME/kvroute-peers``, else ``~/.cache/kvroute-peers``."""
+    explicit = os.environ.get("KVROUTE_PEERS_HOME")
+    if explicit:
+        return Path(explicit).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvroute-peers"
+
+
+DEFAULT_CACHE = default_cache()
 
 
 class PeerInstallError(RuntimeError):

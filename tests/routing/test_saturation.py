@@ -115,6 +115,10 @@ def test_hysteresis_engages_and_releases_in_the_stated_times() -> None:
     assert released_at is not None
     assert abs(released_at - 60.0 - S.fleet_full_window_s * math.log(1 / S.fleet_full_release)) <= 0.5
     assert not sat.engaged and sat.reasons() == ()
+    shown = sat.to_json()  # what /admin/workers shows
+    assert (shown["saturated"], shown["engagements"], shown["reasons"]) == (False, 1, [])
+    assert shown["replicas"] == 4
+    assert shown["since"] == released_at and float(str(shown["level"])) <= S.fleet_full_release
     assert engaged_at <= 30 and released_at - 60.0 <= 30  # the step-change goal
 
 

@@ -471,17 +471,20 @@ class VirtualCluster:
         return run
 
 
+def _each_policy(config: ClusterConfig, policies: Sequence[str], meta: Mapping[str, Any],
+                 run: Callable[[VirtualCluster], PolicyRun]) -> BenchResult:
+    """``run`` under each policy, each on a fresh cluster."""
+    return BenchResult(dict(meta), [run(VirtualCluster(config, policy)) for policy in policies])
+
+
 def run_virtual_bench(config: ClusterConfig, policies: Sequence[str], workload: Workload,
                       steps: Sequence[int], duration_s: float, meta: Mapping[str, Any], *,
                       poll_interval_s: float = 1.0, drain_timeout_s: float = 600.0,
                       on_step: Callable[[StepResult], None] | None = None) -> BenchResult:
     """The same workload under each policy, each on a fresh cluster."""
-    result = BenchResult(dict(meta))
-    for policy in policies:
-        cluster = VirtualCluster(config, policy)
-        result.runs.append(cluster.run(workload, steps, duration_s, poll_interval_s=poll_interval_s,
-                                       drain_timeout_s=drain_timeout_s, on_step=on_step))
-    return result
+    return _each_policy(config, policies, meta, lambda cluster: cluster.run(
+        workload, steps, duration_s, poll_interval_s=poll_interval_s, drain_timeout_s=drain_timeout_s,
+        on_step=on_step))
 
 
 def run_virtual_open_bench(config: ClusterConfig, policies: Sequence[str], workload: SharedPrefixWorkload,
@@ -489,9 +492,6 @@ def run_virtual_open_bench(config: ClusterConfig, policies: Sequence[str], workl
                            poll_interval_s: float = 1.0, drain_timeout_s: float = 600.0,
                            on_step: Callable[[StepResult], None] | None = None) -> BenchResult:
     """The same open-loop arrivals under each policy, each on a fresh cluster."""
-    result = BenchResult(dict(meta))
-    for policy in policies:
-        cluster = VirtualCluster(config, policy)
-        result.runs.append(cluster.run_open(workload, rates, duration_s, poll_interval_s=poll_interval_s,
-                                            drain_timeout_s=drain_timeout_s, on_step=on_step))
-    return result
+    return _each_policy(config, policies, meta, lambda cluster: cluster.run_open(
+        workload, rates, duration_s, poll_interval_s=poll_interval_s, drain_timeout_s=drain_timeout_s,
+        on_step=on_step))

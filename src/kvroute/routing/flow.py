@@ -86,7 +86,7 @@ class FlowSettings:
         "auto", "start a new session only while the working set of the sessions the fleet already "
                 "serves (flow_session_rule), plus the new one's, fits in flow_session_fill x the "
                 "fleet's KV cache; a held first turn waits in the queue ('auto': while the fleet "
-                "is saturated)")
+                "is saturated and thrashing, docs/saturation.md)")
     flow_session_rule: str = setting(
         "unique", "what a served session counts in the working set: 'unique' (its last request's "
                   "prompt + max_tokens less the prefix other sessions had cached, e.g. a shared "
@@ -332,7 +332,7 @@ class FlowControl:
         s = self._settings(key.model)
         self._seq += 1
         ticket = Ticket(key, now, seq=self._seq)
-        if not self.gate_on(key.model):
+        if not switch_on(s.flow_control, self._saturated(key.model)):
             return ticket
         q = self._queues.get(key.model)
         if q is None:
