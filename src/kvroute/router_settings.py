@@ -19,6 +19,7 @@ from typing import Any
 from kvroute.api.requests import RequestOptions
 from kvroute.fleet.breaker import BreakerSettings
 from kvroute.fleet.guard import blocks as _guard_blocks  # noqa: F401  (registers the guard's settings)
+from kvroute.fleet.kv_event_sources import KvEventSettings
 from kvroute.routing.config import ModelPolicy, RoutingConfig, setting_infos
 
 _TRUE = frozenset(("1", "true", "yes", "on"))
@@ -132,6 +133,15 @@ class Settings:
     # The dashboard (/dashboard) and its JSON are read-only; with this they need the admin token too.
     dashboard_requires_token: bool = False
     redis_url: str | None = None
+    # Engines' KV-cache events (docs/routing.md, "Exact cache state"): [kv_events] names each
+    # worker's endpoint (worker URL or id -> "PUB[,REPLAY]", "off": none); other workers are
+    # subscribed at the templates filled with their host (empty: not at all), unless several
+    # workers share a host.  Ranks: data-parallel ranks per worker, on the ports + rank.
+    kv_events: Mapping[str, str] = field(default_factory=dict)
+    kv_events_endpoint: str = "tcp://{host}:5557"
+    kv_events_replay_endpoint: str = ""
+    kv_events_ranks: int = 1
+    kv_events_topic: str = ""
     # Router processes listening on the same port (``kvroute serve`` only; see docs/server.md).
     processes: int = 1
 
@@ -178,6 +188,8 @@ class Settings:
                 if not isinstance(value, Mapping):
                     raise SettingsError(f"{name} must be a table")
                 values[name] = dict(value)
+            elif name == "kv_events":
+                values[name] = _kv_events(value)
             else:
                 values[name] = _coerce(name, value, known[name].default)
         for token in ("admin_token", "metrics_token"):
@@ -219,10 +231,23 @@ class Settings:
             raise SettingsError("port must be between 0 and 65535")
         if self.dashboard_requires_token and not self.admin_token:
             raise SettingsError("dashboard_requires_token needs admin_token")
+        if self.kv_events_ranks < 1:
+            raise SettingsError("kv_events_ranks must be at least 1")
+        try:
+            kv = self.kv_event_settings()
+            for url in ("http://localhost", *self.kv_events):
+                kv.for_worker(url, url)
+        except ValueError as exc:
+            raise SettingsError(str(exc)) from None
         if self.redis_url is not None and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
             raise SettingsError("redis_url must be a redis://, rediss:// (TLS) or unix:// URL")
         self.routing_config()
         self.request_options()
+
+    def kv_event_settings(self) -> KvEventSettings:
+        """Where the workers publish their KV-cache events."""
+        return KvEventSettings(self.kv_events, self.kv_events_endpoint, self.kv_events_replay_endpoint,
+                               self.kv_events_ranks, self.kv_events_topic)
 
     def breaker_settings(self) -> BreakerSettings:
         """The circuit breaker's and the outlier detector's settings."""
@@ -293,6 +318,21 @@ def _as_list(value: Any, name: str) -> list[Any]:
     if isinstance(value, list | tuple):
         return list(value)
     raise SettingsError(f"{name} must be a list")
+
+
+def _kv_events(value: Any) -> dict[str, str]:
+    """``[kv_events]`` (worker URL or id -> ``PUB[,REPLAY]``), or flag values ``URL=PUB[,REPLAY]``."""
+    if isinstance(value, str | list | tuple):
+        table: dict[str, str] = {}
+        for item in _as_list(value, "kv_events"):
+            worker, sep, spec = str(item).partition("=")
+            if not sep or not worker.strip():
+                raise SettingsError(f"kv_events: expected WORKER=PUB[,REPLAY], got {item!r}")
+            table[worker.strip().rstrip("/")] = spec.strip()
+        return table
+    if not isinstance(value, Mapping):
+        raise SettingsError("kv_events must be a table of worker URL -> endpoint")
+    return {str(k).rstrip("/"): str(v) for k, v in value.items()}
 
 
 def parse_worker_spec(value: Any) -> WorkerSpec:

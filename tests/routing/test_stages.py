@@ -19,9 +19,10 @@ from kvroute.routing.worker import WorkerState
 
 def cand(wid: str, *, load: int = 0, busy: int | None = None, matched: int = 0, sessions: int = 0,
          realisation: float = 1.0, backlog: float = 0.0, **worker: Any) -> Candidate:
-    """A candidate with the figures a producer would have filled."""
+    """A candidate with the figures a producer would have filled (128 tokens a matched block)."""
     w = WorkerState(**{"id": wid, "url": f"http://{wid}", "models": frozenset({"m"}), **worker})
     return Candidate(w, load, load if busy is None else busy, load, matched_blocks=matched,
+                     held_tokens=128.0 * matched,
                      active_sessions=sessions, s_per_token=1e-3, realisation=realisation,
                      backlog_tokens=backlog)
 

@@ -207,6 +207,11 @@ class RoutingConfig:
     # Fleets larger than this are decided over the few workers that can win (routing/loadbook.py,
     # ``Pruning``); smaller ones look at every worker.
     prune_above: int = 64
+    # The token-exact index (routing/exact_index.py), for workers whose engines publish KV events:
+    # how long a just-routed prompt counts as held before the engine's events confirm it, and how
+    # long events may be overdue before the worker falls back to the approximate index.
+    kv_speculative_ttl_s: float = 2.0
+    kv_events_stale_s: float = 5.0
 
     def __post_init__(self) -> None:
         positive = ("index_max_blocks", "block_bytes", "window_bytes", "max_hash_bytes", "session_max",
@@ -215,7 +220,7 @@ class RoutingConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer")
-        for name in ("index_max_age_s", "session_ttl_s"):
+        for name in ("index_max_age_s", "session_ttl_s", "kv_speculative_ttl_s", "kv_events_stale_s"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or not value > 0:
                 raise ValueError(f"{name} must be a positive number of seconds")

@@ -34,7 +34,9 @@ class Decision:
     workers the decision looked at (fewer than offered when a large fleet was pruned).
     ``predicted_ttft_s`` is the predicted time to first token on the chosen worker (the policy's own
     prediction, or the learned prefill speed over its backlog and the uncached prompt): what the
-    proxy's first-byte deadline scales.
+    proxy's first-byte deadline scales.  ``exact``: the chosen worker's match came from its KV
+    events (``matched_blocks`` and ``total_blocks`` are then engine blocks); ``held_tokens`` is the
+    prompt tokens the index said the chosen worker holds (what cache realisation compares with).
     """
 
     worker_id: str | None
@@ -53,3 +55,5 @@ class Decision:
     scores: tuple[float, ...] = ()
     considered: int = 0
     predicted_ttft_s: float = 0.0
+    exact: bool = False
+    held_tokens: float = 0.0

@@ -241,6 +241,7 @@ class Dispatcher:
         """The worker's first byte of the answer arrived."""
         if flight.first_byte_at is None:
             flight.first_byte_at = self._timer()
+            self.scheduler.on_first_byte(flight.decision)
 
     def finished(self, flight: InFlight, *, ok: bool, prompt_tokens: int | None = None,
                  cached_tokens: int | None = None, output_tokens: int | None = None,

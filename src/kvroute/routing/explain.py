@@ -16,7 +16,9 @@ def session_tag(view: View) -> str:
 
 
 def blocks(view: View, c: Candidate) -> str:
-    """``matched/total blocks`` on ``c``."""
+    """``matched/total blocks`` on ``c`` (engine blocks, said so, where its state is exact)."""
+    if c.exact:
+        return f"{c.matched_blocks}/{len(view.key.token_hashes)} blocks (exact)"
     return f"{c.matched_blocks}/{view.total_blocks} blocks"
 
 

@@ -22,6 +22,9 @@ class RoutingKey:
     ``stream`` says the client asked for a streamed answer (its first byte is the first token).
     ``priority`` (1 high, 0 normal, -1 low) and ``tenant`` (None: the default tenant) are what flow
     control orders by: strictly by class, then fairly between tenants (routing/flow.py).
+    ``token_hashes`` are the own hashes of the prompt's full blocks of ``token_block`` engine
+    tokens, when the edge tokenized it the engine's way (routing/exact_index.py): workers whose
+    events are exact are matched on them; empty otherwise.
     """
 
     model: str
@@ -34,6 +37,8 @@ class RoutingKey:
     stream: bool = False
     priority: int = 0
     tenant: str | None = None
+    token_hashes: tuple[int, ...] = ()
+    token_block: int = 0
 
     @property
     def cache_scope(self) -> bytes:

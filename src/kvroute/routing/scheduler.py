@@ -21,6 +21,7 @@ import xxhash
 
 from kvroute.routing.config import ModelPolicy, RoutingConfig
 from kvroute.routing.decision import Decision, DecisionKind
+from kvroute.routing.exact_index import ExactIndex, Mode
 from kvroute.routing.filters import fitting_context, with_free_slot
 from kvroute.routing.hashing import block_hashes, stored_positions
 from kvroute.routing.key import EST_BYTES_PER_TOKEN, RoutingKey
@@ -56,6 +57,7 @@ class Scheduler:
         self.config = config or RoutingConfig()
         self._clock = clock
         self._index = PrefixIndex(self.config.index_max_blocks, self.config.index_max_age_s)
+        self.exact = ExactIndex(self.config.kv_speculative_ttl_s, self.config.kv_events_stale_s)
         self._sessions = SessionTable(self.config.session_ttl_s, self.config.session_max)
         self._picker = PickerState(rng=random.Random(self.config.seed))
         self._learning: dict[str, WorkerLearning] = {}
@@ -122,16 +124,18 @@ class Scheduler:
         i = policy.picker(self._picker, keys)
         chosen = cands[i]
         if Signal.PREFIX not in needs:
-            self._match(hashes, [chosen], now)  # for the log line, the metrics and the backlog
+            self._match(key, hashes, [chosen], now)  # for the log line, the metrics and the backlog
         kind, reason = policy.explain(view, cands, i)
         prefill = max(0, round(key.est_prompt_tokens - policy.held(view, chosen)))
+        total = len(key.token_hashes) if chosen.exact else len(hashes)
         return Decision(
             worker_id=chosen.worker.id, kind=kind, policy=policy.name, reason=reason,
-            matched_blocks=chosen.matched_blocks, total_blocks=len(hashes), est_tokens=key.est_prompt_tokens,
+            matched_blocks=chosen.matched_blocks, total_blocks=total, est_tokens=key.est_prompt_tokens,
             loads=tuple((c.worker.id, c.load) for c in cands), block_hashes=hashes,
             session_id=key.session_id, worker_epoch=chosen.worker.epoch, session=view.session,
             prefill_tokens=prefill, scores=keys[i], considered=considered,
             predicted_ttft_s=self.predicted_ttft(policy, view, chosen, prefill),
+            exact=chosen.exact, held_tokens=chosen.held_tokens,
         )
 
     def holder(self, key: RoutingKey, workers: Sequence[WorkerState]) -> tuple[str | None, float]:
@@ -140,11 +144,11 @@ class Scheduler:
         binding waits for, whatever the workers' load."""
         model = key.model
         cands = [Candidate.of(w) for w in workers if w.ready and w.serves(model)]
-        self._match(self.hashes(key), cands, self._clock())
-        best = max(cands, key=lambda c: c.matched_blocks, default=None)
+        self._match(key, self.hashes(key), cands, self._clock())
+        best = max(cands, key=lambda c: c.held_tokens, default=None)
         if best is None or not best.matched_blocks:
             return None, 0.0
-        return best.worker.id, min(float(key.est_prompt_tokens), best.matched_blocks * self._block_tokens)
+        return best.worker.id, best.held_tokens
 
     def predicted_ttft(self, policy: Policy, view: View, c: Candidate, prefill_tokens: int) -> float:
         """Predicted seconds to the first token on the chosen candidate ``c``: the policy's own
@@ -175,15 +179,37 @@ class Scheduler:
                     cands: list[Candidate]) -> None:
         """Signal.PREFIX and Signal.LEARNED, for the candidates the filters kept."""
         if Signal.PREFIX in needs:
-            self._match(hashes, cands, view.now)
+            self._match(view.key, hashes, cands, view.now)
         if Signal.LEARNED in needs:
             self._learned(cands, view.block(LearningSettings), view.now)
 
-    def _match(self, hashes: tuple[int, ...], cands: list[Candidate], now: float) -> None:
-        """Signal.PREFIX: each candidate's longest indexed match, in blocks."""
-        slots = self._index.slots_of([(c.worker.id, c.worker.epoch) for c in cands])
-        for slot, depth in self._index.match(hashes, slots, now).items():
-            cands[slots[slot]].matched_blocks = depth
+    def _match(self, key: RoutingKey, hashes: tuple[int, ...], cands: list[Candidate], now: float) -> None:
+        """Signal.PREFIX: each candidate's longest match and the prompt tokens it covers — from the
+        worker's KV events where they are exact and the request's tokens are known, else from the
+        approximate index."""
+        est = float(key.est_prompt_tokens)
+        exact = self.exact
+        ids: list[str] = []
+        if key.token_hashes:
+            block = key.token_block
+            ids = [c.worker.id for c in cands if exact.mode(c.worker.id, now) == "exact"
+                   and exact.block_size(c.worker.id) in (block, None)]
+        if len(ids) < len(cands):
+            slots = self._index.slots_of([(c.worker.id, c.worker.epoch) for c in cands])
+            block_tokens = self._block_tokens
+            for slot, depth in self._index.match(hashes, slots, now).items():
+                c = cands[slots[slot]]
+                c.matched_blocks = depth
+                c.held_tokens = min(est, depth * block_tokens)
+        if ids:
+            depths = exact.match(key.token_hashes, ids, now)
+            block = key.token_block
+            for c in cands:
+                held = depths.get(c.worker.id)
+                if held is not None:
+                    c.exact = True
+                    c.matched_blocks = held
+                    c.held_tokens = min(est, float(held * block))
 
     def _learned(self, cands: list[Candidate], settings: LearningSettings, now: float) -> None:
         """Signal.LEARNED: prefill rate, cache realisation and backlog of each candidate."""
@@ -225,7 +251,10 @@ class Scheduler:
             few[book.position(bound)] = bound
             positions = stored_positions(len(hashes), self.config.window_blocks,
                                          self.config.anchors_per_octave, self.config.tail_blocks)
-            for wid in self._index.holders([hashes[i] for i in positions], view.now):
+            held_by = self._index.holders([hashes[i] for i in positions], view.now)
+            if view.key.token_hashes:
+                held_by = set(held_by) | self.exact.holders(view.key.token_hashes[0])
+            for wid in held_by:
                 w = book.named(wid)
                 if w is not None and accept(w):
                     few[book.position(w)] = w
@@ -267,15 +296,17 @@ class Scheduler:
             if self._index.record(stored, worker, decision.worker_epoch, now):
                 records.append(PrefixRecord(worker, decision.worker_epoch, now, stored,
                                             decision.prefill_tokens))
+        if key.cacheable and key.token_hashes:
+            self.exact.speculate(worker, key.token_hashes, now)
         if key.cacheable:
             learned = self._learn(worker)
             est = key.est_prompt_tokens
             spt = learned.drain_rate(cfg.block(LearningSettings))
             # The index's own prediction (not the discounted one): realisation compares the engine's
             # report with it, and must not feed back on itself.
-            indexed = decision.matched_blocks * self._block_tokens
-            hit = min(est, indexed) / est if est else None
-            learned.on_sent(now, spt, decision.prefill_tokens, hit, min(est, indexed))
+            indexed = decision.held_tokens
+            hit = indexed / est if est else None
+            learned.on_sent(now, spt, decision.prefill_tokens, hit, indexed)
         if decision.session is not None:
             self._sessions.bind(decision.session, worker, now)
             records.append(SessionRecord(decision.session, worker, now))
@@ -311,9 +342,21 @@ class Scheduler:
             learned.new_epoch()
         return [WorkerEpochRecord(worker_id, epoch)]
 
+    def on_first_byte(self, decision: Decision) -> None:
+        """The chosen worker answered ``decision``'s request: it has computed the prompt, so where
+        that added blocks its KV events are due (or its exact state goes stale)."""
+        worker = decision.worker_id
+        if decision.exact and worker is not None and decision.matched_blocks < decision.total_blocks:
+            self.exact.expect(worker, self._clock())
+
+    def cache_mode(self, worker_id: str) -> Mode:
+        """``exact`` where ``worker_id``'s KV events say what it holds, else ``approximate``."""
+        return self.exact.mode(worker_id, self._clock())
+
     def on_worker_removed(self, worker_id: str) -> None:
         """A worker left the fleet: forget its prefixes, sessions and learned figures."""
         self._index.remove_worker(worker_id)
+        self.exact.detach(worker_id)
         self._sessions.drop_worker(worker_id)
         self._learning.pop(worker_id, None)
         self._counts.pop(worker_id, None)

@@ -23,7 +23,7 @@ T = TypeVar("T")
 class Signal(StrEnum):
     """Figures a stage may need beyond the worker's own load (always present)."""
 
-    PREFIX = "prefix"  # Candidate.matched_blocks: the index's longest match on each worker
+    PREFIX = "prefix"  # Candidate.matched_blocks, held_tokens, exact: the longest match on each worker
     SESSIONS = "sessions"  # Candidate.active_sessions: sessions recently active on each worker
     LEARNED = "learned"  # Candidate.s_per_token, realisation, backlog_tokens
     BINDING = "binding"  # View.session, View.bound: the request's session and its worker
@@ -40,6 +40,10 @@ class Candidate:
     corrected the same way.  Scraped figures lag by up to a probe interval; what the routers sent
     is never stale, so a request that finished since the scrape no longer counts (otherwise a
     conversation's next turn sees its own previous turn as load).
+
+    ``matched_blocks`` is the longest match: in engine blocks when ``exact`` (the worker's KV events
+    say what it holds), else in the approximate index's blocks; ``held_tokens`` is the prompt tokens
+    that match covers either way.
     """
 
     worker: WorkerState
@@ -47,6 +51,8 @@ class Candidate:
     busy: int
     engine_load: int
     matched_blocks: int = 0
+    held_tokens: float = 0.0
+    exact: bool = False
     active_sessions: int = 0
     bound_sessions: int = 0
     s_per_token: float = 0.0
@@ -107,8 +113,8 @@ class View:
         return self.key.est_prompt_tokens
 
     def matched_tokens(self, c: Candidate) -> float:
-        """Estimated prompt tokens ``c`` holds in its cache, by the index."""
-        return min(float(self.key.est_prompt_tokens), c.matched_blocks * self.block_tokens)
+        """Prompt tokens ``c`` holds in its cache, by the exact or the approximate index."""
+        return c.held_tokens
 
     def bound_in(self, cands: list[Candidate]) -> bool:
         """Whether the session's worker is among ``cands``."""

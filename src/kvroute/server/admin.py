@@ -69,7 +69,8 @@ async def list_workers(request: web.Request) -> web.Response:
     """``GET /admin/workers``: every worker with its state and what the fleet guard found, the
     scheduler's statistics, and per model whether its fleet is saturated (docs/saturation.md)."""
     router = request.app[ROUTER]
-    return _json({"workers": [{**r.to_json(), **router.guard_json(r.id)} for r in router.registry.records()],
+    return _json({"workers": [{**r.to_json(), **router.cache_json(r.id), **router.guard_json(r.id)}
+                              for r in router.registry.records()],
                   "scheduler": router.scheduler.stats(),
                   "saturation": {model: sat.to_json() for model, sat in router.dispatch.saturation.items()}})
 

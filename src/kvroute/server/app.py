@@ -34,6 +34,7 @@ from kvroute.fleet.guard.canary_metrics import CanaryCollector
 from kvroute.fleet.guard.canary_runner import CanaryRunner
 from kvroute.fleet.guard.doctor_watch import DoctorWatch
 from kvroute.fleet.guard.drift_watch import DriftWatch
+from kvroute.fleet.kv_events import CacheModeCollector, KvEventMetrics, KvEventWatch
 from kvroute.fleet.probe import Prober
 from kvroute.fleet.registry import Registry
 from kvroute.router_settings import Settings
@@ -385,6 +386,8 @@ async def _cleanup(app: web.Application) -> None:
             await watch.close()
     if router.canary is not None:
         await router.canary.close()
+    if router.kv_events is not None:
+        await router.kv_events.close()
     if router.sync is not None:
         await router.sync.stop()
     if router.upstream is not None:
@@ -422,6 +425,13 @@ def build_app(settings: Settings, *, scheduler: Scheduler | None = None, sync: R
                                metrics_registry=router.metrics.prometheus)
     registry.subscribe(router)
     registry.subscribe(doctor)
+    router.kv_events = KvEventWatch(
+        scheduler.exact, settings.kv_event_settings(),
+        lambda wid: (r.state.url if (r := registry.get(wid)) is not None else None),
+        KvEventMetrics(router.metrics.prometheus), known_urls=[w.url for w in settings.workers])
+    registry.subscribe(router.kv_events)
+    router.metrics.prometheus.register(
+        CacheModeCollector(scheduler.exact, lambda: [r.id for r in registry.records()]))
     for families in (doctor.families, drift.families):
         router.metrics.prometheus.register(FamiliesCollector(families))
     app = web.Application(client_max_size=settings.max_body_bytes)

@@ -12,6 +12,7 @@ from kvroute.api.requests import RequestOptions
 from kvroute.fleet.guard.canary_runner import CanaryRunner
 from kvroute.fleet.guard.doctor_watch import DoctorWatch
 from kvroute.fleet.guard.drift_watch import DriftWatch
+from kvroute.fleet.kv_events import KvEventWatch
 from kvroute.fleet.probe import Prober
 from kvroute.fleet.registry import Registry, WorkerRecord
 from kvroute.router_settings import Settings
@@ -56,6 +57,7 @@ class Router:
     doctor_watch: DoctorWatch | None = None
     drift_watch: DriftWatch | None = None
     canary: CanaryRunner | None = None
+    kv_events: KvEventWatch | None = None
     # This process's part of the canary budget (``1 / processes`` in a multi-process router).
     canary_share: float = 1.0
     _closing: bool = False
@@ -91,6 +93,13 @@ class Router:
         self.dispatch.worker_removed(worker_id)
         if self.drift_watch is not None:
             self.drift_watch.forget(worker_id)
+
+    def cache_json(self, worker_id: str) -> dict[str, Any]:
+        """How the router knows what a worker's cache holds: ``exact`` (its KV events) or
+        ``approximate`` (the prefix index of what was sent there), and the exact index's blocks."""
+        exact = self.scheduler.exact
+        return {"cache_mode": self.scheduler.cache_mode(worker_id),
+                "kv_events": exact.stats(worker_id) if exact.publishes(worker_id) else None}
 
     def guard_json(self, worker_id: str) -> dict[str, Any]:
         """What the fleet guard knows about a worker: the doctor's latest check, the cache-drift

@@ -99,7 +99,6 @@ class _Prices:
 
     s: AutoSettings
     est: int
-    block_tokens: float
     trust: float
     per_session: float
     bound: str | None
@@ -108,13 +107,15 @@ class _Prices:
     def of(cls, view: View) -> _Prices:
         s = view.block(AutoSettings)
         per_session = s.active_session_tokens if view.session is not None else 0.0
-        return cls(s, view.est_tokens, view.block_tokens, s.realisation_weight, per_session, view.bound)
+        return cls(s, view.est_tokens, s.realisation_weight, per_session, view.bound)
 
     def held(self, c: Candidate) -> float:
         """Prompt tokens ``c`` is expected to serve from cache: the index's match, scaled by the
-        worker's cache realisation as far as ``realisation_weight`` trusts it."""
-        matched = min(float(self.est), c.matched_blocks * self.block_tokens)
-        return matched * (1.0 - self.trust * (1.0 - c.realisation))
+        worker's cache realisation as far as ``realisation_weight`` trusts it; where the worker's
+        state is exact, the truth replaces the survival model."""
+        if c.exact:
+            return c.held_tokens
+        return c.held_tokens * (1.0 - self.trust * (1.0 - c.realisation))
 
     def queue_and_held(self, c: Candidate) -> tuple[float, float]:
         """Prefill-token equivalents queued ahead of a new request on ``c``, and ``held(c)`` (one

@@ -1,0 +1,303 @@
+"""The token-exact cache index: what each replica really holds, from its engine's KV-cache events.
+
+An engine that publishes KV events (vLLM's ``BlockStored`` / ``BlockRemoved`` /
+``AllBlocksCleared``) tells which blocks of token ids it holds.  The engine's own block hash is
+not reproducible (its algorithm and seed are the engine's), so each stored block is re-hashed with
+the router's own chain (``routing/hashing.py``, ``token_block_hashes``) from the event's token ids,
+and the engine's hash is kept only as the key to apply a later removal ("dual key", as llm-d).
+
+A worker has one event *source* per data-parallel rank.  The router cannot pick a rank, so a
+worker's match is the least of its ranks' matches.  Right after routing, the chosen worker gets
+*speculative* entries for the request's blocks (the engine's events arrive only once it has
+computed them), dropped after ``speculative_ttl_s`` unless the events confirm them.
+
+Mode per worker: ``exact`` while each of its sources is synchronised (a replay answered, or events
+arriving) and no events are overdue (``expect``: a request that adds blocks got its first token,
+and nothing arrived within ``stale_s``); else ``approximate`` — the caller falls back to the
+approximate prefix index, which keeps recording beside this one.  A lost stretch of events
+(a sequence gap that replay could not fill, an engine restart) clears the source: it then knows
+less than the engine holds, never more.
+
+Pure: no I/O, times are the caller's clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from kvroute.routing.hashing import token_block_hashes
+
+EngineHash = int | bytes | tuple[int, int | bytes]  # (group, hash) where the group is named
+Mode = Literal["exact", "approximate"]
+
+
+@dataclass(slots=True)
+class _Source:
+    """One engine event stream (a worker's data-parallel rank)."""
+
+    slot: int
+    own: dict[EngineHash, int] = field(default_factory=dict)  # engine hash -> own hash
+    synced: bool = False
+    block_size: int | None = None
+
+
+@dataclass(slots=True)
+class _Worker:
+    sources: dict[int, _Source] = field(default_factory=dict)  # rank -> source
+    speculative: dict[int, float] = field(default_factory=dict)  # own hash -> expiry
+    expect_since: float | None = None
+    last_event: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """What applying one batch of events did: blocks added and removed, blocks that could not be
+    placed (their parent was unknown: events were lost before), whether a clear happened."""
+
+    stored: int = 0
+    removed: int = 0
+    orphans: int = 0
+    cleared: bool = False
+
+
+class ExactIndex:
+    """Own block hash -> which sources (worker ranks) hold it, fed by the engines' events."""
+
+    def __init__(self, speculative_ttl_s: float = 2.0, stale_s: float = 5.0,
+                 max_blocks: int = 4_000_000) -> None:
+        self.speculative_ttl_s = speculative_ttl_s
+        self.stale_s = stale_s
+        self.max_blocks = max_blocks
+        self._held: dict[int, dict[int, int]] = {}  # own hash -> {source slot: refcount}
+        self._workers: dict[str, _Worker] = {}
+        self._slot_owner: dict[int, str] = {}
+        self._next_slot = 0
+        self._blocks = 0
+
+    def __len__(self) -> int:
+        return self._blocks
+
+    # --- sources ---------------------------------------------------------------------------------
+
+    def _source(self, worker_id: str, rank: int) -> _Source:
+        w = self._workers.get(worker_id)
+        if w is None:
+            w = self._workers[worker_id] = _Worker()
+        src = w.sources.get(rank)
+        if src is None:
+            src = w.sources[rank] = _Source(self._next_slot)
+            self._slot_owner[self._next_slot] = worker_id
+            self._next_slot += 1
+        return src
+
+    def attach(self, worker_id: str, ranks: Iterable[int]) -> None:
+        """``worker_id`` publishes events on ``ranks`` (not synchronised until ``synced``)."""
+        for rank in ranks:
+            self._source(worker_id, rank)
+
+    def detach(self, worker_id: str) -> None:
+        """Forget ``worker_id`` entirely (it left the fleet, or its events were turned off)."""
+        w = self._workers.pop(worker_id, None)
+        if w is None:
+            return
+        for src in w.sources.values():
+            self._drop(src)
+            del self._slot_owner[src.slot]
+
+    def publishes(self, worker_id: str) -> bool:
+        """Whether ``worker_id`` has event sources (synchronised or not)."""
+        w = self._workers.get(worker_id)
+        return w is not None and bool(w.sources)
+
+    def synced(self, worker_id: str, rank: int, now: float) -> None:
+        """The rank's stream is live: its replay was answered or its events arrive in sequence."""
+        src = self._source(worker_id, rank)
+        src.synced = True
+        self._workers[worker_id].last_event = now
+
+    def lost(self, worker_id: str, rank: int) -> None:
+        """The rank's stream is down or its events were lost beyond replay: it is cleared (it would
+        otherwise claim blocks the engine may have evicted meanwhile) and not synchronised."""
+        src = self._source(worker_id, rank)
+        self._drop(src)
+        src.synced = False
+
+    def _drop(self, src: _Source) -> None:
+        held = self._held
+        slot = src.slot
+        for own in src.own.values():
+            self._unhold(held, own, slot)
+        src.own.clear()
+
+    def _unhold(self, held: dict[int, dict[int, int]], own: int, slot: int) -> None:
+        owners = held.get(own)
+        if owners is None:
+            return
+        n = owners.get(slot, 0) - 1
+        if n > 0:
+            owners[slot] = n
+            return
+        if slot in owners:
+            del owners[slot]
+            self._blocks -= 1
+        if not owners:
+            del held[own]
+
+    # --- events ----------------------------------------------------------------------------------
+
+    def stored(self, worker_id: str, rank: int, engine_hashes: Sequence[EngineHash],
+               parent: EngineHash | None, token_ids: Sequence[int], block_size: int,
+               extras: Sequence[bytes | None] | None, now: float) -> Applied:
+        """The rank stored ``engine_hashes`` (consecutive full blocks of ``token_ids``, the first
+        one following ``parent``).  ``extras`` holds each block's extra keys (LoRA, multimodal
+        hashes, cache salt) encoded, or None: a block with extra keys never matches a plain prompt.
+        Blocks whose parent is unknown cannot be re-hashed (events were lost): counted, skipped."""
+        src = self._source(worker_id, rank)
+        self._heard(worker_id, now)
+        if block_size <= 0 or len(token_ids) < block_size * len(engine_hashes):
+            return Applied(orphans=len(engine_hashes))
+        src.block_size = block_size
+        prev: int | None = None
+        if parent is not None:
+            prev = src.own.get(parent)
+            if prev is None:
+                return Applied(orphans=len(engine_hashes))
+        owns = token_block_hashes(token_ids[:block_size * len(engine_hashes)], block_size, prev, extras)
+        held, slot, added = self._held, src.slot, 0
+        for engine_hash, own in zip(engine_hashes, owns, strict=True):
+            old = src.own.get(engine_hash)
+            if old == own:
+                continue
+            if old is not None:
+                self._unhold(held, old, slot)
+            src.own[engine_hash] = own
+            owners = held.get(own)
+            if owners is None:
+                owners = held[own] = {}
+            if slot in owners:
+                owners[slot] += 1
+            else:
+                owners[slot] = 1
+                self._blocks += 1
+                added += 1
+        if self._blocks > self.max_blocks:
+            # Removals went missing (the engine cannot hold this many): the picture is wrong.
+            self._drop(src)
+            return Applied(stored=added, cleared=True)
+        return Applied(stored=added)
+
+    def removed(self, worker_id: str, rank: int, engine_hashes: Sequence[EngineHash], now: float) -> Applied:
+        """The rank evicted ``engine_hashes`` (unknown ones are ignored: stored before we listened)."""
+        src = self._source(worker_id, rank)
+        self._heard(worker_id, now)
+        held, slot, n = self._held, src.slot, 0
+        for engine_hash in engine_hashes:
+            own = src.own.pop(engine_hash, None)
+            if own is not None:
+                self._unhold(held, own, slot)
+                n += 1
+        return Applied(removed=n)
+
+    def cleared(self, worker_id: str, rank: int, now: float) -> Applied:
+        """The rank's whole prefix cache was cleared (reset, or the engine restarted)."""
+        src = self._source(worker_id, rank)
+        self._heard(worker_id, now)
+        n = len(src.own)
+        self._drop(src)
+        return Applied(removed=n, cleared=True)
+
+    def _heard(self, worker_id: str, now: float) -> None:
+        w = self._workers[worker_id]
+        w.last_event = now
+        w.expect_since = None
+
+    # --- what routing reads and writes -------------------------------------------------------------
+
+    def expect(self, worker_id: str, now: float) -> None:
+        """Events are due from ``worker_id`` (a request adding blocks there got its first token):
+        if none arrives within ``stale_s`` the worker is approximate until one does."""
+        w = self._workers.get(worker_id)
+        if w is not None and w.expect_since is None:
+            w.expect_since = now
+
+    def mode(self, worker_id: str, now: float) -> Mode:
+        """``exact`` while every source of the worker is synchronised and no events are overdue."""
+        w = self._workers.get(worker_id)
+        if w is None or not w.sources or not all(s.synced for s in w.sources.values()):
+            return "approximate"
+        if w.expect_since is not None and now - w.expect_since > self.stale_s:
+            return "approximate"
+        return "exact"
+
+    def block_size(self, worker_id: str) -> int | None:
+        """The engine's block size in tokens, as its events said (None before its first store)."""
+        w = self._workers.get(worker_id)
+        if w is None:
+            return None
+        for src in w.sources.values():
+            if src.block_size is not None:
+                return src.block_size
+        return None
+
+    def speculate(self, worker_id: str, hashes: Sequence[int], now: float) -> None:
+        """``worker_id`` was just sent a prompt of these own block hashes: count them as held until
+        the engine's events confirm them, or for ``speculative_ttl_s`` at most."""
+        w = self._workers.get(worker_id)
+        if w is None:
+            return
+        spec = w.speculative
+        if spec:
+            for h in [h for h, until in spec.items() if until <= now]:
+                del spec[h]
+        until = now + self.speculative_ttl_s
+        for h in hashes:
+            spec[h] = until
+
+    def match(self, hashes: Sequence[int], worker_ids: Collection[str], now: float) -> dict[str, int]:
+        """Leading blocks of ``hashes`` each of ``worker_ids`` holds (the least over its ranks),
+        counting its live speculative entries."""
+        out: dict[str, int] = {}
+        held = self._held
+        for wid in worker_ids:
+            w = self._workers.get(wid)
+            if w is None or not w.sources:
+                out[wid] = 0
+                continue
+            spec = w.speculative
+            depth = len(hashes)
+            for src in w.sources.values():
+                slot = src.slot
+                d = 0
+                for h in hashes[:depth]:
+                    owners = held.get(h)
+                    if owners is not None and slot in owners:
+                        d += 1
+                        continue
+                    until = spec.get(h)
+                    if until is not None and until > now:
+                        d += 1
+                        continue
+                    break
+                depth = d
+                if not depth:
+                    break
+            out[wid] = depth
+        return out
+
+    def holders(self, first: int) -> set[str]:
+        """Workers holding the block ``first`` (for pruning a large fleet)."""
+        owners = self._held.get(first)
+        if not owners:
+            return set()
+        return {self._slot_owner[slot] for slot in owners}
+
+    def stats(self, worker_id: str) -> dict[str, int]:
+        """Blocks held per rank and live speculative entries, for ``/admin/workers``."""
+        w = self._workers.get(worker_id)
+        if w is None:
+            return {}
+        out = {f"rank{rank}_blocks": len(src.own) for rank, src in sorted(w.sources.items())}
+        out["speculative"] = len(w.speculative)
+        return out

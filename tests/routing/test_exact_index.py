@@ -1,0 +1,185 @@
+"""The token-exact index: engine events in, matches and modes out (pure, clock passed in)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvroute.routing.config import RoutingConfig
+from kvroute.routing.exact_index import ExactIndex
+from kvroute.routing.hashing import token_block_hashes
+from kvroute.routing.key import RoutingKey
+from kvroute.routing.scheduler import Scheduler
+from kvroute.routing.worker import WorkerState
+
+BS = 4
+
+
+def tokens(n_blocks: int, start: int = 0) -> list[int]:
+    return list(range(start, start + n_blocks * BS))
+
+
+def live(index: ExactIndex, *workers: str, ranks: tuple[int, ...] = (0,)) -> None:
+    for w in workers:
+        index.attach(w, ranks)
+        for r in ranks:
+            index.synced(w, r, 0.0)
+
+
+def test_stored_blocks_match_the_requests_own_hashes() -> None:
+    index = ExactIndex()
+    live(index, "a")
+    toks = tokens(6)
+    index.stored("a", 0, [101, 102, 103], None, toks[:3 * BS], BS, None, 1.0)
+    index.stored("a", 0, [104, 105], 103, toks[3 * BS:5 * BS], BS, None, 1.0)
+    request = token_block_hashes(toks, BS)
+    assert index.match(request, ["a"], 1.0) == {"a": 5}
+    # A prompt that diverges in block 2 matches only the first two.
+    other = toks[:2 * BS] + [999] * (4 * BS)
+    assert index.match(token_block_hashes(other, BS), ["a"], 1.0) == {"a": 2}
+
+
+def test_removal_by_engine_hash_ends_the_match_there() -> None:
+    index = ExactIndex()
+    live(index, "a")
+    toks = tokens(4)
+    index.stored("a", 0, [1, 2, 3, 4], None, toks, BS, None, 1.0)
+    applied = index.removed("a", 0, [3, 77], 2.0)  # 77: stored before the router listened
+    assert applied.removed == 1
+    assert index.match(token_block_hashes(toks, BS), ["a"], 2.0) == {"a": 2}
+    assert len(index) == 3
+
+
+def test_unknown_parent_is_an_orphan_not_a_guess() -> None:
+    index = ExactIndex()
+    live(index, "a")
+    applied = index.stored("a", 0, [5, 6], 4, tokens(2, 8), BS, None, 1.0)
+    assert applied.orphans == 2 and len(index) == 0
+
+
+def test_blocks_with_extra_keys_never_match_a_plain_prompt() -> None:
+    index = ExactIndex()
+    live(index, "a")
+    toks = tokens(2)
+    index.stored("a", 0, [1, 2], None, toks, BS, [b"salt", None], 1.0)
+    assert index.match(token_block_hashes(toks, BS), ["a"], 1.0) == {"a": 0}
+
+
+def test_clear_and_lost_stream_forget_everything() -> None:
+    index = ExactIndex()
+    live(index, "a", "b")
+    toks = tokens(3)
+    for w in ("a", "b"):
+        index.stored(w, 0, [1, 2, 3], None, toks, BS, None, 1.0)
+    assert index.cleared("a", 0, 2.0).removed == 3
+    index.lost("b", 0)
+    h = token_block_hashes(toks, BS)
+    assert index.match(h, ["a", "b"], 2.0) == {"a": 0, "b": 0}
+    assert index.mode("a", 2.0) == "exact"  # a clear is an event: the stream is live
+    assert index.mode("b", 2.0) == "approximate"  # until its stream is synchronised again
+    assert len(index) == 0
+
+
+def test_a_worker_matches_the_least_of_its_ranks() -> None:
+    index = ExactIndex()
+    live(index, "a", ranks=(0, 1))
+    toks = tokens(4)
+    index.stored("a", 0, [1, 2, 3, 4], None, toks, BS, None, 1.0)
+    index.stored("a", 1, [11, 12], None, toks[:2 * BS], BS, None, 1.0)
+    assert index.match(token_block_hashes(toks, BS), ["a"], 1.0) == {"a": 2}
+
+
+def test_speculative_entries_count_until_their_ttl() -> None:
+    index = ExactIndex(speculative_ttl_s=2.0)
+    live(index, "a")
+    h = token_block_hashes(tokens(3), BS)
+    index.speculate("a", h, 10.0)
+    assert index.match(h, ["a"], 11.9) == {"a": 3}
+    assert index.match(h, ["a"], 12.1) == {"a": 0}
+
+
+def test_overdue_events_make_a_worker_approximate_until_the_next_event() -> None:
+    index = ExactIndex(stale_s=5.0)
+    index.attach("a", [0])
+    assert index.mode("a", 0.0) == "approximate"  # not synchronised yet
+    index.synced("a", 0, 0.0)
+    index.expect("a", 1.0)
+    assert index.mode("a", 5.9) == "exact"
+    assert index.mode("a", 6.1) == "approximate"
+    index.stored("a", 0, [1], None, tokens(1), BS, None, 7.0)
+    assert index.mode("a", 7.0) == "exact"
+
+
+def test_more_blocks_than_any_engine_holds_resets_the_source() -> None:
+    index = ExactIndex(max_blocks=3)
+    live(index, "a")
+    applied = index.stored("a", 0, [1, 2, 3, 4], None, tokens(4), BS, None, 1.0)
+    assert applied.cleared and len(index) == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 2), st.integers(1, 4)), max_size=40))
+def test_index_agrees_with_a_plain_model_of_the_engines_cache(ops: list[tuple[bool, int, int]]) -> None:
+    """Three conversations' chains stored and evicted at random: the index's match is always the
+    leading run of blocks the engine holds (model: the set of engine hashes present)."""
+    index = ExactIndex()
+    live(index, "a")
+    convs = [tokens(4, 1000 * k) for k in range(3)]
+    present: set[int] = set()
+    for store, conv, depth in ops:
+        engine = [conv * 10 + i for i in range(depth)]
+        if store:
+            index.stored("a", 0, engine, None, convs[conv][:depth * BS], BS, None, 1.0)
+            present.update(engine)
+        else:
+            index.removed("a", 0, engine[-1:], 1.0)
+            present.discard(engine[-1])
+    for conv in range(3):
+        expected = 0
+        while expected < 4 and conv * 10 + expected in present:
+            expected += 1
+        assert index.match(token_block_hashes(convs[conv], BS), ["a"], 1.0) == {"a": expected}
+
+
+def _fleet() -> list[WorkerState]:
+    return [WorkerState(id=w, url=f"http://{w}", models=frozenset({"m"}), epoch=1.0) for w in ("a", "b")]
+
+
+def test_scheduler_routes_on_the_exact_state_and_says_so() -> None:
+    clock = [100.0]
+    sched = Scheduler(RoutingConfig(), clock=lambda: clock[0])
+    workers = _fleet()
+    for w in workers:
+        sched.on_worker_epoch(w.id, 1.0)
+    live(sched.exact, "a", "b")
+    toks = tokens(64)
+    # "b" really holds the prompt (its events say so); the approximate index knows nothing.
+    sched.exact.stored("b", 0, list(range(64)), None, toks, BS, None, 100.0)
+    key = RoutingKey(model="m", prefix=b"p" * 1024, est_prompt_tokens=len(toks),
+                     token_hashes=tuple(token_block_hashes(toks, BS)), token_block=BS)
+    d = sched.decide(key, workers)
+    assert d.worker_id == "b" and d.exact and d.matched_blocks == 64 and d.total_blocks == 64
+    assert d.held_tokens == len(toks) and "64/64 blocks (exact)" in d.reason
+    assert sched.cache_mode("b") == "exact"
+    # Committing speculates on the chosen worker before its events arrive.
+    sched.commit(key, d)
+    assert sched.exact.stats("b")["speculative"] == 64
+
+
+def test_scheduler_falls_back_to_the_approximate_index_when_events_are_overdue() -> None:
+    clock = [100.0]
+    sched = Scheduler(RoutingConfig(kv_events_stale_s=5.0), clock=lambda: clock[0])
+    workers = _fleet()
+    for w in workers:
+        sched.on_worker_epoch(w.id, 1.0)
+    live(sched.exact, "a", "b")
+    toks = tokens(64)
+    key = RoutingKey(model="m", prefix=b"q" * 4096, est_prompt_tokens=len(toks),
+                     token_hashes=tuple(token_block_hashes(toks, BS)), token_block=BS)
+    first = sched.decide(key, workers)
+    sched.commit(key, first)  # the approximate index records it too
+    sched.on_first_byte(first)  # the prompt was computed: events are due
+    clock[0] += 6.0  # none came
+    assert sched.cache_mode(first.worker_id or "") == "approximate"
+    again = sched.decide(key, workers)
+    assert again.worker_id == first.worker_id and not again.exact and again.matched_blocks > 0
