@@ -187,9 +187,9 @@ class _RankStream:
         self.watch, self.worker_id, self.rank = watch, worker_id, rank
         self.pub, self.replay, self.topic = pub, replay, topic.encode()
         self.last: int | None = None
-        # The lowest sequence number this engine incarnation may still deliver (a replay's start):
-        # anything below it means the engine restarted and counts from 0 again.
-        self.floor = 0
+        # Right after a replay the live stream still delivers batches the replay already applied;
+        # once it has passed them, a number not above the last one means the engine restarted.
+        self.catching_up = False
         self.reset_wanted = True
 
     def _apply(self, payload: bytes) -> None:
@@ -217,7 +217,7 @@ class _RankStream:
     async def _replay_from(self, dealer: zmq.asyncio.Socket, start: int) -> bool:
         """Ask for every buffered batch from ``start`` and apply them; False when unanswered."""
         await dealer.send_multipart([b"", seq_frame(start)])
-        self.floor = start
+        self.catching_up = True
         first = True
         while True:
             if not await dealer.poll(REPLAY_TIMEOUT_S * 1000):
@@ -274,10 +274,11 @@ class _RankStream:
                     continue
                 last = self.last
                 if last is not None and seq <= last:
-                    if seq >= self.floor:
-                        continue  # already applied (a replay overlapped the live stream)
-                    self._restart()  # counting from below what this engine sent: it restarted
+                    if self.catching_up:
+                        continue  # already applied by the replay
+                    self._restart()  # numbered from the start again: the engine restarted
                     last = None
+                self.catching_up = False
                 if last is not None and seq > last + 1:
                     self.watch.metrics.gaps.labels(wid).inc()
                     if dealer is None or not await self._replay_from(dealer, last + 1):
@@ -287,7 +288,6 @@ class _RankStream:
                         continue
                 self._apply(payload)
                 self.last = seq
-                self.floor = min(self.floor, seq)
                 index.synced(wid, rank, self.watch.clock())
         finally:
             index.lost(wid, rank)

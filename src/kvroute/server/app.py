@@ -43,6 +43,7 @@ from kvroute.routing.scheduler import Scheduler
 from kvroute.server.activity import Activity
 from kvroute.server.admin import setup_admin
 from kvroute.server.context import ROUTER, Router, RouteSync
+from kvroute.server.engine_tokens import EngineTokens
 from kvroute.server.front import (
     FrontLimits,
     FrontRequest,
@@ -181,6 +182,8 @@ def front_handler(router: Router, proxy: Proxy, app_origin: Origin,
             internal(f"reading a request to {route.path}")
             _error(writer, style, 500, "internal router error")
             return
+        if router.tokens is not None:
+            key = await router.tokens.keyed(route.name, doc, key)
         try:
             await proxy.forward(request, writer, route, key, started)
         except asyncio.CancelledError:
@@ -388,6 +391,8 @@ async def _cleanup(app: web.Application) -> None:
         await router.canary.close()
     if router.kv_events is not None:
         await router.kv_events.close()
+    if router.tokens is not None:
+        await router.tokens.close()
     if router.sync is not None:
         await router.sync.stop()
     if router.upstream is not None:
@@ -430,6 +435,7 @@ def build_app(settings: Settings, *, scheduler: Scheduler | None = None, sync: R
         lambda wid: (r.state.url if (r := registry.get(wid)) is not None else None),
         KvEventMetrics(router.metrics.prometheus), known_urls=[w.url for w in settings.workers])
     registry.subscribe(router.kv_events)
+    router.tokens = EngineTokens(registry, scheduler)
     router.metrics.prometheus.register(
         CacheModeCollector(scheduler.exact, lambda: [r.id for r in registry.records()]))
     for families in (doctor.families, drift.families):

@@ -20,6 +20,7 @@ from kvroute.routing.dispatch import Dispatcher
 from kvroute.routing.scheduler import Scheduler
 from kvroute.routing.sync_record import SyncRecord
 from kvroute.server.activity import Activity
+from kvroute.server.engine_tokens import EngineTokens
 from kvroute.server.metrics import RouterMetrics
 from kvroute.server.upstream import UpstreamPool
 
@@ -58,6 +59,7 @@ class Router:
     drift_watch: DriftWatch | None = None
     canary: CanaryRunner | None = None
     kv_events: KvEventWatch | None = None
+    tokens: EngineTokens | None = None
     # This process's part of the canary budget (``1 / processes`` in a multi-process router).
     canary_share: float = 1.0
     _closing: bool = False
