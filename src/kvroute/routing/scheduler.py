@@ -349,6 +349,19 @@ class Scheduler:
         if decision.exact and worker is not None and decision.matched_blocks < decision.total_blocks:
             self.exact.expect(worker, self._clock())
 
+    def exact_worker(self, model: str, workers: Sequence[WorkerState]) -> WorkerState | None:
+        """The least loaded ready worker of ``model`` whose cache state is exact and whose block
+        size its events told: where a request's tokens are worth computing, and who to ask."""
+        exact, now = self.exact, self._clock()
+        best = None
+        for w in workers:
+            if not (w.ready and w.serves(model)) or exact.mode(w.id, now) != "exact" or \
+                    exact.block_size(w.id) is None:
+                continue
+            if best is None or w.total_inflight < best.total_inflight:
+                best = w
+        return best
+
     def cache_mode(self, worker_id: str) -> Mode:
         """``exact`` where ``worker_id``'s KV events say what it holds, else ``approximate``."""
         return self.exact.mode(worker_id, self._clock())

@@ -8,11 +8,14 @@ hashes and only the new ones are computed.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvroute.routing.hashing import token_block_hashes
+from kvroute.routing.key import RoutingKey
+from kvroute.routing.scheduler import session_hash
 
 
 @dataclass(slots=True)
@@ -68,3 +71,10 @@ class TokenChains:
         if len(chains) > self.max_entries:
             chains.popitem(last=False)
         return out
+
+
+def with_tokens(key: RoutingKey, tokens: Sequence[int], block: int, chains: TokenChains) -> RoutingKey:
+    """``key`` with the own hashes of its engine tokens (``block`` tokens a block) and their count
+    as its prompt size: what both edges (HTTP and the virtual cluster) hand the dispatcher."""
+    hashes = chains.hashes(session_hash(key), tokens, block)
+    return dataclasses.replace(key, token_hashes=hashes, token_block=block, est_prompt_tokens=len(tokens))

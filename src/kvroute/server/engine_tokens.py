@@ -11,7 +11,6 @@ conversation (routing/token_chains.py): a turn hashes only the blocks its previo
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Mapping
@@ -23,8 +22,8 @@ import orjson
 
 from kvroute.fleet.registry import Registry
 from kvroute.routing.key import RoutingKey
-from kvroute.routing.scheduler import Scheduler, session_hash
-from kvroute.routing.token_chains import TokenChains
+from kvroute.routing.scheduler import Scheduler
+from kvroute.routing.token_chains import TokenChains, with_tokens
 
 log = logging.getLogger("kvroute.tokens")
 
@@ -78,20 +77,12 @@ class EngineTokens:
         (and its engine tokenized the prompt), else ``key`` unchanged."""
         if not key.cacheable or key.cache_salt is not None:
             return key
-        scheduler = self._scheduler
-        exact = scheduler.exact
-        best = None
-        for state in self._registry.states():
-            if not (state.ready and state.serves(key.model)) or scheduler.cache_mode(state.id) != "exact":
-                continue
-            if best is None or state.total_inflight < best.total_inflight:
-                best = state
-        if best is None:
-            return key
-        block = exact.block_size(best.id)
+        best = self._scheduler.exact_worker(key.model, self._registry.states())
         body = tokenize_body(route, doc)
-        if block is None or body is None:
+        if best is None or body is None:
             return key
+        block = self._scheduler.exact.block_size(best.id)
+        assert block is not None
         started = time.perf_counter()
         tokens = await self._tokenize(best.url, body)
         self.seconds += time.perf_counter() - started
@@ -99,8 +90,7 @@ class EngineTokens:
             self.stats["failed"] += 1
             return key
         self.stats["tokenized"] += 1
-        hashes = self._chains.hashes(session_hash(key), tokens, block)
-        return dataclasses.replace(key, token_hashes=hashes, token_block=block, est_prompt_tokens=len(tokens))
+        return with_tokens(key, tokens, block, self._chains)
 
     async def _tokenize(self, url: str, body: Mapping[str, Any]) -> list[int] | None:
         if self._session is None:
