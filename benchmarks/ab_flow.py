@@ -12,7 +12,8 @@ and session admission off, placement by predicted TTFT even when saturated), ``P
 (``flow_control = false``), ``POLICY/sessions`` (``flow_session_admission = true``) or
 ``POLICY/footprint`` (session admission with the first version's rule,
 ``flow_session_rule = "footprint"``), optionally followed by ``+FIELD=VALUE`` settings of that
-variant alone (``auto/sessions+flow_session_fill=1.2``).  ``--think-time 0`` is the closed loop
+variant alone (``auto/sessions+flow_session_fill=1.2``; ``+kv_events=True``: the engines publish
+KV events, so the router routes on their exact cache state).  ``--think-time 0`` is the closed loop
 with no pause between rounds.  Per
 step, the mean over seeds of: output tokens/min, TTFB p50 / p95, prefix hits, engine
 preemptions, the router-queue wait p50 / p95 (over every routed request, zero for those
@@ -68,6 +69,14 @@ def variant_settings(variant: str, fields: dict[str, Any]) -> tuple[str, dict[st
     return policy, settings
 
 
+def cluster_config(settings: dict[str, Any]) -> ClusterConfig:
+    """The virtual fleet for a variant's settings: ``+kv_events=True`` (a fleet whose engines
+    publish KV events, so the router is in exact mode) is the cluster's, the rest the policy's."""
+    policy = dict(settings)
+    kv_events = bool(policy.pop("kv_events", False))
+    return ClusterConfig(policy=policy, kv_events=kv_events)
+
+
 def _or_nan(value: float | None) -> float:
     # A step without a finished session has no session figures; NaN keeps it out of the mean.
     return math.nan if value is None else value
@@ -76,7 +85,8 @@ def _or_nan(value: float | None) -> float:
 def _run(job: tuple[str, dict[str, Any], int, float, list[int], float]) -> list[Row]:
     variant, fields, seed, think, steps, duration = job
     policy, settings = variant_settings(variant, fields)
-    cluster = cluster_for(ClusterConfig(policy=settings), policy)
+    cluster = cluster_for(cluster_config(settings), policy)
+    block = cluster.config.engine_config().block_size
     records_by_step: list[list[Any]] = []
     run = cluster.run(AgentWorkload(AgentWorkloadConfig(think_time_s=think), seed), steps, duration,
                       on_step=lambda _: records_by_step.append(list(cluster.last_records)))
@@ -91,8 +101,23 @@ def _run(job: tuple[str, dict[str, Any], int, float, list[int], float]) -> list[
             "shed": float(step.shed),
             "session50": _or_nan(step.session_p50_s), "session95": _or_nan(step.session_p95_s),
             "first95": _or_nan(step.first_ttfb_p95_s), "next95": _or_nan(step.continuing_ttfb_p95_s),
+            **_prediction(records, block),
         })
     return rows
+
+
+def _prediction(records: list[Any], block: int) -> Row:
+    """How well the router predicted each finished request's cached prompt tokens (what its index
+    said the chosen worker held) against what the engine reported: the share within one engine
+    block, and reported / predicted over all of them."""
+    pairs = [(r.predicted_cached, r.cached_tokens) for r in records
+             if r.error is None and r.end_s is not None and r.predicted_cached is not None]
+    if not pairs:
+        return {"within": math.nan, "realised": math.nan}
+    within = sum(1 for p, c in pairs if abs(p - c) <= block) / len(pairs)
+    predicted = sum(p for p, _ in pairs)
+    realised = sum(c for _, c in pairs) / predicted if predicted else math.nan
+    return {"within": 100.0 * within, "realised": realised}
 
 
 def main() -> int:
@@ -106,6 +131,8 @@ def main() -> int:
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="ModelPolicy field for every variant (repeatable)")
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--prediction", action="store_true",
+                        help="also print how well the router predicted each request's cached tokens")
     parser.add_argument("--spread", action="store_true",
                         help="also print each cell's standard deviation over the seeds")
     args = parser.parse_args()
@@ -136,6 +163,16 @@ def main() -> int:
                   f"| {mean('hits'):.1f} | {mean('preempt'):.0f} | {mean('wait50'):.2f} / "
                   f"{mean('wait95'):.2f} | {mean('shed'):.1f} | {mean('session50'):.1f} / "
                   f"{mean('session95'):.1f} | {mean('first95'):.2f} | {mean('next95'):.2f} |")
+    if args.prediction:
+        print("\nThe router's predicted cached tokens against the engine's report, per finished request:\n")
+        print("| Sessions | Variant | Within one block (%) | Reported / predicted |")
+        print("|---|---|---|---|")
+        for k, n in enumerate(steps):
+            for i, v in enumerate(variants):
+                rows = [run[k] for run in runs[i * len(seeds):(i + 1) * len(seeds)]]
+                within = statistics.mean(r["within"] for r in rows)
+                realised = statistics.mean(r["realised"] for r in rows)
+                print(f"| {n} | {v} | {within:.1f} | {realised:.2f} |")
     if args.spread and len(seeds) > 1:
         print("\nStandard deviation over the seeds:\n")
         print("| Sessions | Variant | Output tokens/min | TTFB p50 (s) | TTFB p95 (s) "

@@ -25,10 +25,9 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-from ab_flow import parse_seeds, variant_settings
+from ab_flow import cluster_config, parse_seeds, variant_settings
 from peer_policies import cluster_for
 
-from kvroute.bench.cluster import ClusterConfig
 from kvroute.bench.workloads import SharedPrefixConfig, SharedPrefixWorkload
 
 Row = dict[str, float]
@@ -40,7 +39,7 @@ FIGURES = (("p50", "TTFT p50 (s)", 2), ("p95", "TTFT p95 (s)", 2), ("done", "Com
 def _run(job: tuple[str, dict[str, Any], int, list[float], float, SharedPrefixConfig]) -> list[Row]:
     variant, fields, seed, rates, duration, workload = job
     policy, settings = variant_settings(variant, fields)
-    cluster = cluster_for(ClusterConfig(policy=settings), policy)
+    cluster = cluster_for(cluster_config(settings), policy)
     run = cluster.run_open(SharedPrefixWorkload(workload, seed), rates, duration)
     return [{"p50": step.ttfb_p50_s or 0.0, "p95": step.ttfb_p95_s or 0.0,
              "done": step.completed_per_s or 0.0, "hits": step.prefix_hit_pct or 0.0,

@@ -21,6 +21,8 @@ bound sessions is the peer's "sessions assigned" (with the TTL set to the peer's
 
 from __future__ import annotations
 
+import dataclasses
+
 import xxhash
 
 from kvroute.bench.cluster import ClusterConfig, VirtualCluster
@@ -73,7 +75,5 @@ def cluster_for(config: ClusterConfig, policy: str) -> VirtualCluster:
     """A virtual cluster routing with ``policy``: a kvroute policy name or one of PEER_POLICIES
     (which also takes the peer's 2-hour session expiry)."""
     if policy in PEER_POLICIES:
-        config = ClusterConfig(config.preset, config.replicas, config.engine, config.policy,
-                               {"session_ttl_s": SLL_SESSION_TTL_S, **config.routing},
-                               config.scrape_interval_s)
+        config = dataclasses.replace(config, routing={"session_ttl_s": SLL_SESSION_TTL_S, **config.routing})
     return VirtualCluster(config, policy)

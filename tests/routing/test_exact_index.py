@@ -10,6 +10,7 @@ from kvroute.routing.exact_index import ExactIndex
 from kvroute.routing.hashing import token_block_hashes
 from kvroute.routing.key import RoutingKey
 from kvroute.routing.scheduler import Scheduler
+from kvroute.routing.token_chains import TokenChains
 from kvroute.routing.worker import WorkerState
 
 BS = 4
@@ -183,3 +184,17 @@ def test_scheduler_falls_back_to_the_approximate_index_when_events_are_overdue()
     assert sched.cache_mode(first.worker_id or "") == "approximate"
     again = sched.decide(key, workers)
     assert again.worker_id == first.worker_id and not again.exact and again.matched_blocks > 0
+
+
+def test_a_conversations_next_turn_hashes_only_its_tail() -> None:
+    chains = TokenChains()
+    turn1 = tokens(10)
+    turn2 = turn1 + list(range(5000, 5000 + 3 * BS + 2))
+    first = chains.hashes(7, turn1, BS)
+    second = chains.hashes(7, turn2, BS)
+    assert second == tuple(token_block_hashes(turn2, BS)) and second[:10] == first
+    # A fork that rewrites block 4 on shares blocks 0-3 only, and still hashes right.
+    fork = turn1[:4 * BS + 1] + [9999] * (7 * BS)
+    assert chains.hashes(7, fork, BS) == tuple(token_block_hashes(fork, BS))
+    # Without a conversation nothing is remembered.
+    assert chains.hashes(None, turn1, BS) == first and len(chains) == 1

@@ -46,17 +46,21 @@ from kvroute.bench.workloads import (
     TimedRequest,
     Workload,
 )
+from kvroute.fleet.kv_event_wire import EventBatch
+from kvroute.fleet.kv_events import apply_batch
 from kvroute.routing.config import ModelPolicy, RoutingConfig
 from kvroute.routing.decision import Decision
 from kvroute.routing.dispatch import Dispatcher, InFlight
 from kvroute.routing.flow import FlowSettings, Ticket, TicketState
 from kvroute.routing.key import RoutingKey
 from kvroute.routing.scheduler import Scheduler
+from kvroute.routing.token_chains import TokenChains, with_tokens
 from kvroute.routing.worker import WorkerState
 from kvroute.sim.answers import filler
 from kvroute.sim.engine import EngineConfig, EngineModel, EngineStep, EventKind, SimRequest
 from kvroute.sim.presets import build_config
 from kvroute.sim.protocol import parse_generation_request as sim_request
+from kvroute.sim.tokenizer import token_ids
 
 # The scheduler's clock is wall-clock seconds (epochs and entry ages travel between routers); the
 # virtual run starts at this fixed instant so that nothing depends on when it ran.
@@ -80,16 +84,23 @@ class ClusterConfig:
     policy: Mapping[str, Any] = field(default_factory=dict)
     routing: Mapping[str, Any] = field(default_factory=dict)
     scrape_interval_s: float = 1.0
+    # The engines publish KV-cache events (vLLM's enable_kv_cache_events) and the router reads
+    # them after ``kv_event_lag_s``: workers are then in exact mode (routing/exact_index.py).
+    kv_events: bool = False
+    kv_event_lag_s: float = 0.005
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
             raise ValueError("replicas must be at least 1")
+        if self.kv_event_lag_s < 0:
+            raise ValueError("kv_event_lag_s must not be negative")
         if self.scrape_interval_s <= 0:
             raise ValueError("scrape_interval_s must be positive")
 
     def engine_config(self) -> EngineConfig:
         """The engine config every replica runs."""
-        return build_config(self.preset, **dict(self.engine))
+        extra = {"enable_kv_cache_events": True} if self.kv_events else {}
+        return build_config(self.preset, **{**extra, **dict(self.engine)})
 
     def routing_config(self, policy: str) -> RoutingConfig:
         """The router's configuration for ``policy``."""
@@ -188,6 +199,10 @@ class VirtualCluster:
         self._index = {w.id: i for i, w in enumerate(self.workers)}
         for w in self.workers:
             self.dispatch.worker_epoch(w.id, w.epoch)
+            if config.kv_events:
+                self.scheduler.exact.attach(w.id, [0])
+                self.scheduler.exact.synced(w.id, 0, self._clock())
+        self._chains = TokenChains()
         self._busy = [False] * config.replicas
         self._heap: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = itertools.count()
@@ -225,11 +240,23 @@ class VirtualCluster:
     def _kick(self, e: int) -> None:
         if self._busy[e] or not self.engines[e].has_work():
             return
-        result = self.engines[e].step(self.now)
+        engine = self.engines[e]
+        result = engine.step(self.now)
         if result.duration_s == 0 and not result.events:
             return  # blocked until something finishes or arrives; that will kick it again
         self._busy[e] = True
-        self._at(self.now + result.duration_s, lambda: self._stepped(e, result))
+        end = self.now + result.duration_s
+        self._at(end, lambda: self._stepped(e, result))
+        events = engine.drain_kv_events()
+        if events:
+            # Published when the step ends, read by the router after the lag.
+            batch = EventBatch(EPOCH + end, events, 0)
+            wid = self.workers[e].id
+
+            def publish() -> None:
+                apply_batch(self.scheduler.exact, wid, 0, batch, self._clock())
+
+            self._at(end + self.config.kv_event_lag_s, publish)
 
     def _stepped(self, e: int, result: EngineStep) -> None:
         self._busy[e] = False
@@ -257,6 +284,13 @@ class VirtualCluster:
         body = req.openai_body(self.model)
         key: RoutingKey = route_key("chat", body, req.headers())
         arrived = self.now
+        exact = self.scheduler.exact_worker(key.model, self.workers) if key.cache_salt is None else None
+        if exact is not None:
+            # What the engine's /tokenize answers over HTTP: the engine's own rendering.
+            block = self.scheduler.exact.block_size(exact.id)
+            assert block is not None
+            key = with_tokens(key, token_ids(sim_request("chat", body, self.model).prompt), block,
+                              self._chains)
 
         def decided(ticket: Ticket) -> None:  # granted or shed from the queue, as over HTTP
             self._at(self.now, lambda: self._woken(ticket, loop, req, rec, body, key, arrived))
@@ -303,6 +337,7 @@ class VirtualCluster:
         e = self._index[decision.worker_id]
         flight, _ = self.dispatch.sent(key, decision, self.workers[e])
         rec.worker = decision.worker_id
+        rec.predicted_cached = decision.held_tokens
         g = sim_request("chat", body, self.model)
         limit = g.max_tokens if g.max_tokens is not None else req.max_tokens
         rid = f"r{next(self._rid)}"

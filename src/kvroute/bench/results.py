@@ -28,6 +28,8 @@ class RequestRecord:
     queue_s: float = 0.0  # waited at the router's gate (flow control) before it was routed
     shed: bool = False  # answered with the router's overload error (429 / 529, 503 or 408)
     retry_after_s: float | None = None  # the overload answer's Retry-After, when it had one
+    # Prompt tokens the router predicted its worker holds (virtual time only: HTTP cannot see it).
+    predicted_cached: float | None = None
 
 
 @dataclass(slots=True)

@@ -241,9 +241,10 @@ class ExactIndex:
                 return src.block_size
         return None
 
-    def speculate(self, worker_id: str, hashes: Sequence[int], now: float) -> None:
-        """``worker_id`` was just sent a prompt of these own block hashes: count them as held until
-        the engine's events confirm them, or for ``speculative_ttl_s`` at most."""
+    def speculate(self, worker_id: str, hashes: Sequence[int], now: float, wait_s: float = 0.0) -> None:
+        """``worker_id`` was just sent a prompt of these own block hashes, predicted to be computed
+        in ``wait_s``: count them as held until the engine's events confirm them, for ``wait_s`` +
+        ``speculative_ttl_s`` at most."""
         w = self._workers.get(worker_id)
         if w is None:
             return
@@ -251,7 +252,7 @@ class ExactIndex:
         if spec:
             for h in [h for h, until in spec.items() if until <= now]:
                 del spec[h]
-        until = now + self.speculative_ttl_s
+        until = now + max(0.0, wait_s) + self.speculative_ttl_s
         for h in hashes:
             spec[h] = until
 

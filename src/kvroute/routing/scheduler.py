@@ -297,7 +297,7 @@ class Scheduler:
                 records.append(PrefixRecord(worker, decision.worker_epoch, now, stored,
                                             decision.prefill_tokens))
         if key.cacheable and key.token_hashes:
-            self.exact.speculate(worker, key.token_hashes, now)
+            self.exact.speculate(worker, key.token_hashes, now, decision.predicted_ttft_s)
         if key.cacheable:
             learned = self._learn(worker)
             est = key.est_prompt_tokens
