@@ -11,7 +11,6 @@ record; other names under ``.test`` are NXDOMAIN.
 from __future__ import annotations
 
 import asyncio
-import getpass
 import os
 import shutil
 import signal
@@ -64,7 +63,8 @@ class DnsServer:
                  "--listen-address=127.0.0.1", "--bind-interfaces", "--no-resolv", "--no-hosts",
                  f"--addn-hosts={hosts}", "--local=/test/",
                  *(f"--txt-record={name},no-address" for name in names_without_addresses),
-                 "--pid-file=", f"--user={getpass.getuser()}", "--log-facility=-"],
+                 # As root it would switch to "nobody", who cannot read the test's files.
+                 "--pid-file=", *(["--user=root"] if os.geteuid() == 0 else []), "--log-facility=-"],
                 stdout=log, stderr=subprocess.STDOUT)
             log.close()
             server = cls(directory, process, port, names_without_addresses)

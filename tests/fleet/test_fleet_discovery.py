@@ -242,7 +242,7 @@ urls = st.sampled_from([f"http://10.0.0.{i}:8000" for i in range(1, 7)])
 answers = st.one_of(st.none(), st.frozensets(urls, max_size=5))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from([DNS, FILE]), answers, st.frozensets(urls, max_size=3)),
                 min_size=1, max_size=30),
        st.frozensets(urls, max_size=2))
