@@ -3,7 +3,8 @@
 Every scalar setting ``name`` can be set as ``name = ...`` at the top level of the TOML file, as the
 environment variable ``KVROUTE_<NAME>`` and, for the common ones, as a ``kvroute serve`` flag.
 Workers and per-model settings are tables in the file; ``KVROUTE_WORKERS`` (comma-separated URLs)
-and ``--worker`` replace the file's worker list.  See docs/server.md for the full reference.
+and ``--worker`` replace the file's worker list, ``KVROUTE_DISCOVER`` and ``--discover`` its
+discovery sources.  See docs/server.md for the full reference.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 from kvroute.api.requests import RequestOptions
 from kvroute.fleet.breaker import BreakerSettings
+from kvroute.fleet.discovery import parse_source
 from kvroute.fleet.guard import blocks as _guard_blocks  # noqa: F401  (registers the guard's settings)
 from kvroute.fleet.kv_event_sources import KvEventSettings
 from kvroute.routing.config import ModelPolicy, RoutingConfig, setting_infos
@@ -75,6 +77,12 @@ class Settings:
     """Everything ``kvroute serve`` and ``start_router`` need to run one router instance."""
 
     workers: tuple[WorkerSpec, ...] = ()
+    # Discovery of replicas (docs/discovery.md): dns://NAME:PORT and file://PATH sources, each
+    # looked up every discover_interval_s; an empty answer is acted on only after
+    # discover_empty_rounds of them in a row.
+    discover: tuple[str, ...] = ()
+    discover_interval_s: float = 5.0
+    discover_empty_rounds: int = 2
     policy: str = "auto"
     models: Mapping[str, ModelSettings] = field(default_factory=dict)
     # [routing]: RoutingConfig fields (index size, session expiry, ...) and ModelPolicy tunables
@@ -180,6 +188,8 @@ class Settings:
         for name, value in raw.items():
             if name == "workers":
                 values[name] = tuple(parse_worker_spec(w) for w in _as_list(value, "workers"))
+            elif name == "discover":
+                values[name] = _discovery_sources(value)
             elif name == "models":
                 if not isinstance(value, Mapping):
                     raise SettingsError("models must be a table of model name -> settings")
@@ -204,7 +214,7 @@ class Settings:
         positive = ("max_body_bytes", "probe_interval_s", "probe_timeout_s", "failure_threshold",
                     "upstream_connect_timeout_s", "upstream_read_timeout_s", "connections_per_worker",
                     "upstream_keepalive_s", "max_header_bytes", "max_headers", "header_timeout_s",
-                    "body_timeout_s", "keepalive_timeout_s")
+                    "body_timeout_s", "keepalive_timeout_s", "discover_interval_s", "discover_empty_rounds")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be positive")
@@ -305,8 +315,8 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
         value = env.get(f"KVROUTE_{f.name.upper()}")
         if value is None or f.name in ("models", "routing", "requests"):
             continue
-        if f.name == "workers":
-            out["workers"] = [u.strip() for u in value.split(",") if u.strip()]
+        if f.name in ("workers", "discover"):
+            out[f.name] = [u.strip() for u in value.split(",") if u.strip()]
         else:
             out[f.name] = value
     return out
@@ -333,6 +343,20 @@ def _kv_events(value: Any) -> dict[str, str]:
     if not isinstance(value, Mapping):
         raise SettingsError("kv_events must be a table of worker URL -> endpoint")
     return {str(k).rstrip("/"): str(v) for k, v in value.items()}
+
+
+def _discovery_sources(value: Any) -> tuple[str, ...]:
+    specs = []
+    for spec in _as_list(value, "discover"):
+        if not isinstance(spec, str):
+            raise SettingsError(f"discover must list dns://NAME:PORT or file://PATH sources, got {spec!r}")
+        try:
+            specs.append(parse_source(spec).spec)
+        except ValueError as exc:
+            raise SettingsError(str(exc)) from None
+    if len(set(specs)) < len(specs):
+        raise SettingsError("discover lists the same source twice")
+    return tuple(specs)
 
 
 def parse_worker_spec(value: Any) -> WorkerSpec:

@@ -26,6 +26,10 @@ _EPOCH_STEP = 1e-3
 _PREDICTION_FLOOR_S = 0.05
 # The fleet comparison (O(workers)) runs every few samples of a worker, not on every answer.
 _OUTLIER_EVERY = 4
+# Who registered a worker (``WorkerRecord.source``); discovery's workers carry their source's spec
+# (``dns://NAME:PORT``, ``file://PATH``), so it drains only the workers it registered.
+SOURCE_CONFIG = "config"
+SOURCE_ADMIN = "admin"
 
 
 class RegistryListener(Protocol):
@@ -73,6 +77,7 @@ class WorkerRecord:
 
     state: WorkerState
     registered_at: float
+    source: str = SOURCE_CONFIG
     declared_models: frozenset[str] = frozenset()
     declared_max_num_seqs: int | None = None
     engine_start_time: float | None = None
@@ -91,6 +96,11 @@ class WorkerRecord:
         """The worker id (same as ``state.id``)."""
         return self.state.id
 
+    @property
+    def discovered(self) -> bool:
+        """Registered by a discovery source (not the configuration nor the admin API)."""
+        return self.source not in (SOURCE_CONFIG, SOURCE_ADMIN)
+
     def to_json(self, now: float | None = None) -> dict[str, Any]:
         """A JSON-ready summary (admin API, dashboard); ``now`` (wall clock) dates the breaker's
         cool-down."""
@@ -98,6 +108,7 @@ class WorkerRecord:
         return {
             "id": s.id,
             "url": s.url,
+            "source": self.source,
             "models": sorted(s.models),
             "epoch": s.epoch,
             "healthy": s.healthy,
@@ -168,9 +179,11 @@ class Registry:
         worker_id: str | None = None,
         models: Iterable[str] = (),
         max_num_seqs: int | None = None,
+        source: str = SOURCE_CONFIG,
     ) -> WorkerRecord:
         """Register a worker, or re-register it: either way its epoch becomes now, so prefixes
-        recorded under an earlier registration stop matching.  In-flight counts survive."""
+        recorded under an earlier registration stop matching.  In-flight counts survive.
+        ``source`` says who registered it (the last registration's wins)."""
         url = url.rstrip("/")
         wid = worker_id or worker_id_for(url)
         now = self._clock()
@@ -190,6 +203,7 @@ class Registry:
         record = WorkerRecord(
             state=state,
             registered_at=now,
+            source=source,
             declared_models=declared,
             declared_max_num_seqs=max_num_seqs,
             history=deque(maxlen=self._history_len),

@@ -17,6 +17,7 @@ import orjson
 from aiohttp import web
 
 from kvroute.api.errors import error_body
+from kvroute.fleet.registry import SOURCE_ADMIN
 from kvroute.router_settings import SettingsError, parse_worker_spec
 from kvroute.server.context import ROUTER, Router
 
@@ -88,7 +89,7 @@ async def add_worker(request: web.Request) -> web.Response:
     except SettingsError as exc:
         return _error(400, str(exc))
     record = await router.add_worker(spec.url, worker_id=spec.id, models=spec.models,
-                                     max_num_seqs=spec.max_num_seqs)
+                                     max_num_seqs=spec.max_num_seqs, source=SOURCE_ADMIN)
     return _json(record.to_json(), status=201)
 
 

@@ -43,6 +43,7 @@ from kvroute.routing.scheduler import Scheduler
 from kvroute.server.activity import Activity
 from kvroute.server.admin import setup_admin
 from kvroute.server.context import ROUTER, Router, RouteSync
+from kvroute.server.discovery import DiscoveryWatch
 from kvroute.server.engine_tokens import EngineTokens
 from kvroute.server.front import (
     FrontLimits,
@@ -67,6 +68,7 @@ log = logging.getLogger("kvroute.server")
 # Called with the app before it starts, to mount more routes (the dashboard reads app[ROUTER]).
 AppSetup = Callable[[web.Application], None]
 
+DISCOVERY: web.AppKey[DiscoveryWatch] = web.AppKey("kvroute.discovery", DiscoveryWatch)
 # Engine figures are kept for the last hour (the dashboard's window).
 _HISTORY_S = 3600.0
 # What metrics_access guards: they list workers and traffic.  The dashboard's script and
@@ -371,6 +373,8 @@ async def _startup(app: web.Application) -> None:
     await asyncio.gather(*(router.prober.probe_once(r.id, with_server_info=True) for r in records))
     for record in records:
         router.prober.watch(record.id)
+    if DISCOVERY in app:
+        await app[DISCOVERY].start()
     router.canary = CanaryRunner(router.registry, share=router.canary_share)
     router.metrics.prometheus.register(CanaryCollector(router.canary.watch, router.registry))
     router.canary.start()
@@ -383,6 +387,8 @@ async def _shutdown(app: web.Application) -> None:
 
 async def _cleanup(app: web.Application) -> None:
     router = app[ROUTER]
+    if DISCOVERY in app:
+        await app[DISCOVERY].close()
     await router.prober.close()
     for watch in (router.doctor_watch, router.drift_watch):
         if watch is not None:
@@ -442,6 +448,8 @@ def build_app(settings: Settings, *, scheduler: Scheduler | None = None, sync: R
         router.metrics.prometheus.register(FamiliesCollector(families))
     app = web.Application(client_max_size=settings.max_body_bytes)
     app[ROUTER] = router
+    if settings.discover:
+        app[DISCOVERY] = DiscoveryWatch(router)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/health", _health)
     app.router.add_get("/ready", _ready)
@@ -485,6 +493,11 @@ class RunningRouter:
         """The routing scheduler."""
         return self.app[ROUTER].scheduler
 
+    @property
+    def discovery(self) -> DiscoveryWatch | None:
+        """The discovery loops (docs/discovery.md), when ``settings.discover`` names sources."""
+        return self.app.get(DISCOVERY)
+
     async def close(self) -> ShutdownReport:
         """Stop accepting connections, let in-flight requests finish (up to the settings'
         ``shutdown_timeout_s``), end what is left cleanly (``FrontServer.close``), then stop
@@ -506,7 +519,8 @@ async def start_router(settings: Settings, *, host: str = "127.0.0.1", port: int
     ``reuse_port``: several processes may listen on the same port (the kernel spreads connections);
     ``canary_share``: this process's part of the canary budget.
 
-    The configured workers are registered and probed once before this returns.  The inference
+    The configured workers, and those the discovery sources list, are registered and probed once
+    before this returns.  The inference
     routes are served by the listening side itself (``front_handler``); the other endpoints by the
     aiohttp application, which listens on a private Unix socket behind it."""
     app = build_app(settings, scheduler=scheduler, sync=sync, setup=setup, canary_share=canary_share)

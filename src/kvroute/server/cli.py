@@ -43,6 +43,12 @@ def _routing_overrides(pairs: list[str]) -> dict[str, Any]:
 def serve(
     worker: Annotated[list[str] | None, typer.Option(
         "--worker", "-w", help="Worker base URL (repeat for each); replaces the config file's list.")] = None,
+    discover: Annotated[list[str] | None, typer.Option(
+        "--discover", metavar="SOURCE",
+        help="Find workers at run time (repeatable; replaces the config file's list): dns://NAME:PORT "
+             "(every A/AAAA record a worker, e.g. a Kubernetes headless Service; "
+             "?server=IP:PORT to ask that DNS server) or file://PATH (one URL a line). "
+             "See docs/discovery.md.")] = None,
     config: Annotated[Path | None, typer.Option(
         "--config", "-c", help="TOML config file (default: $KVROUTE_CONFIG).")] = None,
     host: Annotated[str | None, typer.Option(help="Address to listen on (default 127.0.0.1).")] = None,
@@ -75,8 +81,8 @@ def serve(
         routing_table = _routing_overrides(routing or [])
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--set") from None
-    overrides = {"workers": worker or None, "host": host, "port": port, "policy": policy,
-                 "admin_token": admin_token, "redis_url": redis, "retries": retries,
+    overrides = {"workers": worker or None, "discover": discover or None, "host": host, "port": port,
+                 "policy": policy, "admin_token": admin_token, "redis_url": redis, "retries": retries,
                  "worker_header": worker_header, "log_prompts": log_prompts, "processes": processes}
     try:
         settings = Settings.load(config, overrides=overrides)
@@ -84,9 +90,9 @@ def serve(
             settings = settings.replace(routing={**settings.routing, **routing_table})
     except SettingsError as exc:
         raise typer.BadParameter(str(exc)) from None
-    if not settings.workers and not settings.admin_token:
-        raise typer.BadParameter("no workers: pass --worker URL, list them in the config file, "
-                                 "or set an admin token to register them at run time")
+    if not settings.workers and not settings.discover and not settings.admin_token:
+        raise typer.BadParameter("no workers: pass --worker URL or --discover SOURCE, list them in the "
+                                 "config file, or set an admin token to register them at run time")
     if settings.processes > 1:
         if settings.redis_url is None and shutil.which("redis-server") is None:
             raise typer.BadParameter(
@@ -114,8 +120,9 @@ async def _serve(settings: Settings) -> int:
     running = await start_router(settings, host=settings.host, port=settings.port,
                                  setup=(setup_dashboard,))
     healthy = sum(1 for s in running.registry.states() if s.healthy)
-    log.info("kvroute listening on %s: %d workers (%d healthy), policy %s, up to %d client connections",
-             running.url, len(running.registry), healthy, settings.policy,
+    discovering = f", discovering through {', '.join(settings.discover)}" if settings.discover else ""
+    log.info("kvroute listening on %s: %d workers (%d healthy)%s, policy %s, up to %d client connections",
+             running.url, len(running.registry), healthy, discovering, settings.policy,
              running.front.limits.max_connections)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

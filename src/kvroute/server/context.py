@@ -14,7 +14,7 @@ from kvroute.fleet.guard.doctor_watch import DoctorWatch
 from kvroute.fleet.guard.drift_watch import DriftWatch
 from kvroute.fleet.kv_events import KvEventWatch
 from kvroute.fleet.probe import Prober
-from kvroute.fleet.registry import Registry, WorkerRecord
+from kvroute.fleet.registry import SOURCE_CONFIG, Registry, WorkerRecord
 from kvroute.router_settings import Settings
 from kvroute.routing.dispatch import Dispatcher
 from kvroute.routing.scheduler import Scheduler
@@ -112,9 +112,11 @@ class Router:
                 "canary": self.canary_state(worker_id)}
 
     async def add_worker(self, url: str, *, worker_id: str | None = None, models: Sequence[str] = (),
-                         max_num_seqs: int | None = None) -> WorkerRecord:
-        """Register (or re-register) a worker, probe it once and keep probing it."""
-        record = self.registry.add(url, worker_id=worker_id, models=models, max_num_seqs=max_num_seqs)
+                         max_num_seqs: int | None = None, source: str = SOURCE_CONFIG) -> WorkerRecord:
+        """Register (or re-register) a worker, probe it once and keep probing it; ``source``: who
+        registered it (``WorkerRecord.source``)."""
+        record = self.registry.add(url, worker_id=worker_id, models=models, max_num_seqs=max_num_seqs,
+                                   source=source)
         await self.prober.probe_once(record.id, with_server_info=True)
         self.prober.watch(record.id)
         return record

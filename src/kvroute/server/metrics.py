@@ -219,8 +219,9 @@ def _gauge(name: str, doc: str, value: Any) -> GaugeMetricFamily:
 _ANSWERING_PREFIXES = ("kvroute_worker_",)
 # Each process keeps its own breakers (on its own requests): its transitions and ejections add up,
 # the state shown is the answering process's.
+# Every process discovers on its own, from the same sources: what they list is the answering one's.
 _ANSWERING = frozenset({"kvroute_index_blocks", "kvroute_sessions", "kvroute_sync_peers",
-                        "kvroute_breaker_state"})
+                        "kvroute_breaker_state", "kvroute_discovered_workers"})
 _LEAST = frozenset({"kvroute_sync_connected"})
 
 SampleKey = tuple[str, tuple[tuple[str, str], ...]]

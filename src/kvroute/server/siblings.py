@@ -61,17 +61,21 @@ def _json(doc: Any) -> web.Response:
 
 
 def fleet_json(router: Router) -> dict[str, Any]:
-    """The workers as registered here (declared settings, not discovered ones) and their drain
-    state: what a restarted sibling needs to match this process's fleet."""
+    """The workers as registered here (declared settings, not discovered ones), whether a
+    discovery source registered them, and their drain state: what a restarted sibling needs to
+    match this process's fleet."""
     return {"workers": [{"id": r.id, "url": r.state.url, "models": sorted(r.declared_models),
-                         "max_num_seqs": r.declared_max_num_seqs, "draining": r.state.draining}
+                         "max_num_seqs": r.declared_max_num_seqs, "draining": r.state.draining,
+                         "discovered": r.discovered}
                         for r in router.registry.records()]}
 
 
 def fleet_specs(doc: dict[str, Any]) -> tuple[WorkerSpec, ...]:
-    """The workers of a sibling's ``fleet_json``, as configured workers."""
+    """The workers of a sibling's ``fleet_json``, as configured workers; not those a discovery
+    source registered, which every process discovers on its own."""
     return tuple(WorkerSpec(url=w["url"], id=w["id"], models=tuple(w["models"]),
-                            max_num_seqs=w["max_num_seqs"]) for w in doc["workers"])
+                            max_num_seqs=w["max_num_seqs"])
+                 for w in doc["workers"] if not w.get("discovered"))
 
 
 def copy_drains(router: Router, doc: dict[str, Any]) -> None:
@@ -82,10 +86,11 @@ def copy_drains(router: Router, doc: dict[str, Any]) -> None:
 
 async def apply_fleet(router: Router, doc: dict[str, Any]) -> None:
     """Make this process's fleet what a sibling's ``fleet_json`` says: workers it lacks are added,
-    workers it no longer has are removed, and drain states are copied."""
-    wanted = {w["id"]: w for w in doc["workers"]}
+    workers it no longer has are removed, and drain states are copied.  The workers discovery
+    registered are left to this process's own discovery."""
+    wanted = {w["id"]: w for w in doc["workers"] if not w.get("discovered")}
     for record in router.registry.records():
-        if record.id not in wanted:
+        if record.id not in wanted and not record.discovered:
             router.remove_worker(record.id)
     for wid, w in wanted.items():
         held = router.registry.get(wid)
