@@ -9,20 +9,30 @@ head, and blocks freed together are appended tail-first so a sequence's last blo
 ``evictions`` counts blocks whose indexed content was dropped.  Between two equal readings no
 indexed unit has left or changed block (``register`` only adds), so a run of cached units found
 earlier is still cached, in the same blocks: callers can extend it instead of walking it again.
+
+With an ``events`` list (vLLM's ``enable_kv_cache_events``), each block whose indexed content is
+evicted appends one ``Removed`` of its unit hashes there, as vLLM's block pool does per evicted
+block; ``register`` says whether it indexed the unit so that the caller can report what was stored.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import cast
+
+from kvroute.fleet.kv_event_wire import MEDIUM_GPU, ExternalBlockHash, KvEvent, Removed
+
+# The KV-cache group of the attention blocks in the events (the only group of a dense model).
+ATTENTION_GROUP = 0
 
 
 class BlockPool:
     """``num_blocks`` blocks; allocation, sharing, freeing and the hash index."""
 
-    __slots__ = ("_cached", "_free", "_hashes", "_refs", "block_size", "evictions", "num_blocks")
+    __slots__ = ("_cached", "_events", "_free", "_hashes", "_refs", "block_size", "evictions", "num_blocks")
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, events: list[KvEvent] | None = None) -> None:
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError("num_blocks and block_size must be positive")
         self.num_blocks = num_blocks
@@ -32,6 +42,7 @@ class BlockPool:
         self._cached: dict[int, int] = {}
         self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
         self.evictions = 0
+        self._events = events
 
     @property
     def num_free(self) -> int:
@@ -76,11 +87,14 @@ class BlockPool:
             b, _none = self._free.popitem(last=False)
             hashes = self._hashes[b]
             if hashes:
-                for h in hashes:
-                    if self._cached.get(h) == b:
-                        del self._cached[h]
+                dropped = [h for h in hashes if self._cached.get(h) == b]
+                for h in dropped:
+                    del self._cached[h]
                 self._hashes[b] = []
                 self.evictions += 1
+                if self._events is not None and dropped:
+                    gone = cast(list[ExternalBlockHash], dropped)
+                    self._events.append(Removed(gone, ATTENTION_GROUP, MEDIUM_GPU))
             self._refs[b] = 1
             out.append(b)
         return out
@@ -92,9 +106,18 @@ class BlockPool:
             if self._refs[b] == 0:
                 self._free[b] = None
 
-    def register(self, block: int, unit_hash: int) -> None:
-        """Index a completed unit of ``block``; a unit already cached elsewhere keeps that block."""
-        if unit_hash not in self._cached:
-            self._cached[unit_hash] = block
-            self._hashes[block].append(unit_hash)
+    def register(self, block: int, unit_hash: int) -> bool:
+        """Index a completed unit of ``block``; a unit already cached elsewhere keeps that block
+        (False: nothing new was indexed)."""
+        if unit_hash in self._cached:
+            return False
+        self._cached[unit_hash] = block
+        self._hashes[block].append(unit_hash)
+        return True
+
+    def reset_index(self) -> None:
+        """Forget every indexed unit (vLLM's ``reset_prefix_cache``); blocks and references stay."""
+        self._cached.clear()
+        self._hashes = [[] for _ in range(self.num_blocks)]
+        self.evictions += 1
 

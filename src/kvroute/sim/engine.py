@@ -8,6 +8,8 @@ The caller owns time.  API::
     engine.has_work() -> bool                                         # anything running or waiting
     engine.step(now: float) -> EngineStep                             # one scheduler iteration
     engine.restart(now: float) -> list[str]                           # ids of requests dropped
+    engine.reset_prefix_cache(reset_running_requests=False) -> bool   # vLLM's /reset_prefix_cache
+    engine.drain_kv_events() -> list[KvEvent]                         # KV-cache events since last drain
     engine.snapshot() -> EngineSnapshot                               # counters and gauges
 
 ``step(now)`` decides and applies one scheduler iteration at model time ``now`` and returns its
@@ -24,6 +26,14 @@ waiting requests in FCFS order while ``max_num_seqs``, the token budget
 prefix is the longest run of cached match units, capped so at least one token is recomputed; on a
 hybrid model it must also end where a Mamba state checkpoint exists (see ``sim/mamba.py``).
 A sequence's KV is prompt plus generated tokens, so reply blocks are cached too.
+
+With ``enable_kv_cache_events`` the engine also reports what its prefix cache does, as vLLM's
+KV-cache events (``fleet/kv_event_wire.py``): ``Stored`` for each run of units a step indexed
+(group 0, ``full_attention``, at the match unit: its hashes, its parent, its token ids), ``Removed``
+for each block whose content an allocation evicted, and on hybrid models the same for the Mamba
+state checkpoints (group 1, ``mamba``); ``Cleared`` on a prefix-cache reset or a restart.  They
+accumulate in order until ``drain_kv_events()`` takes them: the HTTP server publishes them after
+each step, the virtual-time cluster can read them directly.
 """
 
 from __future__ import annotations
@@ -31,14 +41,24 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import cast
 
 import xxhash
 
-from kvroute.sim.block_pool import BlockPool
+from kvroute.fleet.kv_event_wire import (
+    MEDIUM_GPU,
+    SPEC_FULL_ATTENTION,
+    SPEC_MAMBA,
+    Cleared,
+    ExternalBlockHash,
+    KvEvent,
+    Stored,
+)
+from kvroute.sim.block_pool import ATTENTION_GROUP, BlockPool
 from kvroute.sim.cost_model import CostModel, StepWork
-from kvroute.sim.mamba import MambaStatePool
+from kvroute.sim.mamba import MAMBA_GROUP, MambaStatePool
 from kvroute.sim.stats import EngineStats
-from kvroute.sim.tokenizer import BYTES_PER_TOKEN, count_tokens, hash_seed
+from kvroute.sim.tokenizer import BYTES_PER_TOKEN, count_tokens, hash_seed, token_ids
 
 MAMBA_CACHE_MODES = ("none", "align")
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16")
@@ -53,7 +73,8 @@ class EngineConfig:
     sequence in one of ``mamba_cache_blocks`` slots and reuse cached prefixes only with
     ``enable_prefix_caching`` and ``mamba_cache_mode == "align"``.  ``num_gpu_blocks_override`` and
     ``user_specified_block_size`` only record how the pool and the block were chosen (vLLM reports
-    both): the override, when given, is ``num_gpu_blocks``.
+    both): the override, when given, is ``num_gpu_blocks``.  ``enable_kv_cache_events`` (vLLM's
+    name) makes the engine report its prefix cache's changes (see the module docstring).
     """
 
     model: str = "sim-model"
@@ -71,6 +92,7 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"
     num_gpu_blocks_override: int | None = None
     user_specified_block_size: bool = False
+    enable_kv_cache_events: bool = False
     cost: CostModel = field(default_factory=CostModel)
 
     def __post_init__(self) -> None:
@@ -192,9 +214,9 @@ class EngineSnapshot:
 class _Seq:
     """Engine-side state of one request."""
 
-    __slots__ = ("arrival", "blocks", "cached_tokens", "data", "finish_reason", "first_token_at",
-                 "hashes", "holds_slot", "match", "match_evictions", "n_out", "num_computed",
-                 "num_output", "prompt_tokens", "request_id", "seed")
+    __slots__ = ("arrival", "blocks", "cache_salt", "cached_tokens", "data", "finish_reason",
+                 "first_token_at", "hashes", "holds_slot", "mamba_from", "match", "match_evictions",
+                 "n_out", "num_computed", "num_output", "prompt_tokens", "request_id", "seed")
 
     def __init__(self, req: SimRequest, model: str, now: float) -> None:
         self.request_id = req.request_id
@@ -205,6 +227,7 @@ class _Seq:
         pad = b"\x00" * (-len(req.prompt) % BYTES_PER_TOKEN)
         self.data = req.prompt + pad + req.output
         self.seed = hash_seed(model, req.cache_salt)
+        self.cache_salt = req.cache_salt
         self.hashes: list[int] = []
         self.blocks: list[int] = []
         self.num_computed = 0
@@ -217,6 +240,8 @@ class _Seq:
         # eviction count is still ``match_evictions`` (see ``EngineModel._lookup``).
         self.match: list[int] = []
         self.match_evictions = -1
+        # Units up to the last Mamba state this sequence checkpointed or resumed from (KV events).
+        self.mamba_from = 0
 
     @property
     def num_tokens(self) -> int:
@@ -243,13 +268,16 @@ class EngineModel:
         self._unit = config.match_unit
         self._unit_bytes = self._unit * BYTES_PER_TOKEN
         self._align = config.hybrid and config.reuses_prefixes
+        # vLLM reports nothing without prefix caching: no block is ever indexed.
+        self._kv_events: list[KvEvent] | None = (
+            [] if config.enable_kv_cache_events and config.enable_prefix_caching else None)
         self._reset(start_time)
 
     def _reset(self, start_time: float) -> None:
         cfg = self.config
         self.start_time = start_time
-        self._pool = BlockPool(cfg.num_gpu_blocks, cfg.block_size)
-        self._mamba = MambaStatePool(cfg.mamba_cache_blocks) if cfg.hybrid else None
+        self._pool = BlockPool(cfg.num_gpu_blocks, cfg.block_size, self._kv_events)
+        self._mamba = MambaStatePool(cfg.mamba_cache_blocks, self._kv_events) if cfg.hybrid else None
         self._seqs: dict[str, _Seq] = {}
         self._waiting: deque[_Seq] = deque()
         self._running: list[_Seq] = []
@@ -291,10 +319,43 @@ class EngineModel:
         return bool(self._running or self._waiting)
 
     def restart(self, now: float) -> list[str]:
-        """Process restart: every request dropped, cache and counters emptied, new start time."""
+        """Process restart: every request dropped, cache and counters emptied, new start time.
+        Events not yet drained are lost with the process; a ``Cleared`` says the cache is empty."""
         dropped = list(self._seqs)
+        if self._kv_events is not None:
+            self._kv_events.clear()
+            self._kv_events.append(Cleared())
         self._reset(now)
         return dropped
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """vLLM's prefix-cache reset: every cached block (and Mamba checkpoint) forgotten, one
+        ``Cleared`` reported.  Refused (False) while requests hold blocks, unless
+        ``reset_running_requests``, which first preempts them (they recompute)."""
+        if self._running:
+            if not reset_running_requests:
+                return False
+            preempted: list[EngineEvent] = []
+            while self._running:
+                self._preempt(self._running.pop(), preempted)
+        self._pool.reset_index()
+        if self._mamba is not None:
+            self._mamba.clear_checkpoints()
+        for seq in self._waiting:
+            seq.match, seq.match_evictions = [], -1
+        if self._kv_events is not None:
+            self._kv_events.append(Cleared())
+        return True
+
+    def drain_kv_events(self) -> list[KvEvent]:
+        """The KV-cache events since the last drain, in the order they happened (empty unless
+        ``enable_kv_cache_events`` with prefix caching)."""
+        events = self._kv_events
+        if not events:
+            return []
+        out = events.copy()
+        events.clear()
+        return out
 
     def snapshot(self) -> EngineSnapshot:
         """Current gauges and a copy of the counters."""
@@ -367,6 +428,7 @@ class EngineModel:
             pool.touch(hit_blocks)
             seq.blocks = hit_blocks + pool.allocate(need)
             seq.num_computed = hit
+            seq.mamba_from = hit // self._unit
             if seq.cached_tokens < 0:
                 seq.cached_tokens = hit
                 self.stats.queue_time.observe(now - seq.arrival)
@@ -444,6 +506,43 @@ class EngineModel:
         self.stats.num_preemptions += 1
         events.append(EngineEvent(EventKind.PREEMPTED, seq.request_id))
 
+    def _register_reporting(self, seq: _Seq, first: int, end: int) -> None:
+        """Index units ``first..end-1`` of ``seq`` and report each run of newly indexed ones (a unit
+        another sequence indexed first stays that sequence's and splits the run)."""
+        pool, unit, bs = self._pool, self._unit, self.config.block_size
+        hashes, blocks = seq.hashes, seq.blocks
+        events = self._kv_events
+        assert events is not None
+        run = -1
+        for u in range(first, end):
+            if pool.register(blocks[u * unit // bs], hashes[u]):
+                if run < 0:
+                    run = u
+            elif run >= 0:
+                events.append(self._stored(seq, run, u, ATTENTION_GROUP))
+                run = -1
+        if run >= 0:
+            events.append(self._stored(seq, run, end, ATTENTION_GROUP))
+
+    def _stored(self, seq: _Seq, first: int, end: int, group: int) -> Stored:
+        """The event for units ``first..end-1`` of ``seq`` (chained after unit ``first-1``).
+
+        Attention: one hash per unit.  Mamba: the one state checkpointed at the end of the run (the
+        tokens since the sequence's previous checkpoint), as vLLM reports a Mamba group whose blocks
+        before the last are null.  A cache salt is the first block's extra key, as in vLLM.
+        """
+        ub = self._unit_bytes
+        hashes = seq.hashes
+        parent = hashes[first - 1] if first else None
+        tokens = token_ids(memoryview(seq.data)[first * ub:end * ub])
+        if group == ATTENTION_GROUP:
+            run_hashes, kind, n = hashes[first:end], SPEC_FULL_ATTENTION, end - first
+        else:
+            run_hashes, kind, n = [hashes[end - 1]], SPEC_MAMBA, 1
+        extra = [[seq.cache_salt], *([None] * (n - 1))] if seq.cache_salt and first == 0 else None
+        return Stored(cast(list[ExternalBlockHash], run_hashes), parent, tokens, self._unit, group, kind,
+                      MEDIUM_GPU, extra_keys=extra)
+
     def _work(self, scheduled: list[tuple[_Seq, int]]) -> StepWork:
         prefill = decoders = context = 0
         attention = 0.0
@@ -468,10 +567,16 @@ class EngineModel:
                 if done > before // unit:
                     seq.unit_hash(done, ub)
                     hashes, blocks = seq.hashes, seq.blocks
-                    for u in range(before // unit, done):
-                        pool.register(blocks[u * unit // bs], hashes[u])
+                    if self._kv_events is None:
+                        for u in range(before // unit, done):
+                            pool.register(blocks[u * unit // bs], hashes[u])
+                    else:
+                        self._register_reporting(seq, before // unit, done)
                 if self._align and self._mamba is not None and after % unit == 0:
-                    self._mamba.store(seq.unit_hash(after // unit, ub))
+                    k = after // unit
+                    if self._mamba.store(seq.unit_hash(k, ub)) and self._kv_events is not None:
+                        self._kv_events.append(self._stored(seq, seq.mamba_from, k, MAMBA_GROUP))
+                    seq.mamba_from = k
             if after < seq.num_tokens:
                 continue
             index = seq.num_output

@@ -18,6 +18,7 @@ no per-token Python objects on the hot path.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -45,10 +46,12 @@ def hash_seed(model: str, cache_salt: str | None = None) -> int:
     return xxhash.xxh3_64_intdigest(f"{model}\x00{cache_salt or ''}".encode())
 
 
-def token_ids(data: bytes) -> list[int]:
-    """The pseudo-token ids of a rendering (for ``/tokenize`` and render endpoints only)."""
-    padded = data + b"\x00" * (-len(data) % BYTES_PER_TOKEN)
-    return [int.from_bytes(padded[i:i + 4], "little") for i in range(0, len(padded), 4)]
+def token_ids(data: bytes | memoryview) -> list[int]:
+    """The pseudo-token ids of a rendering or of a token-aligned slice of one (``/tokenize``, the
+    render endpoints and the token ids of KV events)."""
+    pad = -len(data) % BYTES_PER_TOKEN
+    padded = bytes(data) + b"\x00" * pad if pad else data
+    return list(struct.unpack(f"<{len(padded) // BYTES_PER_TOKEN}I", padded))
 
 
 def detokenize(ids: Iterable[int]) -> bytes:
