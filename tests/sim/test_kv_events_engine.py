@@ -3,6 +3,7 @@ the Mamba checkpoints hold, the token ids are the request's, resets and restarts
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -57,7 +58,8 @@ def _workload(engine: EngineModel, seed: int, n: int, replica: Replica) -> None:
     while sent < n or engine.has_work():
         if sent < n and rng.random() < 0.3:
             prompt = render(chat(rng.choice(bases) + prose(rng.randint(20, 200), sent)))
-            engine.add_request(SimRequest(f"r{sent}", prompt, prose(64, sent).encode(), rng.randint(8, 64)), now)
+            req = SimRequest(f"r{sent}", prompt, prose(64, sent).encode(), rng.randint(8, 64))
+            engine.add_request(req, now)
             sent += 1
         now += engine.step(now).duration_s or 0.01
         replica.apply(engine.drain_kv_events())
@@ -102,7 +104,7 @@ def test_a_request_reports_its_blocks_with_the_prompt_and_reply_token_ids() -> N
     # prompt + reply - 1 tokens have KV (the last generated token is never fed back)
     assert len(tokens) == (len(token_ids(prompt)) + 40 - 1) // 16 * 16
     assert stored[0].parent is None
-    for before, after in zip(stored, stored[1:], strict=False):
+    for before, after in itertools.pairwise(stored):
         assert after.parent == before.engine_hashes[-1]
     assert len(set(hashes)) == len(hashes)
 
@@ -122,7 +124,8 @@ def test_a_repeat_stores_nothing_new_and_a_salt_starts_another_chain_with_its_ex
     assert len(salted[0].extra_keys) == len(salted[0].engine_hashes)
     assert salted[0].token_ids == [t for e in first if isinstance(e, Stored) for t in e.token_ids][
         :len(salted[0].token_ids)]
-    assert not set(salted[0].engine_hashes) & {h for e in first if isinstance(e, Stored) for h in e.engine_hashes}
+    unsalted = {h for e in first if isinstance(e, Stored) for h in e.engine_hashes}
+    assert not set(salted[0].engine_hashes) & unsalted
 
 
 def test_hybrid_reports_mamba_checkpoints_as_their_own_group() -> None:

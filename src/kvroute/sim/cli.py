@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from kvroute.event_loop import run_event_loop
+from kvroute.fleet.kv_event_wire import ENCODINGS, KVEventsConfig, parse_kv_events_config
 from kvroute.sim.faults import Fault
 from kvroute.sim.presets import PRESETS
 
@@ -45,6 +46,12 @@ async def _serve(preset: str, replicas: int, host: str, port: int, speed: float,
         )
         for url in fleet.urls:
             typer.echo(f"  {url}")
+        for replica in fleet.replicas:
+            if replica.kv_publisher is not None:
+                info = replica.kv_publisher.describe()
+                replay = f", replay {info['replay_endpoint']}" if info["replay_endpoint"] else ""
+                typer.echo(f"  kv events of rank {replica.index}: {info['endpoint']}{replay} "
+                           f"({info['encoding']}, topic {info['topic']!r})")
         await asyncio.Event().wait()
     finally:
         await fleet.close()
@@ -79,6 +86,12 @@ def sim(
         help="Fault KIND[:RATE] (error, hang, drop, corrupt; slow:FACTOR).")] = None,
     cost: Annotated[list[str] | None, typer.Option(
         help="Cost parameter NAME=VALUE (a, b, c, d0, d1, d_kv, ...).")] = None,
+    kv_events_config: Annotated[str | None, typer.Option(
+        help="vLLM's KV-event publishing, as JSON: enable_kv_cache_events, publisher, endpoint, "
+             "replay_endpoint, topic, buffer_steps, hwm, max_queue_size (replica i: ports + i).")] = None,
+    kv_events_encoding: Annotated[str, typer.Option(
+        help="KV events as the newest vLLM sends them (map: events tagged 'type', replay with the "
+             "topic) or as older vLLM (array).")] = "map",
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
 ) -> None:
     """Run simulated vLLM replicas whose latency and counters behave like vLLM with prefix caching."""
@@ -99,6 +112,14 @@ def sim(
         faults = [Fault.from_flag(text) for text in fault or []]
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--fault") from None
+    if kv_events_encoding not in ENCODINGS:
+        raise typer.BadParameter(f"choose one of {', '.join(ENCODINGS)}", param_hint="--kv-events-encoding")
+    if kv_events_config is not None:
+        try:
+            events: KVEventsConfig = parse_kv_events_config(kv_events_config)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--kv-events-config") from None
+        overrides.update(kv_events=events, kv_events_encoding=kv_events_encoding)
     try:
         with contextlib.suppress(KeyboardInterrupt):
             run_event_loop(_serve(preset, replicas, host, port, speed, served_model_name, faults, overrides))

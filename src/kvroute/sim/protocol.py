@@ -17,7 +17,14 @@ from typing import Any, Literal
 import orjson
 
 from kvroute.api.errors import ApiError
-from kvroute.sim.tokenizer import RenderError, count_tokens, render_anthropic, render_chat, render_completion
+from kvroute.sim.tokenizer import (
+    RenderError,
+    chat_template_options,
+    count_tokens,
+    render_anthropic,
+    render_chat,
+    render_completion,
+)
 
 Api = Literal["chat", "completions", "messages"]
 
@@ -90,7 +97,7 @@ def parse_generation_request(api: Api, body: Any, served_model: str) -> Generati
         raise ApiError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
     try:
         if api == "chat":
-            prompt = render_chat(body)
+            prompt = render_chat(body, *chat_template_options(body))
         elif api == "completions":
             if "prompt" not in body:
                 raise ApiError(400, "Field required: 'prompt'.", param="prompt")

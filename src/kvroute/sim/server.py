@@ -3,8 +3,12 @@
 Endpoints (as vLLM serves them): ``POST /v1/chat/completions``, ``/v1/completions``,
 ``/v1/messages`` (Anthropic), streaming or not; ``GET /v1/models``, ``/health``, ``/metrics``,
 ``/server_info``, ``/version``; ``POST /tokenize``, ``/detokenize``, ``/v1/chat/completions/render``,
-``/v1/completions/render``; and the simulator's own ``/admin/fault`` (GET lists, POST sets,
-DELETE clears; see ``sim/faults.py``).
+``/v1/completions/render``, ``/reset_prefix_cache``; and the simulator's own ``/admin/fault`` (GET
+lists, POST sets, DELETE clears; see ``sim/faults.py``).
+
+With a ``KVEventsConfig`` that enables events, each replica is a data-parallel rank publishing vLLM's
+KV-cache events on ZeroMQ (``sim/kv_publisher.py``): the engine's events of a step are published
+when the step ends, those of a prefix-cache reset at once.
 
 Each replica runs one asyncio task that drives its :class:`EngineModel` on a :class:`ModelClock`:
 while busy, each step starts in model time where the previous one ended, and its events are
@@ -32,21 +36,27 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import orjson
+import zmq.asyncio
 from aiohttp import web
 
 from kvroute.api.errors import ApiError, ApiStyle, error_body
+from kvroute.fleet.kv_event_wire import ENCODINGS, Encoding, EventBatch, KVEventsConfig
 from kvroute.sim.answers import Corruption, arithmetic_answer, corrupted, filler, reply_length
 from kvroute.sim.clock import ModelClock
 from kvroute.sim.engine import EngineConfig, EngineEvent, EngineModel, EventKind, SimRequest
 from kvroute.sim.faults import Fault, FaultSet
+from kvroute.sim.kv_publisher import KvEventPublisher
 from kvroute.sim.metrics import render_metrics
 from kvroute.sim.presets import build_config
 from kvroute.sim.protocol import Api, GenerationRequest, Reply, parse_generation_request
 from kvroute.sim.tokenizer import (
     RenderError,
+    chat_template_options,
     count_tokens,
     detokenize,
+    is_anthropic_body,
     render_anthropic,
     render_chat,
     render_completion,
@@ -101,9 +111,16 @@ class SimReplica:
     """One simulated vLLM replica: engine, engine loop, HTTP app, faults."""
 
     def __init__(self, index: int, config: EngineConfig, *, served_model: str, speed: float,
-                 options: ReplyOptions, preset: str) -> None:
+                 options: ReplyOptions, preset: str, kv_events: KVEventsConfig | None = None,
+                 kv_events_encoding: Encoding = "map") -> None:
         self.index = index
+        if kv_events is not None and kv_events.enable_kv_cache_events != config.enable_kv_cache_events:
+            config = dataclasses.replace(config, enable_kv_cache_events=kv_events.enable_kv_cache_events)
         self.config = config
+        self.kv_events = kv_events
+        self.kv_events_encoding: Encoding = kv_events_encoding
+        self.kv_publisher: KvEventPublisher | None = None
+        self._zmq: zmq.asyncio.Context | None = None
         self.served_model = served_model
         self.speed = speed
         self.options = options
@@ -128,7 +145,18 @@ class SimReplica:
         return self.clock.now(time.monotonic())
 
     async def start(self, host: str, port: int) -> None:
-        """Start the engine loop and listen on ``host:port`` (0: a free port)."""
+        """Start the engine loop and listen on ``host:port`` (0: a free port); open the KV-event
+        sockets of this rank when events are published."""
+        if self.kv_events is not None and self.kv_events.publishes:
+            self._zmq = zmq.asyncio.Context()
+            try:
+                self.kv_publisher = KvEventPublisher(self.kv_events, self.index, self.kv_events_encoding,
+                                                     self._zmq)
+            except ValueError:
+                self._zmq.term()
+                self._zmq = None
+                raise
+            self.kv_publisher.start()
         self._loop_task = asyncio.create_task(self._engine_loop(), name=f"sim-engine-{self.index}")
         self._runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None,
                                      shutdown_timeout=0.5)
@@ -149,11 +177,21 @@ class SimReplica:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loop_task
             self._loop_task = None
+        if self.kv_publisher is not None:
+            await self.kv_publisher.close()
+            self.kv_publisher = None
+        if self._zmq is not None:
+            self._zmq.term()
+            self._zmq = None
 
     def restart(self, down_s: float = 0.0) -> int:
         """Simulate a process restart: drop in-flight requests, empty the cache, reset counters,
         new start time; refuse requests (503) for ``down_s`` model seconds.  Returns requests dropped."""
         dropped = self.engine.restart(self.now())
+        # A new process publishes afresh: sequence 0, nothing to replay, no word of the old cache.
+        self.engine.drain_kv_events()
+        if self.kv_publisher is not None:
+            self.kv_publisher.reset()
         for rid in dropped:
             queue = self._pending.get(rid)
             if queue is not None:
@@ -187,6 +225,13 @@ class SimReplica:
                 queue = self._pending.get(event.request_id)
                 if queue is not None:
                     queue.put_nowait(event)
+            self._publish_kv_events()
+
+    def _publish_kv_events(self) -> None:
+        """Send what the engine's cache did since the last batch (vLLM: one batch per step)."""
+        events = self.engine.drain_kv_events()
+        if events and self.kv_publisher is not None:
+            self.kv_publisher.publish(EventBatch(time.time(), events, self.index))
 
     async def _idle(self) -> None:
         self.clock.idle()
@@ -335,6 +380,7 @@ class SimReplica:
         app.router.add_post("/detokenize", self._detokenize)
         app.router.add_post("/v1/chat/completions/render", self._render_chat)
         app.router.add_post("/v1/completions/render", self._render_completions)
+        app.router.add_post("/reset_prefix_cache", self._reset_prefix_cache)
         app.router.add_get("/admin/fault", self._get_faults)
         app.router.add_post("/admin/fault", self._post_fault)
         app.router.add_delete("/admin/fault", self._clear_faults)
@@ -377,21 +423,25 @@ class SimReplica:
             "process_start_time": self.process_start_time,
             "version": SIM_VERSION,
             "vllm_config": dump,
+            "kv_events_config": msgspec.structs.asdict(self.kv_events) if self.kv_events else None,
+            "kv_events": self.kv_publisher.describe() if self.kv_publisher else None,
         }
 
     async def _server_info(self, request: web.Request) -> web.Response:
         return _json(self.info())
 
     async def _render(self, request: web.Request, kind: str) -> tuple[bytes, dict[str, Any]]:
+        """The rendering a generation request with this body would compute (so its KV blocks hold
+        exactly these tokens): ``kind`` "chat", "completions", or "auto" for ``/tokenize``, which
+        takes an Anthropic messages body too and renders it as ``/v1/messages`` does."""
         body = await _read_json(request)
         if not isinstance(body, dict):
             raise ApiError(400, "The request body must be a JSON object.")
-        add_gen = bool(body.get("add_generation_prompt", True))
         try:
-            if kind == "messages" or (kind == "auto" and "messages" in body and "system" in body):
-                return render_anthropic(body, add_gen), body
+            if kind == "auto" and "messages" in body and is_anthropic_body(body):
+                return render_anthropic(body), body
             if kind == "chat" or (kind == "auto" and "messages" in body):
-                return render_chat(body, add_gen), body
+                return render_chat(body, *chat_template_options(body)), body
             if "prompt" not in body:
                 raise ApiError(400, "Field required: 'prompt' or 'messages'.")
             return render_completion(body["prompt"]), body
@@ -439,6 +489,24 @@ class SimReplica:
             return _error("openai", exc)
         return _json([self._rendered("cmpl-", data, body)])
 
+    async def _reset_prefix_cache(self, request: web.Request) -> web.Response:
+        """vLLM's ``POST /reset_prefix_cache[?reset_running_requests=true]``: 200 and an empty body
+        whether or not the engine could reset (vLLM does not check either; a refusal, while requests
+        hold blocks, is logged)."""
+        try:
+            running = _query_bool(request, "reset_running_requests")
+            _query_bool(request, "reset_external")   # no external (connector) cache to reset here
+        except ApiError as exc:
+            return _error("openai", exc)
+        if self.engine.reset_prefix_cache(reset_running_requests=running):
+            log.info("replica %d: prefix cache reset", self.index)
+            self._wake.set()     # preempted requests are waiting again
+        else:
+            log.warning("replica %d: failed to reset prefix cache because some blocks are not freed yet",
+                        self.index)
+        self._publish_kv_events()
+        return web.Response(status=200)
+
     async def _get_faults(self, request: web.Request) -> web.Response:
         return _json({"faults": self.faults.describe(), "corrupt_rate": self.options.corrupt_rate})
 
@@ -460,6 +528,19 @@ class SimReplica:
                           "process_start_time": self.process_start_time})
         self.faults.set(fault)
         return _json({"faults": self.faults.describe()})
+
+
+def _query_bool(request: web.Request, name: str) -> bool:
+    """A boolean query parameter as FastAPI reads one (true/false, 1/0, yes/no, on/off)."""
+    value = request.query.get(name)
+    if value is None:
+        return False
+    text = value.strip().lower()
+    if text in ("true", "1", "yes", "on"):
+        return True
+    if text in ("false", "0", "no", "off"):
+        return False
+    raise ApiError(400, f"{name}: Input should be a valid boolean, unable to interpret input", param=name)
 
 
 def _model_permission(created: int) -> dict[str, Any]:
@@ -503,7 +584,8 @@ class SimFleet:
         config = dataclasses.replace(old.config, **settings)
         await old.close()
         new = SimReplica(old.index, config, served_model=old.served_model, speed=old.speed,
-                         options=old.options, preset=old.preset)
+                         options=old.options, preset=old.preset, kv_events=old.kv_events,
+                         kv_events_encoding=old.kv_events_encoding)
         await new.start(host, int(port))
         self.replicas[i] = new
         return new
@@ -519,10 +601,14 @@ _REPLY_FIELDS = {f.name for f in dataclasses.fields(ReplyOptions)}
 
 
 async def start_sim_fleet(preset: str, replicas: int, *, host: str = "127.0.0.1", base_port: int = 0,
-                          speed: float = 1.0, model: str | None = None, **overrides: Any) -> SimFleet:
+                          speed: float = 1.0, model: str | None = None,
+                          kv_events: KVEventsConfig | None = None, kv_events_encoding: Encoding = "map",
+                          **overrides: Any) -> SimFleet:
     """Start ``replicas`` simulated replicas of ``preset`` in this event loop.
 
     ``base_port`` 0 binds free ports, otherwise ports ``base_port .. base_port+replicas-1``.
+    ``kv_events`` (vLLM's ``--kv-events-config``) makes replica ``i`` publish KV-cache events as
+    data-parallel rank ``i``, on the configured ports plus ``i``, in ``kv_events_encoding``.
     ``model`` is the served model name (default: the preset's).  ``overrides`` are engine settings
     (``EngineConfig`` fields such as ``max_num_seqs``, ``enable_prefix_caching``,
     ``mamba_cache_mode``, ``prefix_match_unit``, ``kv_cache_dtype``, ``num_gpu_blocks_override``),
@@ -532,10 +618,13 @@ async def start_sim_fleet(preset: str, replicas: int, *, host: str = "127.0.0.1"
     """
     if replicas < 1:
         raise ValueError("replicas must be at least 1")
+    if kv_events_encoding not in ENCODINGS:
+        raise ValueError(f"kv_events_encoding must be one of {', '.join(ENCODINGS)}")
     reply = ReplyOptions(**{k: overrides.pop(k) for k in list(overrides) if k in _REPLY_FIELDS})
     config = build_config(preset, model, **overrides)
     fleet = SimFleet([
-        SimReplica(i, config, served_model=config.model, speed=speed, options=reply, preset=preset)
+        SimReplica(i, config, served_model=config.model, speed=speed, options=reply, preset=preset,
+                   kv_events=kv_events, kv_events_encoding=kv_events_encoding)
         for i in range(replicas)
     ])
     try:

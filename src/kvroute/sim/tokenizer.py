@@ -144,8 +144,22 @@ def _tool_calls(buf: _Buffer, calls: Any, field: str) -> None:
                 + b"</tool_call>")
 
 
-def render_chat(body: Mapping[str, Any], add_generation_prompt: bool = True) -> bytes:
-    """Render an OpenAI chat-completions body: leading system/developer messages, tools, messages."""
+def chat_template_options(body: Mapping[str, Any]) -> tuple[bool, bool]:
+    """``(add_generation_prompt, continue_final_message)`` of a chat body, with vLLM's defaults
+    (True, False) and its refusal of both at once."""
+    add_gen = body.get("add_generation_prompt", True)
+    cont = body.get("continue_final_message", False)
+    if not isinstance(add_gen, bool) or not isinstance(cont, bool):
+        raise RenderError("add_generation_prompt and continue_final_message must be booleans")
+    if add_gen and cont:
+        raise RenderError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+    return add_gen, cont
+
+
+def render_chat(body: Mapping[str, Any], add_generation_prompt: bool = True,
+                continue_final_message: bool = False) -> bytes:
+    """Render an OpenAI chat-completions body: leading system/developer messages, tools, messages.
+    ``continue_final_message`` leaves the last message open (no end marker), for the model to go on."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RenderError("'messages' must be a non-empty list")
@@ -174,7 +188,8 @@ def render_chat(body: Mapping[str, Any], add_generation_prompt: bool = True) -> 
         _openai_content(buf, msg.get("content"), field)
         if role == "assistant" and msg.get("tool_calls"):
             _tool_calls(buf, msg["tool_calls"], field)
-        buf.add(_END)
+        if not (continue_final_message and j == len(messages) - 1):
+            buf.add(_END)
     if add_generation_prompt:
         buf.assistant_header()
     return buf.result()
@@ -189,6 +204,29 @@ def render_completion(prompt: Any) -> bytes:
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
         return detokenize(prompt)
     raise RenderError("'prompt' must be a string or a list of token ids")
+
+
+# Content blocks only an Anthropic messages body has (OpenAI's parts are text, image_url, input_audio...).
+_ANTHROPIC_ONLY_BLOCKS = frozenset(("tool_use", "tool_result", "thinking", "redacted_thinking", "image",
+                                    "document", "tool_reference", "tool_addition", "tool_removal"))
+
+
+def is_anthropic_body(body: Mapping[str, Any]) -> bool:
+    """Whether a body with ``messages`` is an Anthropic messages request: a top-level ``system``, or
+    a content block only Anthropic has.  Bodies in the subset both APIs share render the same
+    either way, so this only has to tell apart what renders differently."""
+    if "system" in body:
+        return True
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return False
+    for msg in messages:
+        content = msg.get("content") if isinstance(msg, Mapping) else None
+        if isinstance(content, list) and any(isinstance(block, Mapping)
+                                             and block.get("type") in _ANTHROPIC_ONLY_BLOCKS
+                                             for block in content):
+            return True
+    return False
 
 
 # Claude Code's per-request attribution block; vLLM 0.32 drops it from system text before rendering.
