@@ -39,6 +39,9 @@ class _Source:
 
     slot: int
     own: dict[EngineHash, int] = field(default_factory=dict)  # engine hash -> own hash
+    # Engine hashes stored more than once (vLLM keeps duplicate blocks of one hash): extra copies,
+    # so that evicting one copy leaves the block held.
+    copies: dict[EngineHash, int] = field(default_factory=dict)
     synced: bool = False
     block_size: int | None = None
 
@@ -130,6 +133,7 @@ class ExactIndex:
         for own in src.own.values():
             self._unhold(held, own, slot)
         src.own.clear()
+        src.copies.clear()
 
     def _unhold(self, held: dict[int, dict[int, int]], own: int, slot: int) -> None:
         owners = held.get(own)
@@ -169,6 +173,7 @@ class ExactIndex:
         for engine_hash, own in zip(engine_hashes, owns, strict=True):
             old = src.own.get(engine_hash)
             if old == own:
+                src.copies[engine_hash] = src.copies.get(engine_hash, 0) + 1
                 continue
             if old is not None:
                 self._unhold(held, old, slot)
@@ -193,7 +198,15 @@ class ExactIndex:
         src = self._source(worker_id, rank)
         self._heard(worker_id, now)
         held, slot, n = self._held, src.slot, 0
+        copies = src.copies
         for engine_hash in engine_hashes:
+            extra = copies.get(engine_hash)
+            if extra:
+                if extra > 1:
+                    copies[engine_hash] = extra - 1
+                else:
+                    del copies[engine_hash]
+                continue
             own = src.own.pop(engine_hash, None)
             if own is not None:
                 self._unhold(held, own, slot)
