@@ -35,7 +35,12 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from kvroute.fleet.kv_event_sources import KvEventSettings
+from kvroute.fleet.kv_event_sources import (
+    KvEndpoint,
+    KvEventSettings,
+    endpoint_for,
+    parse_endpoint_spec,
+)
 from kvroute.fleet.kv_event_wire import (
     END_SEQ,
     MEDIUM_GPU,
@@ -350,6 +355,28 @@ class KvEventWatch:
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
 
+    async def advertised(self, worker_id: str, spec: str) -> None:
+        """The engine says it publishes at ``spec`` (``PUB[,REPLAY]``, a ``*`` host meaning the
+        worker's own): subscribe there unless its endpoint is named in the settings."""
+        url = self._url_of(worker_id)
+        settings = self.settings
+        if url is None or url in settings.explicit or worker_id in settings.explicit:
+            return
+        host = endpoint_for(url, "{host}")
+        spec = spec.replace("://*:", f"://{host}:").replace("://0.0.0.0:", f"://{host}:")
+        try:
+            where = parse_endpoint_spec(spec, ranks=settings.ranks, topic=settings.topic)
+        except ValueError as exc:
+            self.limited_warning(worker_id, f"{worker_id} advertises KV events at {spec!r}: {exc}")
+            return
+        streams = self._streams.get(worker_id)
+        if streams and streams[0].pub == where.of_rank(0)[0]:
+            return
+        for members in self._by_endpoint.values():
+            members.discard(url)
+        await self.unfollow(worker_id)
+        self._start(worker_id, where)
+
     # --- subscriptions ---------------------------------------------------------------------------
 
     def follow(self, worker_id: str, url: str) -> None:
@@ -372,6 +399,9 @@ class KvEventWatch:
                         self._closing.add(task)
                         task.add_done_callback(self._closing.discard)
                 return
+        self._start(worker_id, where)
+
+    def _start(self, worker_id: str, where: KvEndpoint) -> None:
         streams = []
         for rank in range(where.ranks):
             pub, replay = where.of_rank(rank)

@@ -47,6 +47,31 @@ def find_max_num_seqs(info: Any) -> int | None:
     return None
 
 
+_VLLM_KV_EVENTS = re.compile(r"kv_events_config=KVEventsConfig\((?P<body>[^)]*)\)")
+
+
+def find_kv_events(info: Any) -> str | None:
+    """Where the engine says it publishes KV-cache events, as ``PUB[,REPLAY]`` (a ``*`` host left
+    for the caller to fill): the simulator's ``kv_events`` (its bound endpoints) or vLLM's
+    dev-mode ``vllm_config`` dump (``kv_events_config=KVEventsConfig(...)``); None if it does not."""
+    if isinstance(info, Mapping):
+        sim = info.get("kv_events")
+        endpoint = sim.get("endpoint") if isinstance(sim, Mapping) else None
+        if isinstance(sim, Mapping) and isinstance(endpoint, str):
+            replay = sim.get("replay_endpoint")
+            return endpoint + (f",{replay}" if isinstance(replay, str) and replay else "")
+        dump = info.get("vllm_config")
+        if isinstance(dump, str) and (match := _VLLM_KV_EVENTS.search(dump)):
+            fields = dict(re.findall(r"(\w+)=('[^']*'|\w+)", match.group("body")))
+            if fields.get("enable_kv_cache_events") != "True" or fields.get("publisher", "'zmq'") not in (
+                    "'zmq'", "None"):
+                return None
+            pub: str = fields.get("endpoint", "'tcp://*:5557'").strip("'")
+            replay_at: str = fields.get("replay_endpoint", "None").strip("'")
+            return pub + (f",{replay_at}" if replay_at and replay_at != "None" else "")
+    return None
+
+
 class Prober:
     """Runs a probe loop per watched worker and folds each round into the registry."""
 
@@ -100,6 +125,7 @@ class Prober:
                 metrics=_metrics(metrics),
                 models=_models(models),
                 max_num_seqs=_server_info(info),
+                kv_events=find_kv_events(_json(info)),
                 inflight_at_start=inflight,
             )
         if self._registry.get(worker_id) is record:  # not removed or re-registered meanwhile

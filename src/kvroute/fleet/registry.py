@@ -69,6 +69,8 @@ class ProbeResult:
     models: tuple[Mapping[str, Any], ...] | None = None
     max_num_seqs: int | None = None
     inflight_at_start: int | None = None
+    # Where the engine says it publishes KV-cache events (``PUB[,REPLAY]``), from /server_info.
+    kv_events: str | None = None
 
 
 @dataclass(slots=True)

@@ -370,7 +370,7 @@ async def _startup(app: web.Application) -> None:
         # After registering the workers, so that the facts read on catch-up apply to them at once.
         await router.sync.start(router.dispatch.remote)
     # One probe round before accepting requests, so the first requests see the fleet's real state.
-    await asyncio.gather(*(router.prober.probe_once(r.id, with_server_info=True) for r in records))
+    await asyncio.gather(*(router.first_probe(r.id) for r in records))
     for record in records:
         router.prober.watch(record.id)
     if DISCOVERY in app:

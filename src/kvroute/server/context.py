@@ -117,9 +117,16 @@ class Router:
         registered it (``WorkerRecord.source``)."""
         record = self.registry.add(url, worker_id=worker_id, models=models, max_num_seqs=max_num_seqs,
                                    source=source)
-        await self.prober.probe_once(record.id, with_server_info=True)
+        await self.first_probe(record.id)
         self.prober.watch(record.id)
         return record
+
+    async def first_probe(self, worker_id: str) -> None:
+        """Probe a just-registered worker once, ``/server_info`` included; where the engine says it
+        publishes KV-cache events, subscribe there."""
+        result = await self.prober.probe_once(worker_id, with_server_info=True)
+        if result is not None and result.kv_events and self.kv_events is not None:
+            await self.kv_events.advertised(worker_id, result.kv_events)
 
     def remove_worker(self, worker_id: str) -> bool:
         """Stop probing and forget a worker; its in-flight requests finish."""
