@@ -9,11 +9,13 @@ figures are medians over every request of a target at that level.
     python benchmarks/bench_router_overhead.py                 # 1, 16, 64 streams
     python benchmarks/bench_router_overhead.py --json out.json --requests 800
 
-``--plain`` sends non-streaming requests (``"stream": false``).  ``--baseline-src DIR`` also starts
-a second router from another checkout's ``src`` (e.g. main's, from ``git archive``) in front of the
-same replicas, and each round runs direct, then both routers in turn (taking turns going first), so
-the machine's other load falls on both alike; the table then has a row per router, and the median
-over rounds of the router CPU per request beside the total.
+``--plain`` sends non-streaming requests (``"stream": false``).  ``--alias NAME`` also starts a
+second router from this checkout with ``--model-alias NAME=qwen3-4b`` and sends it requests for
+``NAME``: what renaming the request and its answer costs, beside the same router without it.
+``--baseline-src DIR`` also starts a second router from another checkout's ``src`` (e.g. main's,
+from ``git archive``) in front of the same replicas.  Each round runs direct, then every router in
+turn (taking turns going first), so the machine's other load falls on all alike; the table then
+has a row per router, and the median over rounds of the router CPU per request beside the total.
 """
 
 from __future__ import annotations
@@ -99,9 +101,9 @@ async def wait_ready(http: aiohttp.ClientSession, url: str, path: str) -> None:
     raise RuntimeError(f"{url}{path} never became ready")
 
 
-def body(i: int, max_tokens: int, stream: bool) -> bytes:
+def body(i: int, max_tokens: int, stream: bool, model: str = MODEL) -> bytes:
     prompt = f"request {i}: " + "tell me something about routing and caches. " * 20
-    return orjson.dumps({"model": MODEL, "max_tokens": max_tokens, "ignore_eos": True, "stream": stream,
+    return orjson.dumps({"model": model, "max_tokens": max_tokens, "ignore_eos": True, "stream": stream,
                          "messages": [{"role": "user", "content": prompt}]})
 
 
@@ -119,14 +121,14 @@ async def one(http: aiohttp.ClientSession, url: str, data: bytes) -> float:
 
 
 async def load(http: aiohttp.ClientSession, target: str, urls: list[str], concurrency: int, requests: int,
-               max_tokens: int, offset: int, stream: bool = True) -> Run:
+               max_tokens: int, offset: int, stream: bool = True, model: str = MODEL) -> Run:
     """Closed loop: ``concurrency`` clients, each sending its next request when the last ends."""
     ttfbs: list[float] = []
     counter = iter(range(requests))
 
     async def client() -> None:
         for i in counter:
-            ttfbs.append(await one(http, urls[i % len(urls)], body(offset + i, max_tokens, stream)))
+            ttfbs.append(await one(http, urls[i % len(urls)], body(offset + i, max_tokens, stream, model)))
 
     start = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(concurrency)))
@@ -160,12 +162,12 @@ def table(results: list[tuple[Run, list[Run]]]) -> str:
 
 
 def start_router(name: str, src: str | None, worker_args: list[str], port: int, log_level: str,
-                 logs: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+                 logs: Path, env: dict[str, str], extra: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
     """``kvroute serve`` from this checkout, or from ``src`` (another checkout's ``src``) when given."""
     if src is not None:
         env = {**env, "PYTHONPATH": os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])}
     return subprocess.Popen(
-        [*KVROUTE, "serve", *worker_args, "--port", str(port), "--log-level", log_level],
+        [*KVROUTE, "serve", *worker_args, "--port", str(port), "--log-level", log_level, *extra],
         stdout=subprocess.DEVNULL, stderr=open(logs / f"{name}.log", "w"), env=env)
 
 
@@ -180,12 +182,18 @@ async def main(args: argparse.Namespace) -> None:
         stdout=subprocess.DEVNULL, stderr=open(logs / "sim.log", "w"), env=env)  # noqa: SIM115
     sim_urls = [f"http://127.0.0.1:{sim_port + i}" for i in range(replicas)]
     worker_args = [a for u in sim_urls for a in ("--worker", u)]
-    wanted = [("baseline", args.baseline_src)] if args.baseline_src else []
-    wanted.append(("router", None))
+    wanted: list[tuple[str, str | None, tuple[str, ...]]] = (
+        [("baseline", args.baseline_src, ())] if args.baseline_src else [])
+    wanted.append(("router", None, ()))
+    # The model each router is asked for: an aliased name on the alias router, else the served one.
+    asked = {name: MODEL for name, _, _ in wanted}
+    if args.alias:
+        wanted.append(("router+alias", None, ("--model-alias", f"{args.alias}={MODEL}")))
+        asked["router+alias"] = args.alias
     routers: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
-    for name, src in wanted:
+    for name, src, extra in wanted:
         port = free_ports(1)
-        routers[name] = (start_router(name, src, worker_args, port, args.log_level, logs, env),
+        routers[name] = (start_router(name, src, worker_args, port, args.log_level, logs, env, extra),
                          f"http://127.0.0.1:{port}")
     load_before = f"{os.getloadavg()[0]:.2f}"
     stream = not args.plain
@@ -217,7 +225,7 @@ async def main(args: argparse.Namespace) -> None:
                     for target, urls, proc in targets:
                         cpu = cpu_seconds(proc.pid) if proc else 0.0
                         run = await load(http, target, urls, level, per_round, args.max_tokens, offset,
-                                         stream)
+                                         stream, asked.get(target, MODEL))
                         run.router_cpu_s = cpu_seconds(proc.pid) - cpu if proc else 0.0
                         runs[target].append(run)
                         offset += per_round
@@ -252,6 +260,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--json", help="also write the raw figures here")
     p.add_argument("--plain", action="store_true", help="non-streaming requests")
     p.add_argument("--baseline-src", help="also run a router from this checkout's src, side by side")
+    p.add_argument("--alias", help="also run a router with --model-alias ALIAS=qwen3-4b, asked for ALIAS")
     return p.parse_args()
 
 

@@ -2,9 +2,10 @@
 
 Every scalar setting ``name`` can be set as ``name = ...`` at the top level of the TOML file, as the
 environment variable ``KVROUTE_<NAME>`` and, for the common ones, as a ``kvroute serve`` flag.
-Workers and per-model settings are tables in the file; ``KVROUTE_WORKERS`` (comma-separated URLs)
-and ``--worker`` replace the file's worker list, ``KVROUTE_DISCOVER`` and ``--discover`` its
-discovery sources.  See docs/server.md for the full reference.
+Workers, per-model settings and model aliases are tables in the file; ``KVROUTE_WORKERS``
+(comma-separated URLs) and ``--worker`` replace the file's worker list, ``KVROUTE_DISCOVER`` and
+``--discover`` its discovery sources, ``KVROUTE_ALIASES`` (comma-separated ``PATTERN=MODEL``) and
+``--model-alias`` its ``[aliases]``.  See docs/server.md for the full reference.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvroute.api.model_aliases import AliasError, ModelAliases, parse_alias
 from kvroute.api.requests import RequestOptions
 from kvroute.fleet.breaker import BreakerSettings
 from kvroute.fleet.discovery import parse_source
@@ -90,6 +92,10 @@ class Settings:
     routing: Mapping[str, Any] = field(default_factory=dict)
     # [requests]: RequestOptions fields (session_sources, extra_session_headers, ...).
     requests: Mapping[str, Any] = field(default_factory=dict)
+    # [aliases]: model-name pattern -> served model, first match in order (api/model_aliases.py);
+    # default_model takes names nothing serves.  The answer names the model the client asked for.
+    aliases: Mapping[str, str] = field(default_factory=dict)
+    default_model: str | None = None
     host: str = "127.0.0.1"
     port: int = 8000
     admin_token: str | None = None
@@ -200,9 +206,11 @@ class Settings:
                 values[name] = dict(value)
             elif name == "kv_events":
                 values[name] = _kv_events(value)
+            elif name == "aliases":
+                values[name] = _aliases(value)
             else:
                 values[name] = _coerce(name, value, known[name].default)
-        for token in ("admin_token", "metrics_token"):
+        for token in ("admin_token", "metrics_token", "default_model"):
             if values.get(token) == "":
                 values[token] = None  # an empty KVROUTE_ADMIN_TOKEN means "no token"
         settings = cls(**values)
@@ -253,6 +261,7 @@ class Settings:
             raise SettingsError("redis_url must be a redis://, rediss:// (TLS) or unix:// URL")
         self.routing_config()
         self.request_options()
+        self.model_aliases()
 
     def kv_event_settings(self) -> KvEventSettings:
         """Where the workers publish their KV-cache events."""
@@ -302,6 +311,13 @@ class Settings:
         except (TypeError, ValueError) as exc:
             raise SettingsError(f"[requests] settings: {exc}") from None
 
+    def model_aliases(self) -> ModelAliases:
+        """The model-name rules: ``[aliases]`` and ``default_model``."""
+        try:
+            return ModelAliases(self.aliases, self.default_model)
+        except AliasError as exc:
+            raise SettingsError(str(exc)) from None
+
     def replace(self, **changes: Any) -> Settings:
         """A copy with some settings changed (validated)."""
         settings = dataclasses.replace(self, **changes)
@@ -315,7 +331,7 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
         value = env.get(f"KVROUTE_{f.name.upper()}")
         if value is None or f.name in ("models", "routing", "requests"):
             continue
-        if f.name in ("workers", "discover"):
+        if f.name in ("workers", "discover", "aliases"):
             out[f.name] = [u.strip() for u in value.split(",") if u.strip()]
         else:
             out[f.name] = value
@@ -357,6 +373,26 @@ def _discovery_sources(value: Any) -> tuple[str, ...]:
     if len(set(specs)) < len(specs):
         raise SettingsError("discover lists the same source twice")
     return tuple(specs)
+
+
+def _aliases(value: Any) -> dict[str, str]:
+    """``[aliases]`` as a table (pattern -> model) or a list of ``PATTERN=MODEL`` strings (the
+    flag, ``KVROUTE_ALIASES``), in the order given; of two entries for one pattern the later wins."""
+    if isinstance(value, Mapping):
+        pairs = list(value.items())
+    elif isinstance(value, list | tuple):
+        try:
+            pairs = [parse_alias(item) if isinstance(item, str) else tuple(item) for item in value]
+        except (AliasError, TypeError) as exc:
+            raise SettingsError(f"aliases: {exc}") from None
+    else:
+        raise SettingsError("aliases must be a table of pattern -> model (or PATTERN=MODEL strings)")
+    out: dict[str, str] = {}
+    for pair in pairs:
+        if len(pair) != 2 or not all(isinstance(v, str) for v in pair):
+            raise SettingsError(f"aliases: each entry maps a pattern to a model name, got {pair!r}")
+        out[pair[0]] = pair[1]
+    return out
 
 
 def parse_worker_spec(value: Any) -> WorkerSpec:
@@ -436,5 +472,5 @@ def _coerce(name: str, value: Any, default: Any) -> Any:
             raise ValueError(value)
         return value
     except (TypeError, ValueError):
-        kind = _KIND_NAMES.get(type(default), "string")
+        kind = _KIND_NAMES.get(type(default), "a string")
         raise SettingsError(f"{name} must be {kind}, got {value!r}") from None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import logging
 import math
@@ -29,6 +30,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from kvroute.api.errors import ApiError, ApiStyle, error_body
+from kvroute.api.model_aliases import ModelAliases, body_for
 from kvroute.api.requests import parse_request
 from kvroute.fleet.guard.canary_metrics import CanaryCollector
 from kvroute.fleet.guard.canary_runner import CanaryRunner
@@ -39,6 +41,7 @@ from kvroute.fleet.probe import Prober
 from kvroute.fleet.registry import Registry
 from kvroute.router_settings import Settings
 from kvroute.routing.dispatch import Dispatcher
+from kvroute.routing.key import RoutingKey
 from kvroute.routing.scheduler import Scheduler
 from kvroute.server.activity import Activity
 from kvroute.server.admin import setup_admin
@@ -58,6 +61,7 @@ from kvroute.server.front import (
     style_of_path,
 )
 from kvroute.server.metrics import FamiliesCollector, RouterMetrics
+from kvroute.server.model_names import AnswerRename
 from kvroute.server.proxy import JSON_HEADERS, Proxy, header_lines, stream_error_event
 from kvroute.server.routes import HTTP_ROUTES
 from kvroute.server.upstream import Origin, UpstreamError, UpstreamPool
@@ -138,6 +142,7 @@ def front_handler(router: Router, proxy: Proxy, app_origin: Origin,
     limit = router.settings.max_body_bytes
     too_large = f"request body larger than {limit} bytes"
     internal = internal_error or internal_error_reporter(router)
+    aliases = router.model_aliases
 
     async def handle(request: FrontRequest, writer: ResponseWriter) -> None:
         route = routes.get(request.path) if request.method == b"POST" else None
@@ -184,10 +189,18 @@ def front_handler(router: Router, proxy: Proxy, app_origin: Origin,
             internal(f"reading a request to {route.path}")
             _error(writer, style, 500, "internal router error")
             return
+        rename = None
+        if aliases.active:
+            try:
+                key, rename = _apply_aliases(aliases, router, request, doc, key)
+            except ApiError as exc:
+                failures.labels("bad_request").inc()
+                _error(writer, style, exc.status, exc.message, param=exc.param, code=exc.code)
+                return
         if router.tokens is not None:
             key = await router.tokens.keyed(route.name, doc, key)
         try:
-            await proxy.forward(request, writer, route, key, started)
+            await proxy.forward(request, writer, route, key, started, rename)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -199,6 +212,21 @@ def front_handler(router: Router, proxy: Proxy, app_origin: Origin,
                 writer.abort()
 
     return handle
+
+
+def _apply_aliases(aliases: ModelAliases, router: Router, request: FrontRequest, doc: dict[str, Any],
+                   key: RoutingKey) -> tuple[RoutingKey, AnswerRename | None]:
+    """The request's model after the aliases and the default model: when they change it, the body
+    sent upstream names the target (``body_for``) and so does the key (routing, per-model
+    settings and the prefix cache are the target's); the returned rename restores the asked name
+    in the answer."""
+    states = router.registry.states()
+    target = aliases.resolve(key.model, lambda name: any(name in s.models for s in states))
+    if target == key.model:
+        return key, None
+    asked = key.model
+    request.body = body_for(request.body, doc, target)
+    return dataclasses.replace(key, model=target), AnswerRename(asked, target)
 
 
 def internal_error_reporter(router: Router) -> Callable[[str], None]:
@@ -304,23 +332,37 @@ async def _pass_to_app(request: FrontRequest, writer: ResponseWriter, router: Ro
 
 
 async def _models(request: web.Request) -> web.Response:
-    """``GET /v1/models``: the union of what healthy workers serve (Anthropic's shape when the
-    client sends ``anthropic-version``)."""
-    cards = request.app[ROUTER].registry.model_cards()
+    """``GET /v1/models``: the union of what healthy workers serve, then each exact alias whose
+    model is served, as a model of its own whose ``parent`` names that model (Anthropic's shape
+    when the client sends ``anthropic-version``).  Glob patterns cannot be listed as models: every
+    alias, in order, and the default model appear beside the list (``aliases``, ``default_model``)."""
+    router = request.app[ROUTER]
+    cards = router.registry.model_cards()
+    aliases = router.model_aliases
+    listed = {alias: target for alias, target in aliases.exact.items() if target in cards}
+    names = [*sorted(m for m in cards if m not in listed), *listed]
+    extra: dict[str, Any] = {}
+    if aliases.patterns:
+        extra["aliases"] = dict(aliases.patterns)
+    if aliases.default_model is not None:
+        extra["default_model"] = aliases.default_model
     if "anthropic-version" in request.headers:
-        data = [{"type": "model", "id": m, "display_name": m, "created_at": "1970-01-01T00:00:00Z"}
-                for m in sorted(cards)]
+        data = [{"type": "model", "id": m, "created_at": "1970-01-01T00:00:00Z",
+                 "display_name": f"{m} (alias of {listed[m]})" if m in listed else m} for m in names]
         return _json({"data": data, "has_more": False,
                       "first_id": data[0]["id"] if data else None,
-                      "last_id": data[-1]["id"] if data else None})
+                      "last_id": data[-1]["id"] if data else None, **extra})
     out = []
-    for model in sorted(cards):
-        card = {"object": "model", "created": 0, "owned_by": "kvroute", **cards[model][0]}
-        lens = [c["max_model_len"] for c in cards[model] if isinstance(c.get("max_model_len"), int)]
+    for model in names:
+        served = listed.get(model, model)
+        card = {"object": "model", "created": 0, "owned_by": "kvroute", **cards[served][0]}
+        lens = [c["max_model_len"] for c in cards[served] if isinstance(c.get("max_model_len"), int)]
         if lens:
             card["max_model_len"] = min(lens)  # the smallest window is the one every worker accepts
+        if model in listed:
+            card.update(id=model, parent=served, owned_by="kvroute")
         out.append(card)
-    return _json({"object": "list", "data": out})
+    return _json({"object": "list", "data": out, **extra})
 
 
 async def _health(request: web.Request) -> web.Response:
@@ -426,6 +468,7 @@ def build_app(settings: Settings, *, scheduler: Scheduler | None = None, sync: R
         activity=Activity(),
         prober=Prober(registry, interval_s=settings.probe_interval_s, timeout_s=settings.probe_timeout_s),
         request_options=settings.request_options(),
+        model_aliases=settings.model_aliases(),
         sync=sync,
         doctor_watch=doctor,
         drift_watch=drift,

@@ -59,6 +59,13 @@ def serve(
         "--set", metavar="NAME=VALUE",
         help="A [routing] setting for every model (repeatable), e.g. --set stay_tokens=1024; "
              "the settings are listed below.")] = None,
+    model_alias: Annotated[list[str] | None, typer.Option(
+        "--model-alias", metavar="PATTERN=MODEL",
+        help="Serve requests for model names matching PATTERN (exact, or a glob: 'claude-*') with "
+             "MODEL; repeatable, first match wins, exact names before globs; replaces the config "
+             "file's aliases table. The answer names the model asked for.")] = None,
+    default_model: Annotated[str | None, typer.Option(
+        help="Model for names no worker serves and no alias maps (default: none; they get 404).")] = None,
     admin_token: Annotated[str | None, typer.Option(
         help="Token the admin API requires (prefer KVROUTE_ADMIN_TOKEN).")] = None,
     redis: Annotated[str | None, typer.Option(
@@ -83,7 +90,8 @@ def serve(
         raise typer.BadParameter(str(exc), param_hint="--set") from None
     overrides = {"workers": worker or None, "discover": discover or None, "host": host, "port": port,
                  "policy": policy, "admin_token": admin_token, "redis_url": redis, "retries": retries,
-                 "worker_header": worker_header, "log_prompts": log_prompts, "processes": processes}
+                 "worker_header": worker_header, "log_prompts": log_prompts, "processes": processes,
+                 "aliases": model_alias or None, "default_model": default_model}
     try:
         settings = Settings.load(config, overrides=overrides)
         if routing_table:

@@ -8,6 +8,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from kvroute.api.model_aliases import ModelAliases
 from kvroute.api.requests import RequestOptions
 from kvroute.fleet.guard.canary_runner import CanaryRunner
 from kvroute.fleet.guard.doctor_watch import DoctorWatch
@@ -53,6 +54,7 @@ class Router:
     activity: Activity
     prober: Prober
     request_options: RequestOptions = field(default_factory=RequestOptions)
+    model_aliases: ModelAliases = field(default_factory=ModelAliases)
     sync: RouteSync | None = None
     upstream: UpstreamPool | None = None
     doctor_watch: DoctorWatch | None = None

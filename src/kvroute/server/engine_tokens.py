@@ -32,10 +32,10 @@ _CHAT_FIELDS = ("messages", "add_generation_prompt", "continue_final_message", "
                 "chat_template_kwargs", "add_special_tokens", "documents")
 
 
-def tokenize_body(route: str, doc: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The ``/tokenize`` request vLLM renders exactly as it renders ``doc`` on ``route``, or None
-    where ``/tokenize`` cannot say (Anthropic messages, several prompts, token-id prompts)."""
-    model = doc.get("model")
+def tokenize_body(route: str, doc: Mapping[str, Any], model: str) -> dict[str, Any] | None:
+    """The ``/tokenize`` request vLLM renders exactly as it renders ``doc`` on ``route`` for
+    ``model`` (the served name, an alias resolved), or None where ``/tokenize`` cannot say
+    (Anthropic messages, several prompts, token-id prompts)."""
     if route == "chat":
         body = {name: doc[name] for name in _CHAT_FIELDS if name in doc}
         if not isinstance(body.get("messages"), list):
@@ -78,7 +78,7 @@ class EngineTokens:
         if not key.cacheable or key.cache_salt is not None:
             return key
         best = self._scheduler.exact_worker(key.model, self._registry.states())
-        body = tokenize_body(route, doc)
+        body = tokenize_body(route, doc, key.model)
         if best is None or body is None:
             return key
         block = self._scheduler.exact.block_size(best.id)

@@ -29,6 +29,7 @@ from kvroute.routing.worker import WorkerState
 from kvroute.server.activity import RoutedRequest
 from kvroute.server.context import Router
 from kvroute.server.front import FrontRequest, ResponseWriter
+from kvroute.server.model_names import AnswerRename, UnknownModelLog, served_models, unknown_model_message
 from kvroute.server.routes import Route
 from kvroute.server.upstream import Call, ResponseHead, UpstreamError
 from kvroute.server.usage import UsageSniffer
@@ -153,16 +154,20 @@ class _Relay:
         "_flight",
         "_metrics",
         "_out",
+        "_rename",
+        "_respond",
         "_sse",
         "_started",
         "_usage",
+        "_whole",
         "_writer",
         "pending",
         "ttfb",
     )
 
     def __init__(self, writer: ResponseWriter, sse: bool, usage: UsageSniffer, started: float,
-                 flight: InFlight, router: Router) -> None:
+                 flight: InFlight, router: Router, rename: AnswerRename | None = None,
+                 respond: Callable[[bytes], None] | None = None) -> None:
         self._writer = writer
         self._sse = sse
         self._usage = usage
@@ -170,7 +175,11 @@ class _Relay:
         self._flight = flight
         self._dispatch = router.dispatch
         self._metrics = router.metrics
+        self._rename = rename
         self._out: list[bytes] = []
+        # ``respond``: the answer is held whole, then answered with it (a renamed plain answer).
+        self._respond = respond
+        self._whole: list[bytes] | None = [] if respond is not None else None
         self.pending = b""
         self.ttfb: float | None = None
 
@@ -188,6 +197,11 @@ class _Relay:
             end = end or len(data)
             self.pending = data[end:]
             chunk = data[:end] if end < len(data) else data
+            if self._rename is not None:
+                chunk = self._rename.events(chunk)
+        elif self._whole is not None:
+            self._whole.append(chunk)
+            return
         self._out.append(chunk)
 
     def flush(self) -> None:
@@ -198,16 +212,35 @@ class _Relay:
             self._writer.write(data)
             self._usage.feed(data)
 
+    def finish(self) -> None:
+        """The worker's answer is complete: send what is still held (a renamed plain answer, the
+        rest of a stream)."""
+        self.flush()
+        if self._whole is not None and self._respond is not None:
+            data = b"".join(self._whole)
+            if self._rename is not None:
+                data = self._rename.document(data)
+            self._whole = None
+            if not self._writer.started:  # else the shutdown cut has answered already
+                self._respond(data)
+            self._usage.feed(data)
+        if self.pending:
+            rest = self.pending
+            self._writer.write(self._rename.events(rest) if self._rename is not None else rest)
+
 
 class Proxy:
     """Sends requests to workers chosen by the scheduler and relays their answers."""
 
     def __init__(self, router: Router) -> None:
         self._r = router
+        self._unknown_models = UnknownModelLog(log)
 
     async def forward(self, request: FrontRequest, writer: ResponseWriter, route: Route, key: RoutingKey,
-                      started: float) -> None:
-        """Serve one parsed request: decide, send, retry before the first byte, relay."""
+                      started: float, rename: AnswerRename | None = None) -> None:
+        """Serve one parsed request: decide, send, retry before the first byte, relay.  ``rename``:
+        an alias changed the model asked for (``key.model`` is the target); the answer names the
+        asked one."""
         r = self._r
         pool = r.upstream
         assert pool is not None, "the router's upstream pool starts with the app"
@@ -281,11 +314,11 @@ class Proxy:
                 r.registry.mark_success(state.id, ttft_s=flight.ttft_s,
                                         predicted_s=decision.predicted_ttft_s)
                 await self._relay(request, writer, route, call, head, flight, key, started, attempts,
-                                  waited)
+                                  waited, rename)
                 return
             finally:
                 dispatch.finished(flight, ok=False)  # a no-op once the relay accounted for it
-        self._give_up(writer, route, key, decision, held, failure, attempts, started)
+        self._give_up(writer, route, key, decision, held, failure, attempts, started, rename)
 
     def _last_chance(self, key: RoutingKey, state: WorkerState, exclude: list[str],
                      attempts: int) -> float | None:
@@ -377,8 +410,10 @@ class Proxy:
                            b"".join(parts)[:_MAX_HELD_ERROR])
 
     def _give_up(self, writer: ResponseWriter, route: Route, key: RoutingKey, decision: Decision | None,
-                 held: _HeldAnswer | None, failure: str | None, attempts: int, started: float) -> None:
-        """No worker answered well: the last 5xx as the worker sent it, else 502 or 503."""
+                 held: _HeldAnswer | None, failure: str | None, attempts: int, started: float,
+                 rename: AnswerRename | None = None) -> None:
+        """No worker answered well: the last 5xx as the worker sent it, else 502 or 503; a model
+        no worker serves: 404 listing the served ones (logged, rate-limited)."""
         r = self._r
         if held is not None:
             headers = held.headers
@@ -391,8 +426,12 @@ class Proxy:
             # Asked only when no worker was chosen, so the hot path never pays for it.
             r.metrics.failures.labels("unknown_model").inc()
             status, worker = 404, None
-            writer.respond(status, JSON_HEADERS, error_body(
-                route.style, 404, f"The model `{key.model}` does not exist.", "model", "model_not_found"))
+            asked = rename.asked if rename is not None else key.model
+            served = served_models(s.models for s in r.registry.states())
+            self._unknown_models.unknown(route.path, asked, key.model, served)
+            message = unknown_model_message(asked, key.model, served)
+            writer.respond(status, JSON_HEADERS,
+                           error_body(route.style, 404, message, "model", "model_not_found"))
         else:
             worker = None
             if attempts == 0:
@@ -425,7 +464,7 @@ class Proxy:
 
     async def _relay(self, request: FrontRequest, writer: ResponseWriter, route: Route, call: Call,
                      head: ResponseHead, flight: InFlight, key: RoutingKey, started: float,
-                     attempts: int, waited: str) -> None:
+                     attempts: int, waited: str, rename: AnswerRename | None = None) -> None:
         """Pass the worker's answer through as it arrives; account for it when it ends."""
         r = self._r
         state, decision = flight.state, flight.decision
@@ -436,11 +475,16 @@ class Proxy:
         if r.settings.worker_header:
             headers += _WORKER_HEADER + b": " + state.id.encode() + b"\r\n"
         sse = head.event_stream
-        # A plain answer's head waits for its first bytes, so that a small answer leaves in one write.
-        writer.start(head.status, headers, length=None if sse else head.content_length, reason=head.reason,
-                     defer=not sse)
+        respond = None
+        if rename is not None and not sse:
+            # Renaming changes a plain answer's length: it is sent whole, in one write, once read.
+            respond = functools.partial(writer.respond, head.status, headers, reason=head.reason)
+        else:
+            # A plain answer's head waits for its first bytes, so that a small answer leaves in one write.
+            writer.start(head.status, headers, length=None if sse else head.content_length,
+                         reason=head.reason, defer=not sse)
         usage = UsageSniffer(sse)
-        relay = _Relay(writer, sse, usage, started, flight, r)
+        relay = _Relay(writer, sse, usage, started, flight, r, rename, respond)
         writer.on_pause(lambda paused: call.pause() if paused else call.resume())
         call.attach(relay.feed, relay.flush)
         completed = False
@@ -452,9 +496,7 @@ class Proxy:
                 outcome = 502
                 self._broken(request, writer, route, state, exc, sse)
                 return
-            relay.flush()
-            if relay.pending:
-                writer.write(relay.pending)
+            relay.finish()
             writer.end()
             completed = True
         except asyncio.CancelledError:

@@ -77,7 +77,10 @@ def sim(
     prefix_match_unit: Annotated[int | None, typer.Option(help="Finest hit boundary (tokens).")] = None,
     kv_cache_dtype: Annotated[str | None, typer.Option(help="auto or fp8.")] = None,
     mamba_cache_blocks: Annotated[int | None, typer.Option(help="Mamba state slots (hybrid).")] = None,
-    answer_mode: Annotated[bool, typer.Option(help="Answer a trailing arithmetic question.")] = False,
+    answer_mode: Annotated[bool, typer.Option(
+        "--answer-mode/--no-answer-mode",
+        help="Answer a trailing arithmetic question exactly, as a model would (kvroute canary "
+             "checks the answers); off: filler words only.")] = True,
     corrupt_rate: Annotated[float, typer.Option(min=0.0, max=1.0, help="Share of bad replies.")] = 0.0,
     output_tokens_min: Annotated[int | None, typer.Option(help="Shortest natural reply (tokens).")] = None,
     output_tokens_max: Annotated[int | None, typer.Option(help="Longest natural reply (tokens).")] = None,
