@@ -66,6 +66,12 @@ def serve(
              "file's aliases table. The answer names the model asked for.")] = None,
     default_model: Annotated[str | None, typer.Option(
         help="Model for names no worker serves and no alias maps (default: none; they get 404).")] = None,
+    kv_events: Annotated[list[str] | None, typer.Option(
+        "--kv-events", metavar="WORKER=PUB[,REPLAY]",
+        help="Where a worker publishes its KV-cache events (vLLM --kv-events-config), e.g. "
+             "http://10.0.0.5:8001=tcp://10.0.0.5:5557,tcp://10.0.0.5:5558, or WORKER=off; "
+             "repeatable; replaces the config file's kv_events table. Without it the router "
+             "subscribes where the engine says (/server_info) or at tcp://HOST:5557.")] = None,
     admin_token: Annotated[str | None, typer.Option(
         help="Token the admin API requires (prefer KVROUTE_ADMIN_TOKEN).")] = None,
     redis: Annotated[str | None, typer.Option(
@@ -91,7 +97,8 @@ def serve(
     overrides = {"workers": worker or None, "discover": discover or None, "host": host, "port": port,
                  "policy": policy, "admin_token": admin_token, "redis_url": redis, "retries": retries,
                  "worker_header": worker_header, "log_prompts": log_prompts, "processes": processes,
-                 "aliases": model_alias or None, "default_model": default_model}
+                 "aliases": model_alias or None, "default_model": default_model,
+                 "kv_events": kv_events or None}
     try:
         settings = Settings.load(config, overrides=overrides)
         if routing_table:
