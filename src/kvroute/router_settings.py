@@ -82,7 +82,8 @@ class Settings:
     # [requests]: RequestOptions fields (session_sources, extra_session_headers, ...).
     requests: Mapping[str, Any] = field(default_factory=dict)
     host: str = "127.0.0.1"
-    port: int = 8000
+    # Not 8000: that is the port of the vLLM servers the router usually sits in front of.
+    port: int = 8080
     admin_token: str | None = None
     worker_header: bool = True
     max_body_bytes: int = 32 * 1024 * 1024
