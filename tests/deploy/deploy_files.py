@@ -19,6 +19,13 @@ KUBERNETES = ROOT / "deploy" / "kubernetes"
 COMPOSE = ROOT / "deploy" / "compose" / "docker-compose.yml"
 
 
+def image_tag() -> str:
+    """The tag the deployment files give kvroute's image: the package's version."""
+    import tomllib
+
+    return f"kvroute:{tomllib.loads((ROOT / 'pyproject.toml').read_text())['project']['version']}"
+
+
 def kubernetes_documents() -> list[tuple[Path, dict[str, Any]]]:
     """Every resource of every manifest, with the file it comes from."""
     out = []

@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
-from deploy_files import COMPOSE, ROOT, parse_command, setting_env_names, settings_for
+from deploy_files import COMPOSE, ROOT, image_tag, parse_command, setting_env_names, settings_for
 
 SPEC = yaml.safe_load(COMPOSE.read_text())
 ROUTERS = [name for name, s in SPEC["services"].items() if "command" not in s]
@@ -73,11 +73,12 @@ def test_routers_publish_the_default_port_on_loopback_only():
     assert len({p.split(":")[1] for p in published}) == len(published)
 
 
-def test_every_service_built_here_uses_this_repositorys_dockerfile():
-    for service in SPEC["services"].values():
-        if "build" in service:
-            assert (COMPOSE.parent / service["build"]["context"]).resolve() == ROOT
-            assert (ROOT / "Dockerfile").is_file()
+def test_every_service_built_here_uses_this_repositorys_dockerfile_and_version():
+    built = [s for s in SPEC["services"].values() if "build" in s]
+    assert len(built) == 3
+    for service in built:
+        assert (COMPOSE.parent / service["build"]["context"]).resolve() == ROOT
+        assert (ROOT / "Dockerfile").is_file() and service["image"] == image_tag()
 
 
 @pytest.mark.parametrize("service", ["replicas", "redis"])

@@ -14,6 +14,7 @@ import kubernetes_validate
 import pytest
 from deploy_files import (
     ROOT,
+    image_tag,
     kubernetes_documents,
     parse_command,
     pod_containers,
@@ -174,6 +175,11 @@ def test_the_router_pod_runs_as_the_images_user_with_a_writable_tmp():
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     # The router's listener talks to its admin/metrics side over a Unix socket in a temporary dir.
     assert "/tmp" in {m["mountPath"] for m in container["volumeMounts"]}
+
+
+def test_kvroute_containers_run_the_image_of_this_version():
+    images = {c["image"] for _, c in pod_containers(DOCS) if c["image"].startswith("kvroute")}
+    assert images == {image_tag()}
 
 
 def test_the_simulated_replicas_command_line_parses_and_listens_where_the_probes_ask():
