@@ -97,7 +97,8 @@ class Settings:
     aliases: Mapping[str, str] = field(default_factory=dict)
     default_model: str | None = None
     host: str = "127.0.0.1"
-    port: int = 8000
+    # Not 8000: that is the port of the vLLM servers the router usually sits in front of.
+    port: int = 8080
     admin_token: str | None = None
     worker_header: bool = True
     max_body_bytes: int = 32 * 1024 * 1024

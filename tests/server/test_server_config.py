@@ -79,7 +79,7 @@ def test_environment_overrides_the_file_and_flags_override_both(tmp_path):
 
 def test_defaults_without_any_source():
     s = Settings.load(env={})
-    assert (s.host, s.port, s.policy) == ("127.0.0.1", 8000, "auto")
+    assert (s.host, s.port, s.policy) == ("127.0.0.1", 8080, "auto")
     assert s.worker_header is True and s.log_prompts is False
     assert s.admin_token is None and s.redis_url is None and s.workers == ()
     assert Settings.load(env={"KVROUTE_ADMIN_TOKEN": ""}).admin_token is None

@@ -52,7 +52,7 @@ def serve(
     config: Annotated[Path | None, typer.Option(
         "--config", "-c", help="TOML config file (default: $KVROUTE_CONFIG).")] = None,
     host: Annotated[str | None, typer.Option(help="Address to listen on (default 127.0.0.1).")] = None,
-    port: Annotated[int | None, typer.Option(help="Port to listen on (default 8000).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port to listen on (default 8080).")] = None,
     policy: Annotated[str | None, typer.Option(
         help=f"Routing policy for every model without its own (default auto). {policies_help()}.")] = None,
     routing: Annotated[list[str] | None, typer.Option(
