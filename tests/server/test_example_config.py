@@ -28,6 +28,7 @@ def test_the_example_config_loads_through_the_settings_loader():
     assert config.default.flow_queue_ttl_s != 30  # the [models] table applies to its model only
     assert config.session_ttl_s == 3600
     assert "x-conversation-id" in settings.request_options().extra_session_headers
+    assert dict(settings.aliases) == {"claude-*": "Qwen/Qwen3-4B"}
 
 
 def test_the_environment_still_wins_over_the_example():
