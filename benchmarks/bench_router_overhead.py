@@ -12,6 +12,11 @@ figures are medians over every request of a target at that level.
 ``--plain`` sends non-streaming requests (``"stream": false``).  ``--alias NAME`` also starts a
 second router from this checkout with ``--model-alias NAME=qwen3-4b`` and sends it requests for
 ``NAME``: what renaming the request and its answer costs, beside the same router without it.
+``--exact`` makes the replicas publish KV-cache events and adds a router that routes on them
+(exact mode: every request tokenized by a replica's ``/tokenize``), beside one that ignores them;
+``--prompt-bytes`` sets the prompt's size (900 by default); with ``--conversation`` each client
+holds one conversation that grows by a short turn per request (a 32 KB conversation's next turn:
+``--exact --conversation --prompt-bytes 32768``).
 ``--baseline-src DIR`` also starts a second router from another checkout's ``src`` (e.g. main's,
 from ``git archive``) in front of the same replicas.  Each round runs direct, then every router in
 turn (taking turns going first), so the machine's other load falls on all alike; the table then
@@ -101,8 +106,13 @@ async def wait_ready(http: aiohttp.ClientSession, url: str, path: str) -> None:
     raise RuntimeError(f"{url}{path} never became ready")
 
 
+PROMPT_BYTES = 900
+CONVERSATION = False
+
+
 def body(i: int, max_tokens: int, stream: bool, model: str = MODEL) -> bytes:
-    prompt = f"request {i}: " + "tell me something about routing and caches. " * 20
+    filler = "tell me something about routing and caches. "
+    prompt = f"request {i}: " + filler * max(1, PROMPT_BYTES // len(filler))
     return orjson.dumps({"model": model, "max_tokens": max_tokens, "ignore_eos": True, "stream": stream,
                          "messages": [{"role": "user", "content": prompt}]})
 
@@ -127,8 +137,21 @@ async def load(http: aiohttp.ClientSession, target: str, urls: list[str], concur
     counter = iter(range(requests))
 
     async def client() -> None:
+        history: list[dict[str, str]] = []
         for i in counter:
-            ttfbs.append(await one(http, urls[i % len(urls)], body(offset + i, max_tokens, stream, model)))
+            if not CONVERSATION:
+                data = body(offset + i, max_tokens, stream, model)
+            else:
+                # One conversation per client: its long first message, then a short turn each time.
+                if not history:
+                    first = orjson.loads(body(offset + i, max_tokens, stream, model))["messages"]
+                    history.extend(first)
+                else:
+                    history.extend([{"role": "assistant", "content": "noted."},
+                                    {"role": "user", "content": f"and turn {i}?"}])
+                data = orjson.dumps({"model": model, "max_tokens": max_tokens, "ignore_eos": True,
+                                     "stream": stream, "messages": history})
+            ttfbs.append(await one(http, urls[i % len(urls)], data))
 
     start = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(concurrency)))
@@ -176,9 +199,16 @@ async def main(args: argparse.Namespace) -> None:
     sim_port = free_ports(replicas)
     logs = Path(tempfile.mkdtemp(prefix="kvroute-bench-"))
     env = {**os.environ, "KVROUTE_ADMIN_TOKEN": ""}
+    global PROMPT_BYTES, CONVERSATION
+    PROMPT_BYTES, CONVERSATION = args.prompt_bytes, args.conversation
+    events = ["--kv-events-config", orjson.dumps({
+        "enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://127.0.0.1:*",
+        "replay_endpoint": "tcp://127.0.0.1:*"}).decode()] if args.exact else []
+    if args.exact:
+        env["KVROUTE_KV_EVENTS_ENDPOINT"] = ""  # the plain router: no events, approximate index
     sim = subprocess.Popen(
         [*KVROUTE, "sim", "--preset", "a4000-qwen3-4b", "--replicas", str(replicas), "--port", str(sim_port),
-         "--speed", str(args.speed), "--max-num-seqs", "256"],
+         "--speed", str(args.speed), "--max-num-seqs", "256", *events],
         stdout=subprocess.DEVNULL, stderr=open(logs / "sim.log", "w"), env=env)  # noqa: SIM115
     sim_urls = [f"http://127.0.0.1:{sim_port + i}" for i in range(replicas)]
     worker_args = [a for u in sim_urls for a in ("--worker", u)]
@@ -190,10 +220,16 @@ async def main(args: argparse.Namespace) -> None:
     if args.alias:
         wanted.append(("router+alias", None, ("--model-alias", f"{args.alias}={MODEL}")))
         asked["router+alias"] = args.alias
+    if args.exact:
+        wanted.append(("router+exact", None, ()))
+        asked["router+exact"] = MODEL
     routers: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
     for name, src, extra in wanted:
         port = free_ports(1)
-        routers[name] = (start_router(name, src, worker_args, port, args.log_level, logs, env, extra),
+        # The exact router subscribes where the replicas' /server_info says they publish.
+        router_env = {k: v for k, v in env.items() if k != "KVROUTE_KV_EVENTS_ENDPOINT"} \
+            if name == "router+exact" else env
+        routers[name] = (start_router(name, src, worker_args, port, args.log_level, logs, router_env, extra),
                          f"http://127.0.0.1:{port}")
     load_before = f"{os.getloadavg()[0]:.2f}"
     stream = not args.plain
@@ -259,6 +295,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--log-level", default="info", help="router log level (default info: decision lines on)")
     p.add_argument("--json", help="also write the raw figures here")
     p.add_argument("--plain", action="store_true", help="non-streaming requests")
+    p.add_argument("--exact", action="store_true",
+                   help="the replicas publish KV events; a second router routes on them (exact mode, "
+                        "each request tokenized by a replica's /tokenize), beside one that ignores them")
+    p.add_argument("--prompt-bytes", type=int, default=900, help="bytes of each prompt (default 900)")
+    p.add_argument("--conversation", action="store_true",
+                   help="each client holds one conversation: its first prompt, then a short turn a request")
     p.add_argument("--baseline-src", help="also run a router from this checkout's src, side by side")
     p.add_argument("--alias", help="also run a router with --model-alias ALIAS=qwen3-4b, asked for ALIAS")
     return p.parse_args()

@@ -360,7 +360,7 @@ class KvEventWatch:
         worker's own): subscribe there unless its endpoint is named in the settings."""
         url = self._url_of(worker_id)
         settings = self.settings
-        if url is None or url in settings.explicit or worker_id in settings.explicit:
+        if url is None or not settings.endpoint or url in settings.explicit or worker_id in settings.explicit:
             return
         host = endpoint_for(url, "{host}")
         spec = spec.replace("://*:", f"://{host}:").replace("://0.0.0.0:", f"://{host}:")
