@@ -71,7 +71,7 @@ def test_replicas_per_model_with_counters_totals_and_token_rates() -> None:
     for i in range(40):
         activity.record(request(clock.now - 5 + i * 0.1, "a", "sticky", 0.01 * (i + 1)))
     stats = {"index_blocks": 12, "index_max_blocks": 100, "sessions": 3, "session_max": 10,
-             "workers": {"a": {"sessions": 2}, "b": {"sessions": 1}}}
+             "workers": {"a": {"sessions": 2, "cache_mode": "exact"}, "b": {"sessions": 1}}}
 
     snap = build_snapshot(view(reg, activity, stats=stats), clock.now, decisions=10)
 
@@ -82,6 +82,7 @@ def test_replicas_per_model_with_counters_totals_and_token_rates() -> None:
     assert a["requests"] == {"sticky": 3, "overflow": 1, "prefix_hit": 0, "cold": 1, "balance": 0}
     assert a["requests_total"] == 5 and a["sticky_share"] == pytest.approx(0.75)
     assert (a["running"], a["waiting"], a["kv_usage"], a["inflight"], a["sessions"]) == (2, 1, 0.5, 2, 2)
+    assert [r["cache_mode"] for r in snap["models"][0]["replicas"]] == ["exact", "approximate"]
     assert a["hit_share"] == pytest.approx(0.8) and a["status"] == "healthy"
     assert b["status"] == "draining" and b["sticky_share"] is None
     t = m["totals"]

@@ -415,6 +415,7 @@ class Scheduler:
             entry: dict[str, Any] = {kind.value: self._counts.get(wid, {}).get(kind.value, 0)
                                      for kind in DecisionKind if kind is not DecisionKind.NO_WORKER}
             entry["sessions"] = self._sessions.bound(wid)
+            entry["cache_mode"] = self.exact.mode(wid, now)
             if learned is not None:
                 spt = learned.drain_rate(settings)
                 entry["prefill_s_per_token"] = spt

@@ -240,6 +240,8 @@ def _replica(record: WorkerRecord, policy: ModelPolicy, stats: Mapping[str, Any]
         "max_num_seqs": s.max_num_seqs,
         "overflow_threshold": threshold,
         "sessions": stats.get("sessions", 0),
+        # How the router knows the replica's cache: its KV events (exact) or the prefix index.
+        "cache_mode": stats.get("cache_mode", "approximate"),
         "requests": requests,
         "requests_total": sum(requests.values()),
         "sticky_share": _share(sticky, sticky + overflow),

@@ -309,6 +309,13 @@
       c.held ? "canary: held" : "canary " + c.wrong + "/" + c.questions);
   }
 
+  // Exact: the replica's KV events say what its cache holds; otherwise the router's prefix index.
+  function cacheModeTag(w) {
+    if (w.cache_mode !== "exact") return null;
+    return el("span", { class: "canary-tag", data: { field: "cache-mode" },
+      title: "cache state exact: routed on the engine's KV-cache events" }, "exact");
+  }
+
   function replicaRow(w, now) {
     const req = w.requests;
     const b = w.breaker || {};
@@ -322,7 +329,7 @@
       ejections ? el("span", { class: "muted" }, " ×" + Object.values(b.ejections).reduce((x, y) => x + y, 0)) : null);
     return el("tr", { data: { replica: w.id } },
       el("td", { class: "id", title: w.url }, w.id),
-      el("td", {}, health, ...guardFlags(w), canaryBadge(w.canary)),
+      el("td", {}, health, ...guardFlags(w), canaryBadge(w.canary), cacheModeTag(w)),
       el("td", { title: "epoch " + w.epoch }, since(w.epoch, now),
         w.restarts ? el("span", { class: "muted" }, " · restarted " + w.restarts + "×") : null),
       el("td", { class: "num", data: { field: "requests" } }, fmtInt(w.requests_total)),
