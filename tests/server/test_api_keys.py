@@ -62,6 +62,7 @@ async def test_either_header_on_either_route_and_no_key_at_all(guarded, http):
                 assert resp.status == 200, (path, headers, await resp.text())
         async with http.post(guarded.url + path, json=body) as resp:
             assert resp.status == 401
+            assert resp.headers["x-should-retry"] == "false"  # SDKs and Claude Code do not retry it
             doc = await resp.json()
         if path == "/v1/messages":
             assert doc["type"] == "error" and doc["error"]["type"] == "authentication_error"

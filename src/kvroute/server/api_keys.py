@@ -21,7 +21,9 @@ Header = tuple[bytes, bytes]
 # What a client authenticates with; the router does not pass either on to the workers when it
 # checks keys of its own (the workers get worker_api_key, if any).
 CLIENT_KEY_HEADERS = frozenset((b"authorization", b"x-api-key"))
-_HEADERS_401 = b"content-type: application/json\r\nwww-authenticate: Bearer\r\n"
+# x-should-retry: false, as Anthropic's API sends it: its SDKs and Claude Code (which otherwise retries
+# a 401 for minutes) give up at once and say the key is wrong.
+_HEADERS_401 = b"content-type: application/json\r\nwww-authenticate: Bearer\r\nx-should-retry: false\r\n"
 
 
 class KeyCheck:
