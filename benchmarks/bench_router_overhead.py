@@ -9,18 +9,27 @@ figures are medians over every request of a target at that level.
     python benchmarks/bench_router_overhead.py                 # 1, 16, 64 streams
     python benchmarks/bench_router_overhead.py --json out.json --requests 800
 
-``--plain`` sends non-streaming requests (``"stream": false``).  ``--alias NAME`` also starts a
-second router from this checkout with ``--model-alias NAME=qwen3-4b`` and sends it requests for
-``NAME``: what renaming the request and its answer costs, beside the same router without it.
-``--exact`` makes the replicas publish KV-cache events and adds a router that routes on them
-(exact mode: every request tokenized by a replica's ``/tokenize``), beside one that ignores them;
-``--prompt-bytes`` sets the prompt's size (900 by default); with ``--conversation`` each client
-holds one conversation that grows by a short turn per request (a 32 KB conversation's next turn:
-``--exact --conversation --prompt-bytes 32768``).
-``--baseline-src DIR`` also starts a second router from another checkout's ``src`` (e.g. main's,
-from ``git archive``) in front of the same replicas.  Each round runs direct, then every router in
-turn (taking turns going first), so the machine's other load falls on all alike; the table then
-has a row per router, and the median over rounds of the router CPU per request beside the total.
+``--plain`` sends non-streaming requests (``"stream": false``).  ``--baseline-src DIR`` also starts
+a second router from another checkout's ``src`` (e.g. main's, from ``git archive``) in front of the
+same replicas, and each round runs direct, then both routers in turn (taking turns going first), so
+the machine's other load falls on both alike; the table then has a row per router, and the median
+over rounds of the router CPU per request beside the total.  ``--variant ARGS`` (repeatable) adds a
+router from this checkout started with more ``kvroute serve`` flags, e.g. what the access log
+costs:
+
+    python benchmarks/bench_router_overhead.py --variant=--access-log \
+        --variant="--access-log --log-format json" --variant="--otlp-endpoint {sink}"
+
+``{sink}`` in a variant is the URL of an OTLP/HTTP endpoint this script serves (it accepts and drops
+every export), so that tracing's cost can be measured without a collector.
+
+``--alias NAME`` also starts a router with ``--model-alias NAME=qwen3-4b`` and sends it requests
+for ``NAME``: what renaming the request and its answer costs.  ``--exact`` makes the replicas
+publish KV-cache events and adds a router that routes on them (exact mode: every request tokenized
+by a replica's ``/tokenize``), beside one that ignores them; ``--prompt-bytes`` sets the prompt's
+size (900 by default); with ``--conversation`` each client holds one conversation that grows by a
+short turn per request (a 32 KB conversation's next turn: ``--exact --conversation
+--prompt-bytes 32768``).
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ from pathlib import Path
 
 import aiohttp
 import orjson
+from aiohttp import web
 
 KVROUTE = [sys.executable, "-c", "from kvroute.cli import main; main()"]
 MODEL = "qwen3-4b"
@@ -185,13 +195,30 @@ def table(results: list[tuple[Run, list[Run]]]) -> str:
 
 
 def start_router(name: str, src: str | None, worker_args: list[str], port: int, log_level: str,
-                 logs: Path, env: dict[str, str], extra: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
-    """``kvroute serve`` from this checkout, or from ``src`` (another checkout's ``src``) when given."""
+                 logs: Path, env: dict[str, str], extra: list[str] | None = None) -> subprocess.Popen[bytes]:
+    """``kvroute serve`` from this checkout, or from ``src`` (another checkout's ``src``) when given;
+    ``extra``: more flags."""
     if src is not None:
         env = {**env, "PYTHONPATH": os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])}
+    log_name = "".join(c if c.isalnum() else "_" for c in name)
     return subprocess.Popen(
-        [*KVROUTE, "serve", *worker_args, "--port", str(port), "--log-level", log_level, *extra],
-        stdout=subprocess.DEVNULL, stderr=open(logs / f"{name}.log", "w"), env=env)
+        [*KVROUTE, "serve", *worker_args, "--port", str(port), "--log-level", log_level, *(extra or [])],
+        stdout=subprocess.DEVNULL, stderr=open(logs / f"{log_name}.log", "w"), env=env)
+
+
+async def otlp_sink() -> tuple[web.AppRunner, str]:
+    """An OTLP/HTTP traces endpoint that accepts every export and keeps nothing."""
+    async def accept(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=b"", content_type="application/x-protobuf")
+
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_post("/v1/traces", accept)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = free_ports(1)
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, f"http://127.0.0.1:{port}"
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -212,24 +239,27 @@ async def main(args: argparse.Namespace) -> None:
         stdout=subprocess.DEVNULL, stderr=open(logs / "sim.log", "w"), env=env)  # noqa: SIM115
     sim_urls = [f"http://127.0.0.1:{sim_port + i}" for i in range(replicas)]
     worker_args = [a for u in sim_urls for a in ("--worker", u)]
-    wanted: list[tuple[str, str | None, tuple[str, ...]]] = (
-        [("baseline", args.baseline_src, ())] if args.baseline_src else [])
-    wanted.append(("router", None, ()))
+    wanted: list[tuple[str, str | None, list[str]]] = (
+        [("baseline", args.baseline_src, [])] if args.baseline_src else [])
+    wanted.append(("router", None, []))
     # The model each router is asked for: an aliased name on the alias router, else the served one.
     asked = {name: MODEL for name, _, _ in wanted}
     if args.alias:
-        wanted.append(("router+alias", None, ("--model-alias", f"{args.alias}={MODEL}")))
+        wanted.append(("router+alias", None, ["--model-alias", f"{args.alias}={MODEL}"]))
         asked["router+alias"] = args.alias
     if args.exact:
-        wanted.append(("router+exact", None, ()))
-        asked["router+exact"] = MODEL
+        wanted.append(("router+exact", None, []))
+    sink = await otlp_sink() if any("{sink}" in v for v in args.variant) else None
+    for variant in args.variant:
+        flags = variant.replace("{sink}", sink[1] if sink else "").split()
+        wanted.append((f"router {variant}", None, flags))
     routers: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
-    for name, src, extra in wanted:
+    for name, src, flags in wanted:
         port = free_ports(1)
         # The exact router subscribes where the replicas' /server_info says they publish.
         router_env = {k: v for k, v in env.items() if k != "KVROUTE_KV_EVENTS_ENDPOINT"} \
             if name == "router+exact" else env
-        routers[name] = (start_router(name, src, worker_args, port, args.log_level, logs, router_env, extra),
+        routers[name] = (start_router(name, src, worker_args, port, args.log_level, logs, router_env, flags),
                          f"http://127.0.0.1:{port}")
     load_before = f"{os.getloadavg()[0]:.2f}"
     stream = not args.plain
@@ -273,6 +303,8 @@ async def main(args: argparse.Namespace) -> None:
             proc.terminate()
         for proc in procs:
             proc.wait(30)
+        if sink is not None:
+            await sink[0].cleanup()
     print(f"replicas={replicas} speed={args.speed} max_tokens={args.max_tokens} rounds={args.rounds} "
           f"stream={stream} cpus={os.cpu_count()} "
           f"load average before/after: {load_before} / {os.getloadavg()[0]:.2f}")
@@ -303,6 +335,8 @@ def parse_args() -> argparse.Namespace:
                    help="each client holds one conversation: its first prompt, then a short turn a request")
     p.add_argument("--baseline-src", help="also run a router from this checkout's src, side by side")
     p.add_argument("--alias", help="also run a router with --model-alias ALIAS=qwen3-4b, asked for ALIAS")
+    p.add_argument("--variant", action="append", default=[],
+                   help="also run a router from this checkout with these serve flags (repeatable)")
     return p.parse_args()
 
 

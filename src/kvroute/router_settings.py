@@ -17,6 +17,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from kvroute.api.model_aliases import AliasError, ModelAliases, parse_alias
 from kvroute.api.requests import RequestOptions
@@ -29,6 +30,7 @@ from kvroute.routing.config import ModelPolicy, RoutingConfig, setting_infos
 _TRUE = frozenset(("1", "true", "yes", "on"))
 _FALSE = frozenset(("0", "false", "no", "off", ""))
 _KIND_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+LOG_FORMATS = ("text", "json")
 
 
 class SettingsError(ValueError):
@@ -159,6 +161,17 @@ class Settings:
     kv_events_topic: str = ""
     # Router processes listening on the same port (``kvroute serve`` only; see docs/server.md).
     processes: int = 1
+    # Operations (docs/operations.md): one log line per inference request, the log lines' format
+    # ("text" or "json"), OTLP/HTTP trace export (a base URL, as OTEL_EXPORTER_OTLP_ENDPOINT).
+    access_log: bool = False
+    log_format: str = "text"
+    otlp_endpoint: str | None = None
+    # Keys a client must send on the inference routes and /v1/models (Authorization: Bearer, or
+    # x-api-key), and a file of more, one a line; empty: no key needed.  The router sends
+    # worker_api_key to the workers instead (none: no key, or the client's own when api_keys is empty).
+    api_keys: tuple[str, ...] = ()
+    api_key_file: str | None = None
+    worker_api_key: str | None = None
 
     @classmethod
     def load(
@@ -178,6 +191,8 @@ class Settings:
                 raw.update(tomllib.loads(Path(path).read_text()))
             except OSError as exc:
                 raise SettingsError(f"cannot read config file {path}: {exc.strerror}") from exc
+            except UnicodeDecodeError:
+                raise SettingsError(f"config file {path} is not UTF-8 text") from None
             except tomllib.TOMLDecodeError as exc:
                 raise SettingsError(f"config file {path} is not valid TOML: {exc}") from exc
         raw.update(_from_env(env))
@@ -209,11 +224,17 @@ class Settings:
                 values[name] = _kv_events(value)
             elif name == "aliases":
                 values[name] = _aliases(value)
+            elif name == "api_keys":
+                values[name] = _api_keys(value)
             else:
                 values[name] = _coerce(name, value, known[name].default)
-        for token in ("admin_token", "metrics_token", "default_model"):
+        for token in ("admin_token", "metrics_token", "default_model", "worker_api_key", "otlp_endpoint",
+                      "api_key_file"):
             if values.get(token) == "":
                 values[token] = None  # an empty KVROUTE_ADMIN_TOKEN means "no token"
+        if values.get("api_key_file"):
+            keys = values.get("api_keys", ()) + read_api_key_file(values["api_key_file"])
+            values["api_keys"] = tuple(dict.fromkeys(keys))  # a child process re-reads the file
         settings = cls(**values)
         settings.validate()
         return settings
@@ -260,6 +281,11 @@ class Settings:
             raise SettingsError(str(exc)) from None
         if self.redis_url is not None and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
             raise SettingsError("redis_url must be a redis://, rediss:// (TLS) or unix:// URL")
+        if self.log_format not in LOG_FORMATS:
+            raise SettingsError(f"log_format must be {' or '.join(LOG_FORMATS)}, got {self.log_format!r}")
+        if self.otlp_endpoint is not None and not self.otlp_endpoint.startswith(("http://", "https://")):
+            raise SettingsError(f"otlp_endpoint must be an http:// or https:// URL (OTLP/HTTP), "
+                                f"got {self.otlp_endpoint!r}")
         self.routing_config()
         self.request_options()
         self.model_aliases()
@@ -324,6 +350,28 @@ class Settings:
         settings = dataclasses.replace(self, **changes)
         settings.validate()
         return settings
+
+
+def _api_keys(value: Any) -> tuple[str, ...]:
+    """``api_keys`` from TOML (a list or one string) or the environment (comma-separated)."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple) or not all(isinstance(k, str) for k in items):
+        raise SettingsError("api_keys must be a list of strings")
+    return tuple(k.strip() for k in items if k.strip())
+
+
+def read_api_key_file(path: str | Path) -> tuple[str, ...]:
+    """The keys in ``path``: one a line; blank lines and lines starting with ``#`` are skipped."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise SettingsError(f"cannot read api_key_file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise SettingsError(f"api_key_file {path} is not text") from None
+    keys = tuple(line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#"))
+    if not keys:
+        raise SettingsError(f"api_key_file {path} holds no key")
+    return keys
 
 
 def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
@@ -411,6 +459,7 @@ def parse_worker_spec(value: Any) -> WorkerSpec:
     url = value.get("url")
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
         raise SettingsError(f"worker url must start with http:// or https://, got {url!r}")
+    _check_worker_url(url)
     models = value.get("models", ())
     if isinstance(models, str):
         models = (models,)
@@ -421,6 +470,22 @@ def parse_worker_spec(value: Any) -> WorkerSpec:
         models=tuple(str(m) for m in models),
         max_num_seqs=None if max_num_seqs is None else _coerce("max_num_seqs", max_num_seqs, 1),
     )
+
+
+def _check_worker_url(url: str) -> None:
+    """Reject a worker URL that names no host, a port that is not one, or a query or fragment
+    (the router appends the API's paths to the URL)."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise SettingsError(f"worker url {url!r} is not valid: {exc}") from None
+    if not parts.hostname:
+        raise SettingsError(f"worker url {url!r} names no host")
+    if port == 0:
+        raise SettingsError(f"worker url {url!r}: port 0 is not a port a worker listens on")
+    if parts.query or parts.fragment:
+        raise SettingsError(f"worker url {url!r} must not have a query or fragment")
 
 
 def _model(name: str, value: Any) -> ModelSettings:

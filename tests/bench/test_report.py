@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvroute.bench.report import chat_markdown, markdown_table, read_json, write_report
+from kvroute.bench.report import (
+    chat_markdown,
+    figure_rows,
+    markdown_table,
+    read_json,
+    terminal_table,
+    text_table,
+    write_report,
+)
 from kvroute.bench.results import BenchResult, PolicyRun, StepResult
 
 
@@ -21,7 +29,7 @@ def result(policies: list[str]) -> BenchResult:
     return BenchResult({"seed": 0}, runs)
 
 
-def test_two_policies_render_seed_two_table() -> None:
+def test_two_policies_render_the_ab_table() -> None:
     md = markdown_table(result(["least-loaded", "session"]))
     lines = md.splitlines()
     assert lines[0] == ("| Sessions | Sessions/h off → on | Output tokens/min off → on "
@@ -77,3 +85,47 @@ def test_open_loop_table_is_by_rate() -> None:
                         "| TTFT p95 (s) | TTFT p99 (s) | Prefix hits (%) | Preemptions | Shed |")
     assert lines[2] == "| 2 | prefix | 360 | 1.94 | 0.08 | 1.25 | 2.50 | 79.3 | 0 | 3 |"
     assert lines[3].startswith("| 4.5 | prefix |")
+
+
+def demo_like(policies: list[str]) -> BenchResult:
+    """Three steps with every closed-loop figure, session ones included (the demo's widest table)."""
+    runs = []
+    for i, p in enumerate(policies):
+        steps = [step(p, n, 2.05 - i, 56.2 + 30 * i) for n in (4, 8, 16)]
+        for s in steps:
+            s.session_p50_s, s.session_p95_s = 123.4, 456.7
+            s.first_ttfb_p95_s, s.continuing_ttfb_p95_s = 12.5, 3.25
+        runs.append(PolicyRun(p, steps))
+    return BenchResult({"seed": 0}, runs)
+
+
+def rendered(table, width: int) -> list[str]:
+    from rich.console import Console
+
+    console = Console(width=width, record=True, force_terminal=True, color_system=None)
+    console.print(table)
+    return console.export_text().splitlines()
+
+
+def test_a_wide_table_is_turned_to_fit_a_terminal() -> None:
+    res = demo_like(["least-loaded", "auto"])
+    lines = rendered(terminal_table(res, 100), 100)
+    assert max(len(line) for line in lines) <= 100
+    assert "Figure" in lines[2] and "4 sessions" in lines[2] and "16 sessions" in lines[2]
+    session_row = next(line for line in lines if "Session p95 (s)" in line)
+    assert session_row.count("456.7 → 456.7") == 3
+    # A terminal wide enough gets one row per step.
+    wide = rendered(terminal_table(res, 250), 250)
+    assert "Figure" not in "\n".join(wide) and max(len(line) for line in wide) <= 250
+    assert [line.split()[1] for line in wide if line.startswith("│ ")] == ["4", "8", "16"]
+    # The same for a pipe: Markdown, turned when a row per step would pass 100 characters.
+    assert max(len(line) for line in text_table(res).splitlines()) <= 100
+    assert text_table(result(["a", "b"]), width=250) == markdown_table(result(["a", "b"]))
+
+
+def test_turned_table_of_more_policies_has_a_row_per_figure_and_policy() -> None:
+    header, rows = figure_rows(demo_like(["least-loaded", "session", "auto"]))
+    assert header == ["Figure", "Policy", "4 sessions", "8 sessions", "16 sessions"]
+    assert rows[0] == ["Requests", "least-loaded", "40", "40", "40"]
+    assert [r[1] for r in rows[:3]] == ["least-loaded", "session", "auto"]
+    assert rows[-1][0] == "Preemptions"

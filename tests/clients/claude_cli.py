@@ -63,8 +63,10 @@ class Turn:
     stderr: str
 
 
-async def run_claude(binary: Path, args: list[str], *, base_url: str, home: Path, cwd: Path) -> Turn:
-    """Run the CLI in print mode against ``base_url`` with a throwaway HOME and a fake key.
+async def run_claude(binary: Path, args: list[str], *, base_url: str, home: Path, cwd: Path,
+                     api_key: str = "sk-ant-kvroute-test") -> Turn:
+    """Run the CLI in print mode against ``base_url`` with a throwaway HOME and ``api_key`` (as
+    ``ANTHROPIC_API_KEY``: sent as ``x-api-key``).
 
     Telemetry, auto-update and every other non-essential request are switched off, so the only
     traffic is to the router; the timeout bounds a hang.
@@ -73,7 +75,7 @@ async def run_claude(binary: Path, args: list[str], *, base_url: str, home: Path
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(home),
         "ANTHROPIC_BASE_URL": base_url,
-        "ANTHROPIC_API_KEY": "sk-ant-kvroute-test",
+        "ANTHROPIC_API_KEY": api_key,
         "DISABLE_TELEMETRY": "1",
         "DISABLE_AUTOUPDATER": "1",
         "DISABLE_ERROR_REPORTING": "1",

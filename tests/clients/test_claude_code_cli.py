@@ -95,3 +95,27 @@ async def test_claude_code_with_no_model_flag_two_turns_on_one_replica_then_its_
     prompt_two = after_second[i][1] - after_first[i][1]
     cached_two = after_second[i][2] - after_first[i][2]
     assert prompt_two > 5000 and cached_two >= 0.9 * prompt_two, (prompt_two, cached_two)
+
+
+async def test_claude_code_with_the_routers_api_key_and_with_a_wrong_one(
+        sim_fleet: Callable[..., Awaitable[SimFleet]], claude_bin: Path, tmp_path: Path) -> None:
+    fleet = await sim_fleet(1, speed=50.0, model=MODEL)
+    settings = Settings.from_dict({"probe_interval_s": 0.2, "api_keys": ["sk-router-key"]}).replace(
+        workers=tuple(parse_worker_spec(u) for u in fleet.urls))
+    router = await start_router(settings)
+    home, project = tmp_path / "home", tmp_path / "project"
+    home.mkdir()
+    project.mkdir()
+    try:
+        allowed = await run_claude(claude_bin, ["-p", "say hi", "--model", MODEL], base_url=router.url,
+                                   home=home, cwd=project, api_key="sk-router-key")
+        refused = await run_claude(claude_bin, ["-p", "say hi", "--model", MODEL], base_url=router.url,
+                                   home=home, cwd=project, api_key="sk-not-the-key")
+        statuses = [r.status for r in router.router.activity.requests]
+    finally:
+        await router.close()
+    assert allowed.returncode == 0 and allowed.stdout.strip(), allowed.stderr[-2000:]
+    assert statuses == [200]  # the refused requests never reached routing
+    # x-should-retry: false on the 401 makes the CLI say so at once instead of retrying for minutes.
+    assert refused.returncode != 0
+    assert "Invalid API key" in refused.stdout + refused.stderr, (refused.stdout + refused.stderr)[-2000:]

@@ -147,3 +147,50 @@ def test_a_request_that_ended_while_metrics_were_read_is_not_foreign_load() -> N
     # Without knowing when the read began, the same figures read as one request from elsewhere.
     registry.apply_probe("a", ProbeResult(reachable=True, healthy=True, metrics=running))
     assert Candidate.of(state).busy == 1
+
+
+def test_health_and_breaker_transitions_are_logged_once_each(caplog):
+    from kvroute.fleet.breaker import BreakerSettings
+
+    registry, clock, _ = make(failure_threshold=2, breaker=BreakerSettings(failures=2, cooldown_s=10.0))
+    record = registry.add("http://a:8000")
+    wid = record.id
+    caplog.set_level("INFO", logger="kvroute.fleet")
+
+    def lines() -> list[tuple[str, str]]:
+        out = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "kvroute.fleet"]
+        caplog.clear()
+        return out
+
+    down = ProbeResult(reachable=True, healthy=False, error="/health answered 503")
+    registry.apply_probe(wid, down)
+    assert lines() == []  # one failed probe is below failure_threshold
+    for _ in range(3):
+        registry.apply_probe(wid, down)
+    assert lines() == [("WARNING", "worker a:8000 unhealthy: /health answered 503")]
+    for _ in range(3):
+        registry.apply_probe(wid, ok())
+    assert lines() == [("INFO", "worker a:8000 healthy again")]
+    registry.mark_failure(wid, "connect: refused", unreachable=True)
+    registry.mark_failure(wid, "connect: refused", unreachable=True)
+    assert lines() == [("WARNING", "worker a:8000 unhealthy: unreachable (connect: refused)"),
+                       ("WARNING", "worker a:8000 ejected for 10 s: failures: connect: refused")]
+    registry.apply_probe(wid, ok())
+    assert lines() == [("INFO", "worker a:8000 healthy again")]
+    clock.t += 11
+    registry.apply_probe(wid, ok())
+    registry.apply_probe(wid, ok())
+    assert lines() == [("INFO", "worker a:8000: cool-down over; one trial request decides whether it "
+                                "comes back")]
+    registry.sending(record)
+    registry.mark_failure(wid, "http_500")
+    assert lines() == [("WARNING", "worker a:8000 ejected again (its trial request failed) for 20 s: "
+                                   "trial: http_500")]
+    clock.t += 21
+    registry.apply_probe(wid, ok())
+    registry.sending(record)
+    registry.mark_success(wid)
+    registry.mark_success(wid)
+    assert [m for _, m in lines()] == ["worker a:8000: cool-down over; one trial request decides whether "
+                                       "it comes back", "worker a:8000 back in rotation: its trial request "
+                                       "succeeded"]

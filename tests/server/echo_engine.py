@@ -29,13 +29,15 @@ class EchoEngine:
     """``mode``: ok | error (500 before any byte) | hang (never answers) | stall (a stream's head,
     then nothing) | drop (cuts the stream after the first event, or a plain body halfway) |
     unhealthy (/health 503).  ``events`` and
-    ``delay_s`` shape streams."""
+    ``delay_s`` shape streams.  ``api_key``: like vLLM's ``--api-key``, /v1/* answers 401 without
+    ``Authorization: Bearer`` that key."""
 
     model: str = "echo"
     mode: str = "ok"
     events: int = 3
     delay_s: float = 0.0
     metrics: bool = True
+    api_key: str | None = None
     start_time: float = field(default_factory=time.time)
     running: int = 0
     served: int = 0
@@ -70,7 +72,14 @@ class EchoEngine:
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(status=503 if self.mode == "unhealthy" else 200)
 
+    def _refused(self, request: web.Request) -> web.Response | None:
+        if self.api_key is None or request.headers.get("Authorization") == f"Bearer {self.api_key}":
+            return None
+        return web.json_response({"error": {"message": "Unauthorized"}}, status=401)
+
     async def _models(self, request: web.Request) -> web.Response:
+        if (refused := self._refused(request)) is not None:
+            return refused
         doc = {"object": "list", "data": [{"id": self.model, "object": "model", "max_model_len": 8192}]}
         return web.json_response(doc)
 
@@ -92,6 +101,8 @@ class EchoEngine:
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
         self.seen.append(Seen(request.path, dict(request.headers), body))
+        if (refused := self._refused(request)) is not None:
+            return refused
         self.running += 1
         try:
             if self.mode == "error":

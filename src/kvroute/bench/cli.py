@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from kvroute.bench.http_ab import BenchSetupError, HttpBenchSpec, SimSpec, run_http_bench, run_http_chat
-from kvroute.bench.report import chat_markdown, markdown_table, rich_table, title, write_report
+from kvroute.bench.report import chat_markdown, terminal_table, text_table, title, workload_line, write_report
 from kvroute.bench.results import BenchResult, RequestRecord, StepResult
 from kvroute.bench.runner import StepCallback, StepPlan
 from kvroute.bench.trace import TraceError, TraceWorkload, write_trace
@@ -119,12 +119,18 @@ class _Progress:
         self.progress.update(task, completed=self.duration_s, stats=stats)
 
 
-def _print_result(console: Console, result: BenchResult, out: Path, plots: bool) -> None:
+def print_result(console: Console, result: BenchResult, out: Path, plots: bool, *,
+                 describe: bool = True) -> None:
+    """The result's table as the terminal's width allows (Markdown when not a terminal), the
+    workload in words (``describe``: unless already printed), then the files written."""
+    described = workload_line(result) if describe else None
     if console.is_terminal:
-        # The A/B table's headers are long; a narrow terminal wraps the rows rather than the numbers.
-        Console(width=max(console.width, 170)).print(rich_table(result))
+        console.print(terminal_table(result, console.width))
+        if described:
+            console.print(described, markup=False, highlight=False)
     else:
-        console.print(f"{title(result)}\n\n{markdown_table(result)}", markup=False, highlight=False)
+        text = f"{title(result)}\n\n" + (f"{described}\n\n" if described else "") + text_table(result)
+        console.print(text, markup=False, highlight=False)
     written = write_report(result, out, plots=plots)
     console.print(f"[dim]{title(result)}; wrote {', '.join(str(p) for p in written)}[/dim]")
 
@@ -260,6 +266,8 @@ def bench(
     else:
         wl = _agent_workload(trace, seed, agent_cfg)
         meta["workload_config"] = asdict(agent_cfg) if trace is None else {"trace": str(trace)}
+        meta["workload_description"] = (agent_cfg.describe(seed) if trace is None
+                                        else f"Agent sessions replayed from {trace}.")
     progress = _Progress(console, duration, enabled=not quiet, unit="req/s" if rate_steps else "sessions")
     if virtual:
         if target is not None or replica:
@@ -282,7 +290,7 @@ def bench(
                 result = run_virtual_bench(cluster, names, wl, step_sizes, duration, meta,
                                            poll_interval_s=poll_interval, drain_timeout_s=drain_timeout,
                                            on_step=progress.step_done)
-        _print_result(console, result, out, plots)
+        print_result(console, result, out, plots)
         return
 
     if policy_fields:
@@ -302,7 +310,7 @@ def bench(
     except BenchSetupError as exc:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(1) from None
-    _print_result(console, result, out, plots)
+    print_result(console, result, out, plots)
 
 
 def _http_spec(target: str | None, replica: list[str], sim: str, replicas: int, speed: float,
@@ -338,6 +346,16 @@ def _run_chat(console: Console, names: list[str], cfg: GrowingChatConfig, seed: 
     console.print(f"[dim]wrote {out / 'chat.md'}[/dim]")
 
 
+def demo_meta(cfg: AgentWorkloadConfig, seed: int, *, replicas: int, speed: float, steps: Sequence[int],
+              duration_s: float, policies: list[str]) -> dict[str, Any]:
+    """What ``kvroute demo`` records in results.json: its fleet, steps, and the workload it ran
+    (its settings and the words its table is printed with)."""
+    return {"mode": "demo", "preset": "a4000-qwen3-4b", "replicas": replicas, "speed": speed, "seed": seed,
+            "steps": list(steps), "duration_s": duration_s, "policies": policies,
+            "caches_reset_between_policies": True, "workload": "agent", "workload_config": asdict(cfg),
+            "workload_description": cfg.describe(seed)}
+
+
 def demo(
     duration: Annotated[float, typer.Option(min=1.0, help="Simulated seconds per step.")] = 120.0,
     steps: Annotated[str, typer.Option(help="Concurrent sessions per step.")] = "4,8,16",
@@ -353,15 +371,16 @@ def demo(
     console = Console()
     names = _policies(policies)
     step_sizes = _int_list(steps, "--steps")
-    wl = AgentWorkload(AgentWorkloadConfig(), seed)
+    cfg = AgentWorkloadConfig()
+    wl = AgentWorkload(cfg, seed)
     spec = HttpBenchSpec(sim=SimSpec("a4000-qwen3-4b", replicas, speed), probe_interval_s=1.0)
     plan = StepPlan(step_sizes, duration, drain_timeout_s=120.0, poll_interval_s=1.0)
-    meta = {"mode": "demo", "preset": "a4000-qwen3-4b", "replicas": replicas, "speed": speed, "seed": seed,
-            "steps": list(step_sizes), "duration_s": duration, "policies": names,
-            "caches_reset_between_policies": True}
+    meta = demo_meta(cfg, seed, replicas=replicas, speed=speed, steps=step_sizes, duration_s=duration,
+                     policies=names)
     console.print(f"kvroute demo: {replicas} simulated a4000-qwen3-4b replicas at {speed:g}x speed, "
                   f"policies {' vs '.join(names)}, steps {', '.join(map(str, step_sizes))} sessions, "
-                  f"{duration:g} simulated seconds each")
+                  f"{duration:g} simulated seconds each", markup=False, highlight=False)
+    console.print(meta["workload_description"], markup=False, highlight=False)
     progress = _Progress(console, duration, enabled=not quiet)
     try:
         with progress.progress:
@@ -369,5 +388,5 @@ def demo(
     except BenchSetupError as exc:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(1) from None
-    _print_result(console, result, out, plots=True)
+    print_result(console, result, out, plots=True, describe=False)
 

@@ -1,4 +1,8 @@
-"""Reports of a benchmark: seed-2-style tables (terminal and Markdown), JSON and PNG plots."""
+"""Reports of a benchmark: its tables (terminal and Markdown), JSON and PNG plots.
+
+The table compares policies step by step: one row per step and a column per figure (``off → on``
+with two policies), or, where that is too wide for a terminal, the same figures turned, one row
+per figure and a column per step (``figure_rows``)."""
 
 from __future__ import annotations
 
@@ -84,7 +88,7 @@ def _cell(col: Column, step: StepResult | None) -> str:
 
 
 def ab_rows(result: BenchResult, off: str, on: str) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of seed 2's table: each figure as ``off → on``, one row per step."""
+    """Header and rows of the A/B table: each figure as ``off → on``, one row per step."""
     cols = columns(result)
     header = [load_header(result)] + [f"{c.header} off → on{c.unit}" for c in cols]
     rows = []
@@ -118,6 +122,27 @@ def table_rows(result: BenchResult) -> tuple[list[str], list[list[str]]]:
     return wide_rows(result)
 
 
+_REQUESTS = Column("Requests", "", lambda s: float(s.requests), _fixed(0))
+
+
+def figure_rows(result: BenchResult) -> tuple[list[str], list[list[str]]]:
+    """The table turned: one row per figure (``off → on`` with two policies; otherwise one row per
+    figure and policy, with the request and preemption counts), one column per step."""
+    policies, sizes = result.policies(), result.step_sizes()
+    unit = "req/s" if result.open_loop() else "sessions"
+    steps = [f"{n:g} {unit}" for n in sizes]
+    if len(policies) == 2:
+        off, on = policies
+        return ["Figure", *steps], [
+            [f"{c.header}{c.unit}"] + [f"{_cell(c, result.step(off, n))} → {_cell(c, result.step(on, n))}"
+                                       for n in sizes] for c in columns(result)]
+    cols = columns(result)
+    cols = (_REQUESTS, *cols) if PREEMPTIONS in cols else (_REQUESTS, *cols, PREEMPTIONS)
+    rows = [[f"{c.header}{c.unit}", p] + [_cell(c, result.step(p, n)) for n in sizes]
+            for c in cols for p in policies]
+    return ["Figure", "Policy", *steps], rows
+
+
 def title(result: BenchResult) -> str:
     """One line saying what was compared."""
     policies = result.policies()
@@ -126,23 +151,61 @@ def title(result: BenchResult) -> str:
     return "policies: " + ", ".join(policies)
 
 
-def rich_table(result: BenchResult) -> Table:
-    """The table for the terminal."""
-    header, rows = table_rows(result)
-    table = Table(title=title(result), show_lines=False)
-    for i, h in enumerate(header):
-        table.add_column(h, justify="left" if i < 2 and not h.endswith("Requests") else "right")
+def workload_line(result: BenchResult) -> str | None:
+    """The workload in words, when the run recorded it (``meta["workload_description"]``)."""
+    text = result.meta.get("workload_description")
+    return text if isinstance(text, str) and text else None
+
+
+# The columns that name a row rather than hold a number.
+_LABELS = frozenset(("Sessions", "Rate (req/s)", "Policy", "Figure"))
+
+
+def _rich(header: list[str], rows: list[list[str]], caption: str) -> Table:
+    table = Table(title=caption, show_lines=False)
+    for h in header:
+        table.add_column(h, justify="left" if h in _LABELS else "right")
     for row in rows:
         table.add_row(*row)
     return table
 
 
-def markdown_table(result: BenchResult) -> str:
-    """The table as GitHub Markdown."""
+def rich_table(result: BenchResult) -> Table:
+    """The table for the terminal, one row per step."""
+    return _rich(*table_rows(result), title(result))
+
+
+def terminal_table(result: BenchResult, width: int) -> Table:
+    """The table for a terminal ``width`` columns wide: one row per step if that fits, else the
+    figures as rows (``figure_rows``)."""
     header, rows = table_rows(result)
+    # Headers may wrap (at spaces); the numbers must not: each column needs its widest cell, plus
+    # a space either side and a border.
+    needed = 1 + sum(3 + max([len(max(h.split(), key=len))] + [len(row[i]) for row in rows])
+                     for i, h in enumerate(header))
+    if needed <= width:
+        return _rich(header, rows, title(result))
+    return _rich(*figure_rows(result), title(result))
+
+
+def _markdown(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines) + "\n"
+
+
+def markdown_table(result: BenchResult) -> str:
+    """The table as GitHub Markdown, one row per step."""
+    return _markdown(*table_rows(result))
+
+
+def text_table(result: BenchResult, width: int = 100) -> str:
+    """The Markdown table for a log or a pipe: one row per step if its lines fit ``width``, else
+    the figures as rows."""
+    text = markdown_table(result)
+    if max(len(line) for line in text.splitlines()) <= width:
+        return text
+    return _markdown(*figure_rows(result))
 
 
 def write_json(result: BenchResult, path: Path) -> None:
@@ -213,7 +276,9 @@ def write_report(result: BenchResult, out_dir: Path, *, plots: bool = True) -> l
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out_dir / "results.json", out_dir / "results.md"
     write_json(result, json_path)
-    md_path.write_text(f"{title(result)}\n\n{markdown_table(result)}")
+    described = workload_line(result)
+    md_path.write_text(f"{title(result)}\n\n" + (f"{described}\n\n" if described else "")
+                       + markdown_table(result))
     written = [json_path, md_path]
     if plots:
         written += write_plots(result, out_dir)
@@ -221,7 +286,7 @@ def write_report(result: BenchResult, out_dir: Path, *, plots: bool = True) -> l
 
 
 def chat_markdown(rows: Sequence[tuple[str, str, int, float]]) -> str:
-    """Seed 1's growing-chat table: turn | worker | prompt tokens | time."""
+    """The growing-chat table: turn | worker | prompt tokens | time."""
     lines = ["| turn | worker | prompt tokens | time |", "|---|---|---|---|"]
     lines += [f"| {t} | {w} | {p:,} | {s:.2f} s |" for t, w, p, s in rows]
     return "\n".join(lines) + "\n"

@@ -143,6 +143,19 @@ class AgentWorkloadConfig:
         if not 0.0 <= self.jitter < 1.0:
             raise ValueError("jitter must be in [0, 1)")
 
+    def describe(self, seed: int) -> str:
+        """The workload in words, as the demo and the benchmark print it above their tables."""
+        shared = ("a system prompt every session shares" if self.system_prompts == 1
+                  else f"one of {self.system_prompts} system prompts")
+        low, high = self.min_output_tokens, self.max_output_tokens
+        answers = f"answers of {high:,} tokens" if low == high else f"answers of {low:,}-{high:,} tokens"
+        pause = (f"{self.think_time_s:g} s on average between an answer and the next turn"
+                 if self.think_time_s else "no pause between turns")
+        return (f"Agent sessions (seed {seed}): {shared} ({self.system_tokens:,} tokens), a first message "
+                f"of its own ({self.first_tokens:,} tokens), then {self.rounds} follow-ups of "
+                f"{self.round_tokens:,} new tokens each; {answers}; {pause}; sizes vary by up to "
+                f"{self.jitter:.0%}.")
+
 
 def words(rng: random.Random, tokens: int) -> str:
     """``tokens`` pseudo-words of four bytes each (three letters and a space)."""

@@ -28,7 +28,8 @@ def canary(
     concurrency: Annotated[int, typer.Option("--concurrency", "-c", min=1, help="Requests in flight.")] = 8,
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Reply length limit.")] = 16,
     model: Annotated[str | None, typer.Option(
-        "--model", help="Model to ask [default: the first /v1/models lists].", show_default=False)] = None,
+        "--model", help="Model to ask (default: the first model /v1/models lists).", show_default=False)]
+        = None,
     api_key: Annotated[str | None, typer.Option(
         "--api-key", help="Bearer key the target requires.", show_default=False)] = None,
     timeout: Annotated[float, typer.Option("--timeout", min=0.1, help="Seconds per request.")] = 300.0,

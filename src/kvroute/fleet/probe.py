@@ -82,8 +82,11 @@ class Prober:
         interval_s: float = 1.0,
         timeout_s: float = 2.0,
         models_every: int = 10,
+        api_key: str | None = None,
     ) -> None:
         self._registry = registry
+        # vLLM's --api-key guards /v1/models (not /health, /metrics): the workers' key is sent.
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
         self._interval = interval_s
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._models_every = models_every
@@ -93,7 +96,8 @@ class Prober:
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
             connector = aiohttp.TCPConnector(limit=0, limit_per_host=4, keepalive_timeout=30)
-            self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
+            self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout,
+                                                  headers=self._headers)
         return self._session
 
     async def probe_once(self, worker_id: str, *, with_models: bool = True,

@@ -2,11 +2,13 @@
 
 The registry is the only owner of the ``WorkerState`` objects the scheduler reads.  The server
 mutates in-flight counts and failures, the probe fills the engine's own figures, the admin API adds,
-removes and drains.  Everything here is synchronous and I/O-free; the clock is injected.
+removes and drains.  Everything here is synchronous and I/O-free but for one log line per change of
+a worker's health or circuit breaker; the clock is injected.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -30,6 +32,8 @@ _OUTLIER_EVERY = 4
 # (``dns://NAME:PORT``, ``file://PATH``), so it drains only the workers it registered.
 SOURCE_CONFIG = "config"
 SOURCE_ADMIN = "admin"
+
+log = logging.getLogger("kvroute.fleet")
 
 
 class RegistryListener(Protocol):
@@ -92,6 +96,8 @@ class WorkerRecord:
     requests: Counter[str] = field(default_factory=Counter)  # by decision kind
     history: deque[CounterSample] = field(default_factory=deque)
     breaker: Breaker = field(default_factory=Breaker)
+    # The breaker state last logged: transitions are logged once each (see Registry._sync).
+    logged_breaker: BreakerState = BreakerState.CLOSED
 
     @property
     def id(self) -> str:
@@ -136,6 +142,18 @@ class WorkerRecord:
             "last_error": self.last_error,
             "requests": dict(self.requests),
         }
+
+
+def _log_breaker(worker_id: str, before: BreakerState, breaker: Breaker) -> None:
+    """One line for a change of a worker's circuit breaker."""
+    if breaker.state is BreakerState.OPEN:
+        again = " again (its trial request failed)" if before is BreakerState.HALF_OPEN else ""
+        log.warning("worker %s ejected%s for %.0f s: %s", worker_id, again, breaker.cooldown_s,
+                    breaker.reason)
+    elif breaker.state is BreakerState.HALF_OPEN:
+        log.info("worker %s: cool-down over; one trial request decides whether it comes back", worker_id)
+    else:
+        log.info("worker %s back in rotation: its trial request succeeded", worker_id)
 
 
 def worker_id_for(url: str) -> str:
@@ -298,8 +316,9 @@ class Registry:
         if record is None:
             return
         record.last_error = reason
-        if unreachable:
+        if unreachable and record.state.healthy:
             record.state.healthy = False
+            log.warning("worker %s unhealthy: unreachable (%s)", worker_id, reason)
         now = self._clock()
         record.breaker.tick(now)
         record.breaker.failed(now, reason)
@@ -330,7 +349,11 @@ class Registry:
             self._sync(record)
 
     def _sync(self, record: WorkerRecord) -> None:
-        record.state.ejected = not record.breaker.admits
+        breaker = record.breaker
+        record.state.ejected = not breaker.admits
+        if breaker.state is not record.logged_breaker:
+            before, record.logged_breaker = record.logged_breaker, breaker.state
+            _log_breaker(record.id, before, breaker)
 
     # -- the probe's findings ---------------------------------------------------------------
     def apply_probe(self, worker_id: str, result: ProbeResult) -> None:
@@ -349,12 +372,16 @@ class Registry:
         if not result.reachable or not result.healthy:
             record.last_error = result.error
             record.consecutive_failures += 1
-            if not result.reachable or record.consecutive_failures >= self._failure_threshold:
+            if state.healthy and (not result.reachable
+                                  or record.consecutive_failures >= self._failure_threshold):
                 state.healthy = False
+                log.warning("worker %s unhealthy: %s", worker_id, result.error or "/health failed")
         else:
             record.consecutive_failures = 0
             record.last_error = None
-            state.healthy = True
+            if not state.healthy:
+                state.healthy = True
+                log.info("worker %s healthy again", worker_id)
         if result.models is not None:
             self._apply_models(record, result.models)
         if result.max_num_seqs is not None and record.declared_max_num_seqs is None:

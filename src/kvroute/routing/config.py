@@ -9,6 +9,7 @@ cluster's sweeps and the dashboard name a setting the same way, whichever block 
 from __future__ import annotations
 
 import dataclasses
+import textwrap
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,9 +72,34 @@ def settings_markdown() -> str:
     return "\n".join(rows) + "\n"
 
 
-def settings_help() -> str:
-    """Every per-model routing setting with its default and what it does (CLI help, docs)."""
-    return "\n".join(f"{i.name} (default {i.default!r}): {i.help}" for i in setting_infos())
+def settings_help(width: int = 100) -> str:
+    """Every per-model routing setting with its default and what it does, under a heading per
+    settings block (its docstring's first line), wrapped at ``width`` (``kvroute serve
+    --help-settings``)."""
+    lines: list[str] = []
+    block: type | None = None
+    for i in setting_infos():
+        if i.block is not block:
+            block = i.block
+            title = (block.__doc__ or block.__name__).strip().splitlines()[0].replace("``", "")
+            heading = textwrap.fill(title, width=width)
+            lines += ["", heading] if lines else [heading]
+        lines.append(textwrap.fill(f"{i.name} = {_toml_value(i.default)}: {i.help}", width=width,
+                                   initial_indent="  ", subsequent_indent="      ", break_on_hyphens=False))
+    return "\n".join(lines)
+
+
+def _toml_value(value: Any) -> str:
+    """A default as a config file spells it (``true``, ``"auto"``, ``[1, 2]``; none: no value)."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, tuple | list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return repr(value)
 
 
 class ModelPolicy:

@@ -45,6 +45,7 @@ from kvroute.routing.key import RoutingKey
 from kvroute.routing.scheduler import Scheduler
 from kvroute.server.activity import Activity
 from kvroute.server.admin import setup_admin
+from kvroute.server.api_keys import KeyCheck
 from kvroute.server.context import ROUTER, Router, RouteSync
 from kvroute.server.discovery import DiscoveryWatch
 from kvroute.server.engine_tokens import EngineTokens
@@ -64,6 +65,8 @@ from kvroute.server.metrics import FamiliesCollector, RouterMetrics
 from kvroute.server.model_names import AnswerRename
 from kvroute.server.proxy import JSON_HEADERS, Proxy, header_lines, stream_error_event
 from kvroute.server.routes import HTTP_ROUTES
+from kvroute.server.tracing import Tracing
+from kvroute.server.trail import RequestTrail, Trails
 from kvroute.server.upstream import Origin, UpstreamError, UpstreamPool
 from kvroute.sync.redis_bus import RedisBus
 
@@ -84,6 +87,23 @@ def _error(writer: ResponseWriter, style: ApiStyle, status: int, message: str, *
            code: str | None = None, retry_after: bool = False) -> None:
     headers = JSON_HEADERS + (b"retry-after: 1\r\n" if retry_after else b"")
     writer.respond(status, headers, error_body(style, status, message, param, code))
+
+
+def _refuse(writer: ResponseWriter, trail: RequestTrail | None, started: float, status: int, message: str,
+            *, param: str | None = None, code: str | None = None, retry_after: bool = False) -> None:
+    """Answer an inference request with an error before it reaches the proxy (and say so in its trail)."""
+    _error(writer, writer.route.style if writer.route else "openai", status, message, param=param, code=code,
+           retry_after=retry_after)
+    if trail is not None:
+        trail.finished(status, None, None, time.perf_counter() - started)
+
+
+def _unauthorized(writer: ResponseWriter, keys: KeyCheck, request: FrontRequest, style: ApiStyle,
+                  trail: RequestTrail | None, started: float) -> None:
+    headers, body = keys.rejection(request.headers, style)
+    writer.respond(401, headers, body)
+    if trail is not None:
+        trail.finished(401, None, None, time.perf_counter() - started)
 
 
 def _app_error(style: ApiStyle, status: int, message: str) -> web.Response:
@@ -143,6 +163,7 @@ def front_handler(router: Router, proxy: Proxy, app_origin: Origin,
     too_large = f"request body larger than {limit} bytes"
     internal = internal_error or internal_error_reporter(router)
     aliases = router.model_aliases
+    trails, keys = router.trails, router.keys
 
     async def handle(request: FrontRequest, writer: ResponseWriter) -> None:
         route = routes.get(request.path) if request.method == b"POST" else None
@@ -156,38 +177,47 @@ def front_handler(router: Router, proxy: Proxy, app_origin: Origin,
                 if denied is not None:
                     _error(writer, "openai", *denied)
                     return
+            elif keys is not None and request.path == "/v1/models" and not keys.allows(request.headers):
+                failures.labels("unauthorized").inc()
+                anthropic = any(k.lower() == b"anthropic-version" for k, _ in request.headers)
+                _unauthorized(writer, keys, request, "anthropic" if anthropic else "openai", None, 0.0)
+                return
             await _pass_to_app(request, writer, router, app_origin)
             return
         started = time.perf_counter()
         writer.route = route
-        style = route.style
+        trail = trails.start(request, route) if trails is not None else None
         if b"%" in request.target:
             # The path was percent-decoded to find the route: the worker gets the route's own path.
             _, sep, query = request.target.partition(b"?")
             request.target = route.path.encode() + sep + query
         if router.closing:
-            _error(writer, style, 503, "the router is shutting down", retry_after=True)
+            _refuse(writer, trail, started, 503, "the router is shutting down", retry_after=True)
+            return
+        if keys is not None and not keys.allows(request.headers):
+            failures.labels("unauthorized").inc()
+            _unauthorized(writer, keys, request, route.style, trail, started)
             return
         if request.too_large:
             failures.labels("too_large").inc()
-            _error(writer, style, 413, too_large)
+            _refuse(writer, trail, started, 413, too_large)
             return
         try:
             doc = orjson.loads(request.body)
         except orjson.JSONDecodeError as exc:
             failures.labels("bad_request").inc()
-            _error(writer, style, 400, f"request body is not valid JSON: {exc}", param="body")
+            _refuse(writer, trail, started, 400, f"request body is not valid JSON: {exc}", param="body")
             return
         headers = CIMultiDict((k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers)
         try:
             key = parse_request(route.name, doc, headers, router.request_options)
         except ApiError as exc:
             failures.labels("bad_request").inc()
-            _error(writer, style, exc.status, exc.message, param=exc.param, code=exc.code)
+            _refuse(writer, trail, started, exc.status, exc.message, param=exc.param, code=exc.code)
             return
         except Exception:
             internal(f"reading a request to {route.path}")
-            _error(writer, style, 500, "internal router error")
+            _refuse(writer, trail, started, 500, "internal router error")
             return
         rename = None
         if aliases.active:
@@ -195,19 +225,23 @@ def front_handler(router: Router, proxy: Proxy, app_origin: Origin,
                 key, rename = _apply_aliases(aliases, router, request, doc, key)
             except ApiError as exc:
                 failures.labels("bad_request").inc()
-                _error(writer, style, exc.status, exc.message, param=exc.param, code=exc.code)
+                _refuse(writer, trail, started, exc.status, exc.message, param=exc.param, code=exc.code)
                 return
         if router.tokens is not None:
             key = await router.tokens.keyed(route.name, doc, key)
         try:
-            await proxy.forward(request, writer, route, key, started, rename)
+            await proxy.forward(request, writer, route, key, started, rename, trail)
         except asyncio.CancelledError:
+            if trail is not None:  # the client left while the request waited (a no-op once relayed)
+                trail.finished(499, key.model, None, time.perf_counter() - started)
             raise
         except Exception:
             internal(f"serving {route.path}")
+            if trail is not None:
+                trail.finished(500, key.model, None, time.perf_counter() - started)
             if writer.unsent:
                 writer.restart()
-                _error(writer, style, 500, "internal router error")
+                _error(writer, route.style, 500, "internal router error")
             else:
                 writer.abort()
 
@@ -417,7 +451,7 @@ async def _startup(app: web.Application) -> None:
         router.prober.watch(record.id)
     if DISCOVERY in app:
         await app[DISCOVERY].start()
-    router.canary = CanaryRunner(router.registry, share=router.canary_share)
+    router.canary = CanaryRunner(router.registry, share=router.canary_share, api_key=s.worker_api_key)
     router.metrics.prometheus.register(CanaryCollector(router.canary.watch, router.registry))
     router.canary.start()
 
@@ -445,6 +479,8 @@ async def _cleanup(app: web.Application) -> None:
         await router.sync.stop()
     if router.upstream is not None:
         router.upstream.close()
+    if router.trails is not None:
+        await asyncio.to_thread(router.trails.close)
 
 
 def build_app(settings: Settings, *, scheduler: Scheduler | None = None, sync: RouteSync | None = None,
@@ -458,7 +494,8 @@ def build_app(settings: Settings, *, scheduler: Scheduler | None = None, sync: R
     registry = Registry(failure_threshold=settings.failure_threshold, breaker=settings.breaker_settings(),
                         history_len=math.ceil(_HISTORY_S / settings.probe_interval_s), dispatch=dispatch)
     # The fleet guard (docs/fleet-guard.md): each part is turned off per model by its own setting.
-    doctor = DoctorWatch(registry, scheduler.policy_for, timeout_s=max(10.0, settings.probe_timeout_s))
+    doctor = DoctorWatch(registry, scheduler.policy_for, timeout_s=max(10.0, settings.probe_timeout_s),
+                         api_key=settings.worker_api_key)
     drift = DriftWatch(registry, scheduler, interval_s=settings.probe_interval_s, context=doctor.summary)
     router = Router(
         settings=settings,
@@ -466,14 +503,19 @@ def build_app(settings: Settings, *, scheduler: Scheduler | None = None, sync: R
         dispatch=dispatch,
         metrics=RouterMetrics(registry, scheduler.stats),
         activity=Activity(),
-        prober=Prober(registry, interval_s=settings.probe_interval_s, timeout_s=settings.probe_timeout_s),
+        prober=Prober(registry, interval_s=settings.probe_interval_s, timeout_s=settings.probe_timeout_s,
+                      api_key=settings.worker_api_key),
         request_options=settings.request_options(),
         model_aliases=settings.model_aliases(),
         sync=sync,
         doctor_watch=doctor,
         drift_watch=drift,
         canary_share=canary_share,
+        keys=KeyCheck(settings.api_keys) if settings.api_keys else None,
     )
+    tracing = Tracing.from_settings(settings.otlp_endpoint)
+    if settings.access_log or tracing is not None:
+        router.trails = Trails(access=settings.access_log, tracing=tracing)
     if sync is None and settings.redis_url:
         router.sync = RedisBus(settings.redis_url, registry=registry, scheduler=scheduler,
                                metrics_registry=router.metrics.prometheus)

@@ -21,8 +21,10 @@ from kvroute.routing.dispatch import Dispatcher
 from kvroute.routing.scheduler import Scheduler
 from kvroute.routing.sync_record import SyncRecord
 from kvroute.server.activity import Activity
+from kvroute.server.api_keys import KeyCheck
 from kvroute.server.engine_tokens import EngineTokens
 from kvroute.server.metrics import RouterMetrics
+from kvroute.server.trail import Trails
 from kvroute.server.upstream import UpstreamPool
 
 
@@ -64,6 +66,9 @@ class Router:
     tokens: EngineTokens | None = None
     # This process's part of the canary budget (``1 / processes`` in a multi-process router).
     canary_share: float = 1.0
+    # The access log and trace spans (None: both off), and the router's own API keys (None: none).
+    trails: Trails | None = None
+    keys: KeyCheck | None = None
     _closing: bool = False
 
     @property

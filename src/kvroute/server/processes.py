@@ -40,7 +40,9 @@ from typing import Any
 import orjson
 
 from kvroute.event_loop import run_event_loop
+from kvroute.log_setup import setup_logging
 from kvroute.router_settings import Settings
+from kvroute.startup import host_port, listen_error
 from kvroute.sync.private_redis import PrivateRedis, exit_with_parent
 from kvroute.sync.redis_bus import redact_url
 
@@ -73,7 +75,7 @@ def _reserve(host: str, port: int) -> socket.socket:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
-        raise SupervisorError(f"cannot resolve host {host!r}: {exc}") from None
+        raise SupervisorError(listen_error(host_port(host, port), exc)) from None
     family, kind, proto, _, address = infos[0]
     sock = socket.socket(family, kind, proto)
     try:
@@ -82,7 +84,7 @@ def _reserve(host: str, port: int) -> socket.socket:
         sock.bind(address)
     except OSError as exc:
         sock.close()
-        raise SupervisorError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+        raise SupervisorError(listen_error(host_port(host, port), exc)) from None
     return sock
 
 
@@ -284,9 +286,8 @@ def child_main(argv: list[str]) -> None:
     spec: dict[str, Any] = orjson.loads(sys.stdin.buffer.read())
     if os.getppid() != spec["supervisor"]:  # it died before we could ask to follow it
         sys.exit(1)
-    logging.basicConfig(level=str(spec["log_level"]).upper(),
-                        format=f"%(asctime)s %(levelname)s %(name)s[{index}]: %(message)s")
     settings = Settings.from_dict(spec["settings"])
+    setup_logging(str(spec["log_level"]), settings.log_format, process=index)
     if run_event_loop(_serve_child(settings, run_dir, index, int(spec["processes"]), restarted)):
         from kvroute.server.app import CUT_EXIT_CODE
 

@@ -27,10 +27,13 @@ from kvroute.routing.flow import FlowSettings, Ticket, TicketState
 from kvroute.routing.key import RoutingKey
 from kvroute.routing.worker import WorkerState
 from kvroute.server.activity import RoutedRequest
+from kvroute.server.api_keys import CLIENT_KEY_HEADERS
 from kvroute.server.context import Router
 from kvroute.server.front import FrontRequest, ResponseWriter
 from kvroute.server.model_names import AnswerRename, UnknownModelLog, served_models, unknown_model_message
 from kvroute.server.routes import Route
+from kvroute.server.tracing import TRACE_HEADERS
+from kvroute.server.trail import RequestTrail
 from kvroute.server.upstream import Call, ResponseHead, UpstreamError
 from kvroute.server.usage import UsageSniffer
 
@@ -123,10 +126,10 @@ def serves_model(states: Sequence[WorkerState], model: str) -> bool:
     return not states or any(s.serves(model) for s in states)
 
 
-def header_lines(headers: list[tuple[bytes, bytes]]) -> bytes:
-    """``name: value`` lines of ``headers`` minus hop-by-hop ones: auth, API versions and betas pass
-    unchanged, names keep their case."""
-    return b"".join(k + b": " + v + b"\r\n" for k, v in headers if k.lower() not in HOP_BY_HOP)
+def header_lines(headers: list[tuple[bytes, bytes]], skip: frozenset[bytes] = HOP_BY_HOP) -> bytes:
+    """``name: value`` lines of ``headers`` minus hop-by-hop ones (and any other name in ``skip``,
+    lower case): auth, API versions, betas and trace context pass unchanged, names keep their case."""
+    return b"".join(k + b": " + v + b"\r\n" for k, v in headers if k.lower() not in skip)
 
 
 def stream_error_event(route: Route, message: str, status: int = 502) -> bytes:
@@ -230,22 +233,37 @@ class _Relay:
 
 
 class Proxy:
-    """Sends requests to workers chosen by the scheduler and relays their answers."""
+    """Sends requests to workers chosen by the scheduler and relays their answers.
+
+    What a worker receives is the client's request but for its hop-by-hop headers; with keys of
+    the router's own (``api_keys``) the client's key is not passed on, with ``worker_api_key`` the
+    worker gets that one instead, and with tracing the trace context names the router's attempt."""
 
     def __init__(self, router: Router) -> None:
         self._r = router
         self._unknown_models = UnknownModelLog(log)
+        settings = router.settings
+        skip = HOP_BY_HOP
+        if settings.api_keys or settings.worker_api_key:
+            skip |= CLIENT_KEY_HEADERS
+        if router.trails is not None and router.trails.tracing is not None:
+            skip |= TRACE_HEADERS
+        self._skip = skip
+        key = settings.worker_api_key
+        self._worker_key = b"" if key is None else b"authorization: Bearer " + key.encode("latin-1") + b"\r\n"
 
     async def forward(self, request: FrontRequest, writer: ResponseWriter, route: Route, key: RoutingKey,
-                      started: float, rename: AnswerRename | None = None) -> None:
+                      started: float, rename: AnswerRename | None = None,
+                      trail: RequestTrail | None = None) -> None:
         """Serve one parsed request: decide, send, retry before the first byte, relay.  ``rename``:
         an alias changed the model asked for (``key.model`` is the target); the answer names the
-        asked one."""
+        asked one.  ``trail`` is told what happens (access log, trace spans) when either is on."""
         r = self._r
         pool = r.upstream
         assert pool is not None, "the router's upstream pool starts with the app"
         body = request.body
-        tail = header_lines(request.headers) + b"content-length: %d\r\n\r\n" % len(body) + body
+        tail = (header_lines(request.headers, self._skip) + self._worker_key
+                + b"content-length: %d\r\n\r\n" % len(body) + body)
         exclude: list[str] = []
         failure: str | None = None
         held: _HeldAnswer | None = None
@@ -255,11 +273,16 @@ class Proxy:
         ticket = dispatch.admit(key, r.registry.states())
         if ticket.state is not TicketState.GRANTED:
             self._queue_changed(key.model)
-            if not await self._wait(ticket, writer, route, key, started):
+            if not await self._wait(ticket, writer, route, key, started, trail):
                 return
+            if trail is not None:
+                trail.queued(ticket.waited_s, ticket.why)
         waited = waited_note(ticket)
         while attempts <= r.settings.retries:
+            asked_ns = time.time_ns() if trail is not None else 0
             decision = dispatch.route(key, r.registry.states(), exclude)
+            if trail is not None:
+                trail.decided(decision, key.model, asked_ns)
             if decision.worker_id is None:
                 break
             record = r.registry.get(decision.worker_id)
@@ -278,8 +301,10 @@ class Proxy:
                 r.publish(records)
                 try:
                     origin = pool.origin(state.url)
+                    traced = b"" if trail is None else trail.attempt(state.id, state.url, attempts)
                     call = await pool.send(origin, b"POST " + origin.base_path + request.target
-                                           + b" HTTP/1.1\r\nhost: " + origin.host_header + b"\r\n" + tail)
+                                           + b" HTTP/1.1\r\nhost: " + origin.host_header + b"\r\n"
+                                           + traced + tail)
                     # One timer per attempt (cheaper than asyncio.timeout on the hot path); on expiry
                     # the call fails with reason first_byte_timeout, handled like any failure below.
                     timer = None if deadline is None else _FirstByteTimer(
@@ -299,6 +324,8 @@ class Proxy:
                     r.registry.mark_failure(state.id, f"{failure}: {exc}", unreachable=exc.unreachable)
                     r.metrics.failures.labels(failure).inc()
                     exclude.append(state.id)
+                    if trail is not None:
+                        trail.attempt_failed(failure)
                     continue
                 except BaseException:
                     if call is not None:
@@ -310,15 +337,17 @@ class Proxy:
                     r.registry.mark_failure(state.id, failure)
                     r.metrics.failures.labels("http_5xx").inc()
                     exclude.append(state.id)
+                    if trail is not None:
+                        trail.attempt_failed(failure)
                     continue
                 r.registry.mark_success(state.id, ttft_s=flight.ttft_s,
                                         predicted_s=decision.predicted_ttft_s)
                 await self._relay(request, writer, route, call, head, flight, key, started, attempts,
-                                  waited, rename)
+                                  waited, rename, trail)
                 return
             finally:
                 dispatch.finished(flight, ok=False)  # a no-op once the relay accounted for it
-        self._give_up(writer, route, key, decision, held, failure, attempts, started, rename)
+        self._give_up(writer, route, key, decision, held, failure, attempts, started, rename, trail)
 
     def _last_chance(self, key: RoutingKey, state: WorkerState, exclude: list[str],
                      attempts: int) -> float | None:
@@ -333,7 +362,7 @@ class Proxy:
         return first_byte_deadline(r.settings, math.inf, key)
 
     async def _wait(self, ticket: Ticket, writer: ResponseWriter, route: Route, key: RoutingKey,
-                    started: float) -> bool:
+                    started: float, trail: RequestTrail | None) -> bool:
         """Hold a request flow control queued until a replica is admissible for it (True: route it
         now) or it is shed (answered here with the API's overload error, False).  A client that
         leaves while it waits withdraws it: nothing of it stays counted."""
@@ -363,7 +392,7 @@ class Proxy:
             r.metrics.queue_wait.labels(key.model).observe(ticket.waited_s)
             r.activity.queue.waited(key.model, time.time(), ticket.waited_s)
             return True
-        self._overloaded(ticket, writer, route, key, started)
+        self._overloaded(ticket, writer, route, key, started, trail)
         return False
 
     def _queue_changed(self, model: str) -> None:
@@ -372,7 +401,7 @@ class Proxy:
         self._r.activity.queue.changed(model, time.time(), depth, tokens)
 
     def _overloaded(self, ticket: Ticket, writer: ResponseWriter, route: Route, key: RoutingKey,
-                    started: float) -> None:
+                    started: float, trail: RequestTrail | None) -> None:
         """The API's own overload answer: 429 with an ``error`` object on OpenAI routes, 529
         ``overloaded_error`` on Anthropic ones (what Claude Code retries), with ``Retry-After``
         from the queue's predicted drain."""
@@ -388,6 +417,10 @@ class Proxy:
             reason=f"[FLOW] shed: {reason} after {ticket.waited_s:.3f} s in the queue", matched_blocks=0,
             total_blocks=0, attempts=0, status=status, ttfb_s=None, duration_s=time.perf_counter() - started,
         ))
+        if trail is not None:
+            if ticket.waited_s:
+                trail.queued(ticket.waited_s, ticket.why)
+            trail.finished(status, key.model, None, time.perf_counter() - started)
 
     async def _hold(self, call: Call, head: ResponseHead, state: WorkerState) -> _HeldAnswer:
         parts: list[bytes] = []
@@ -411,7 +444,7 @@ class Proxy:
 
     def _give_up(self, writer: ResponseWriter, route: Route, key: RoutingKey, decision: Decision | None,
                  held: _HeldAnswer | None, failure: str | None, attempts: int, started: float,
-                 rename: AnswerRename | None = None) -> None:
+                 rename: AnswerRename | None, trail: RequestTrail | None) -> None:
         """No worker answered well: the last 5xx as the worker sent it, else 502 or 503; a model
         no worker serves: 404 listing the served ones (logged, rate-limited)."""
         r = self._r
@@ -451,6 +484,8 @@ class Proxy:
             total_blocks=decision.total_blocks if decision is not None else 0, attempts=attempts,
             status=status, ttfb_s=None, duration_s=time.perf_counter() - started,
         ))
+        if trail is not None:
+            trail.finished(status, key.model, worker, time.perf_counter() - started, attempts=attempts)
 
     def _log(self, decision: Decision, key: RoutingKey, attempt: int, waited: str) -> None:
         if not decision_log.isEnabledFor(logging.INFO):
@@ -464,7 +499,8 @@ class Proxy:
 
     async def _relay(self, request: FrontRequest, writer: ResponseWriter, route: Route, call: Call,
                      head: ResponseHead, flight: InFlight, key: RoutingKey, started: float,
-                     attempts: int, waited: str, rename: AnswerRename | None = None) -> None:
+                     attempts: int, waited: str, rename: AnswerRename | None,
+                     trail: RequestTrail | None) -> None:
         """Pass the worker's answer through as it arrives; account for it when it ends."""
         r = self._r
         state, decision = flight.state, flight.decision
@@ -507,7 +543,7 @@ class Proxy:
             writer.on_pause(None)
             call.abort()  # closing the connection is what makes the engine abort the request
             self._finished(route, key, flight, usage, outcome, relay.ttfb, sse, completed, attempts, started,
-                           waited)
+                           waited, trail)
 
     def _broken(self, request: FrontRequest, writer: ResponseWriter, route: Route, state: WorkerState,
                 exc: UpstreamError, sse: bool) -> None:
@@ -526,7 +562,7 @@ class Proxy:
 
     def _finished(self, route: Route, key: RoutingKey, flight: InFlight, usage: UsageSniffer, status: int,
                   ttfb: float | None, sse: bool, completed: bool, attempts: int, started: float,
-                  waited: str) -> None:
+                  waited: str, trail: RequestTrail | None) -> None:
         r = self._r
         state, decision = flight.state, flight.decision
         ok = completed and status < 400
@@ -541,3 +577,6 @@ class Proxy:
             total_blocks=decision.total_blocks, attempts=attempts, status=status,
             ttfb_s=ttfb, duration_s=time.perf_counter() - started,
         ))
+        if trail is not None:
+            trail.finished(status, key.model, state.id, time.perf_counter() - started, ttft_s=ttfb,
+                           usage=usage if ok else None, attempts=attempts)

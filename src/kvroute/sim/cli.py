@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from typing import Annotated, Any
 
 import typer
 
 from kvroute.event_loop import run_event_loop
 from kvroute.fleet.kv_event_wire import ENCODINGS, KVEventsConfig, parse_kv_events_config
+from kvroute.log_setup import setup_logging
 from kvroute.sim.faults import Fault
 from kvroute.sim.presets import PRESETS
+from kvroute.startup import fail, host_port, listen_error
 
 
 def _cost_overrides(items: list[str]) -> dict[str, float]:
@@ -24,7 +25,7 @@ def _cost_overrides(items: list[str]) -> dict[str, float]:
         except ValueError:
             sep = ""
         if not sep:
-            raise typer.BadParameter(f"expected NAME=NUMBER, got {item!r}", param_hint="--cost")
+            fail("sim", f"--cost: expected NAME=NUMBER, got {item!r}")
     return out
 
 
@@ -95,10 +96,14 @@ def sim(
     kv_events_encoding: Annotated[str, typer.Option(
         help="KV events as the newest vLLM sends them (map: events tagged 'type', replay with the "
              "topic) or as older vLLM (array).")] = "map",
-    log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+    log_format: Annotated[str, typer.Option(help="text or json (one JSON object a line).")] = "text",
 ) -> None:
     """Run simulated vLLM replicas whose latency and counters behave like vLLM with prefix caching."""
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        setup_logging(log_level, log_format)
+    except ValueError as exc:
+        fail("sim", str(exc))
     named = {
         "max_num_seqs": max_num_seqs, "max_model_len": max_model_len,
         "max_num_batched_tokens": max_num_batched_tokens, "block_size": block_size,
@@ -114,18 +119,20 @@ def sim(
     try:
         faults = [Fault.from_flag(text) for text in fault or []]
     except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--fault") from None
+        fail("sim", f"--fault: {exc}")
     if kv_events_encoding not in ENCODINGS:
-        raise typer.BadParameter(f"choose one of {', '.join(ENCODINGS)}", param_hint="--kv-events-encoding")
+        fail("sim", f"--kv-events-encoding: choose one of {', '.join(ENCODINGS)}")
     if kv_events_config is not None:
         try:
             events: KVEventsConfig = parse_kv_events_config(kv_events_config)
         except ValueError as exc:
-            raise typer.BadParameter(str(exc), param_hint="--kv-events-config") from None
+            fail("sim", str(exc))
         overrides.update(kv_events=events, kv_events_encoding=kv_events_encoding)
     try:
         with contextlib.suppress(KeyboardInterrupt):
             run_event_loop(_serve(preset, replicas, host, port, speed, served_model_name, faults, overrides))
+    except OSError as exc:
+        ports = str(port) if replicas == 1 or not port else f"{port}-{port + replicas - 1}"
+        fail("sim", listen_error(host_port(host, ports), exc), code=1)
     except (ValueError, TypeError, KeyError) as exc:
-        typer.echo(f"error: {exc.args[0] if exc.args else exc}", err=True)
-        raise typer.Exit(2) from None
+        fail("sim", str(exc.args[0] if exc.args else exc))

@@ -39,11 +39,13 @@ _MAX_TICK_S = 0.25
 
 class CanaryRunner:
     """Runs the canary for one router: ``start()`` once the fleet is registered, ``close()`` at
-    shutdown.  ``share`` is this process's part of the budget (``1 / processes``)."""
+    shutdown.  ``share`` is this process's part of the budget (``1 / processes``); ``api_key`` the
+    workers' key (``worker_api_key``)."""
 
     def __init__(self, registry: Registry, *, share: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, api_key: str | None = None) -> None:
         self.registry = registry
+        self._api_key = api_key
         scheduler = registry.dispatch.scheduler
         self.watch = CanaryWatch(lambda model: scheduler.policy_for(model).block(CanarySettings),
                                  nonce=secrets.token_hex(6), clock=clock, share=share)
@@ -118,7 +120,7 @@ class CanaryRunner:
         dispatch = self.registry.dispatch
         dispatch.side_sent(state)
         try:
-            outcome = await send_chat(session, Target(ask.url, timeout_s=rnd.timeout_s), rnd.model,
+            outcome = await send_chat(session, Target(ask.url, self._api_key, rnd.timeout_s), rnd.model,
                                       canary_messages(rnd.prefix, rnd.question), rnd.max_tokens)
         finally:
             dispatch.side_finished(state)

@@ -72,8 +72,10 @@ class DoctorWatch:
     ``retry_s`` apart, while the epoch lasts."""
 
     def __init__(self, registry: Registry, policy_for: Callable[[str], Blocks], *, timeout_s: float = 10.0,
-                 retry_s: float = 2.0, tries: int = 3, clock: Callable[[], float] = time.time) -> None:
+                 retry_s: float = 2.0, tries: int = 3, clock: Callable[[], float] = time.time,
+                 api_key: str | None = None) -> None:
         self._registry = registry
+        self._api_key = api_key
         self._policy_for = policy_for
         self._timeout_s = timeout_s
         self._retry_s = retry_s
@@ -123,7 +125,7 @@ class DoctorWatch:
             # let the model the engine reports decide below.
             if record.state.models and not settings.guard_doctor:
                 return None
-            target = Target(record.state.url, None, self._timeout_s)
+            target = Target(record.state.url, self._api_key, self._timeout_s)
             report = await examine_engine(self._client(), target, probe=settings.guard_doctor_probe)
             record = self._registry.get(worker_id)
             if record is None or record.state.epoch != epoch:
