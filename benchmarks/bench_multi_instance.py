@@ -2,6 +2,7 @@
 
     python benchmarks/bench_multi_instance.py                  # 1, 2 and 4 instances, Redis off/on
     python benchmarks/bench_multi_instance.py --instances 2 --conversations 20 --json out.json
+    python benchmarks/bench_multi_instance.py --instances 1,8 --exact --redis off   # KV events, no Redis
 
 Everything runs in this process: a fleet of simulated replicas, N router instances (each a real
 aiohttp server on loopback, as ``kvroute serve`` runs it) and, for the "Redis" rows, a throwaway
@@ -28,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 
 import aiohttp
 
+from kvroute.fleet.kv_event_wire import KVEventsConfig
 from kvroute.router_settings import Settings, WorkerSpec
 from kvroute.server.app import RunningRouter, start_router
 from kvroute.sim.presets import PRESETS
@@ -35,6 +37,7 @@ from kvroute.sim.server import start_sim_fleet
 from kvroute.sync.local_redis import LocalRedis
 
 PRESET = "a4000-qwen3-4b"
+EXACT = False
 # The router's prior prefill rate (seconds per uncached token) is a real card's; a simulated card
 # runs ``speed`` times faster, so the prior is scaled with it.
 DEFAULT_PREFILL_S_PER_TOKEN = 1.5e-4
@@ -118,11 +121,15 @@ async def _converse(chat: Chat, turns: int, lb: RoundRobin, http: aiohttp.Client
 
 
 async def run_row(args: argparse.Namespace, instances: int, redis: bool, seed: int) -> Row:
-    """One configuration on a fresh fleet (and a fresh Redis)."""
+    """One configuration on a fresh fleet (and a fresh Redis).  With ``--exact`` the replicas
+    publish KV-cache events and every instance subscribes to them (exact mode)."""
     server = LocalRedis() if redis else None
     if server is not None:
         await asyncio.to_thread(server.start)
-    fleet = await start_sim_fleet(PRESET, args.replicas, speed=args.speed, max_num_batched_tokens=8192)
+    events = KVEventsConfig(enable_kv_cache_events=True, publisher="zmq", endpoint="tcp://127.0.0.1:*",
+                            replay_endpoint="tcp://127.0.0.1:*") if args.exact else None
+    fleet = await start_sim_fleet(PRESET, args.replicas, speed=args.speed, max_num_batched_tokens=8192,
+                                  kv_events=events)
     routers: list[RunningRouter] = []
     row = Row(instances, redis, 0, 0, 0, 0, 0, 0, 0.0)
     try:
@@ -170,7 +177,7 @@ def markdown(rows: list[Row]) -> str:
         home, follow_ups = sum(r.home for r in runs), sum(r.follow_ups for r in runs)
         cached = sum(r.cached_tokens for r in runs) / max(1, sum(r.follow_up_prompt_tokens for r in runs))
         low, high = min(r.home_share for r in runs), max(r.home_share for r in runs)
-        view = "Redis" if redis else "none (independent)"
+        view = ("Redis" if redis else "none (independent)") + (", KV events" if EXACT else "")
         lines.append(f"| {instances} | {view} | **{home / max(1, follow_ups):.1%}** ({low:.0%}–{high:.0%}) | "
                      f"{cached:.1%} | {sum(r.requests for r in runs)} | {sum(r.failed for r in runs)} |")
     return "\n".join(lines)
@@ -189,10 +196,17 @@ async def main(argv: list[str]) -> None:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--repeat", type=int, default=2, help="runs per configuration (seeds seed, seed+1, ...)")
     p.add_argument("--json", help="also write the rows to this file")
+    p.add_argument("--exact", action="store_true",
+                   help="the replicas publish KV events and every instance routes on them (exact mode)")
+    p.add_argument("--redis", default="both", choices=("both", "off", "on"),
+                   help="rows with several instances: without Redis, with it, or both (default)")
     args = p.parse_args(argv)
+    global EXACT
+    EXACT = args.exact
+    shared = {"both": (False, True), "off": (False,), "on": (True,)}[args.redis]
     rows: list[Row] = []
     for n in (int(x) for x in args.instances.split(",")):
-        for redis in ((False,) if n == 1 else (False, True)):
+        for redis in ((False,) if n == 1 else shared):
             for rep in range(args.repeat):
                 row = await run_row(args, n, redis, seed=args.seed + rep)
                 print(f"instances={n} redis={redis} seed={args.seed + rep}: {row.home_share:.1%} of "

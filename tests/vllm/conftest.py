@@ -15,7 +15,7 @@ from vllm_helpers import ADMIN_TOKEN
 from kvroute.router_settings import Settings, WorkerSpec
 from kvroute.server.app import RunningRouter, start_router
 from kvroute_dev.vllm_env import VllmEnv, default_home, problems
-from kvroute_dev.vllm_replicas import ReplicaFleet, start_replicas
+from kvroute_dev.vllm_replicas import ReplicaFleet, ReplicaOptions, start_replicas
 
 _SKIP_PREFIX = "REAL vLLM ENVIRONMENT NOT PREPARED"
 
@@ -32,8 +32,10 @@ def vllm_env() -> VllmEnv:
 
 @pytest.fixture(scope="package")
 def vllm_fleet(vllm_env: VllmEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReplicaFleet]:
-    """Two replicas, one core each, stopped (process groups and all) when this directory is done."""
-    with start_replicas(vllm_env, count=2, log_dir=tmp_path_factory.mktemp("vllm-logs")) as fleet:
+    """Two replicas, one core each, stopped (process groups and all) when this directory is done;
+    each publishes its KV-cache events on ports of its own (a router subscribes only when told)."""
+    with start_replicas(vllm_env, count=2, log_dir=tmp_path_factory.mktemp("vllm-logs"),
+                        options=ReplicaOptions(kv_events=True)) as fleet:
         yield fleet
 
 

@@ -8,6 +8,7 @@ core, with prefix caching and per-request cached-token counts switched on.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -35,6 +36,8 @@ class ReplicaOptions:
     max_num_seqs: int = 4
     kv_cache_space_gib: int = 1
     extra_args: tuple[str, ...] = ()
+    # Publish KV-cache events (vLLM's --kv-events-config), each replica on two free ports of its own.
+    kv_events: bool = False
 
 
 @dataclass
@@ -46,6 +49,8 @@ class Replica:
     core: int
     process: subprocess.Popen[bytes]
     log_path: Path
+    # ``PUB,REPLAY`` where it publishes KV-cache events (kvroute's kv_events setting), if it does.
+    kv_events: str | None = None
 
     @property
     def url(self) -> str:
@@ -73,19 +78,22 @@ class ReplicaFleet:
     def urls(self) -> list[str]:
         return [replica.url for replica in self.replicas]
 
-    def spawn(self, index: int, core: int, port: int) -> Replica:
-        """Start replica ``index`` (not waiting for it); it replaces any earlier one of that index."""
+    def spawn(self, index: int, core: int, port: int, kv_events: str | None = None) -> Replica:
+        """Start replica ``index`` (not waiting for it); it replaces any earlier one of that index.
+        ``kv_events``: its event endpoints (``PUB,REPLAY``), kept across restarts."""
         log_path = self.log_dir / f"replica-{index}.log"
+        if self.options.kv_events and kv_events is None:
+            kv_events = f"tcp://127.0.0.1:{free_port()},tcp://127.0.0.1:{free_port()}"
         with log_path.open("ab") as log:
             process = subprocess.Popen(
-                replica_command(self.env, port, self.options),
+                replica_command(self.env, port, self.options, kv_events),
                 env=replica_environment(self.env, core, self.options),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        replica = Replica(index, port, core, process, log_path)
+        replica = Replica(index, port, core, process, log_path, kv_events)
         if index < len(self.replicas):
             self.replicas[index] = replica
         else:
@@ -96,7 +104,7 @@ class ReplicaFleet:
         """Stop replica ``index`` and start it again on the same port and core (its cache is empty)."""
         old = self.replicas[index]
         _stop([old], grace_s)
-        replica = self.spawn(index, old.core, old.port)
+        replica = self.spawn(index, old.core, old.port, old.kv_events)
         _wait_healthy([replica], timeout_s)
         return replica
 
@@ -138,8 +146,15 @@ def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None
         os.killpg(process.pid, sig)
 
 
-def replica_command(env: VllmEnv, port: int, options: ReplicaOptions) -> list[str]:
-    """The command line of one replica."""
+def replica_command(env: VllmEnv, port: int, options: ReplicaOptions,
+                    kv_events: str | None = None) -> list[str]:
+    """The command line of one replica (``kv_events``: ``PUB,REPLAY`` to publish KV events on)."""
+    events: list[str] = []
+    if kv_events is not None:
+        # vLLM binds its PUB socket only for a wildcard host (else it connects out).
+        pub, replay = (e.replace("127.0.0.1", "*") for e in kv_events.split(","))
+        events = ["--kv-events-config", json.dumps({
+            "enable_kv_cache_events": True, "publisher": "zmq", "endpoint": pub, "replay_endpoint": replay})]
     return [
         str(env.python),
         "-m",
@@ -159,6 +174,7 @@ def replica_command(env: VllmEnv, port: int, options: ReplicaOptions) -> list[st
         "127.0.0.1",
         "--port",
         str(port),
+        *events,
         *options.extra_args,
     ]
 
