@@ -15,6 +15,7 @@ import aiohttp
 import anthropic
 import openai
 import orjson
+from serve_process import wait_ready
 
 MODEL = "qwen3-4b"
 SECRET = "the-prompt-text-never-logged"
@@ -99,15 +100,7 @@ async def test_serve_writes_json_lines_with_the_access_fields_as_keys(sim_fleet)
     url = f"http://127.0.0.1:{port}"
     try:
         async with aiohttp.ClientSession() as http:
-            for _ in range(600):
-                assert proc.returncode is None
-                try:
-                    async with http.get(url + "/ready") as resp:
-                        if resp.status == 200:
-                            break
-                except aiohttp.ClientConnectionError:
-                    pass
-                await asyncio.sleep(0.05)
+            await wait_ready(http, url, proc)
             body = {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": PROMPT}]}
             async with http.post(url + "/v1/chat/completions", json=body) as resp:
                 assert resp.status == 200

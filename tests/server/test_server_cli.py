@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import aiohttp
+from serve_process import wait_ready
 
 SERVE = [sys.executable, "-c", "from kvroute.cli import main; main()", "serve"]
 
@@ -32,15 +33,7 @@ async def test_serve_routes_and_shuts_down_gracefully_on_sigterm(sim_fleet, tmp_
     url = f"http://127.0.0.1:{port}"
     try:
         async with aiohttp.ClientSession() as http:
-            for _ in range(600):
-                assert proc.returncode is None, (await proc.stderr.read()).decode()
-                try:
-                    async with http.get(url + "/ready") as resp:
-                        if resp.status == 200:
-                            break
-                except aiohttp.ClientConnectionError:
-                    pass
-                await asyncio.sleep(0.05)
+            await wait_ready(http, url, proc)
             body = {"model": "qwen3-4b", "max_tokens": 600, "ignore_eos": True, "stream": True,
                     "messages": [{"role": "user", "content": "count to a thousand " * 20}]}
             async with http.post(url + "/v1/chat/completions", json=body) as resp:

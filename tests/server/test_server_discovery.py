@@ -18,6 +18,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from serve_process import wait_ready
 from test_processes import ADMIN, TOKEN, free_port, router_processes, samples
 from test_processes import Router as ProcessRouter
 
@@ -322,15 +323,7 @@ async def test_serve_starts_with_discovery_alone(sim_fleet, tmp_path, http):
         stderr=subprocess.PIPE, env={**os.environ, "KVROUTE_ADMIN_TOKEN": ""})
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(600):
-            assert proc.returncode is None, (await proc.stderr.read()).decode()
-            try:
-                async with http.get(url + "/ready") as resp:
-                    if resp.status == 200:
-                        break
-            except aiohttp.ClientConnectionError:
-                pass
-            await asyncio.sleep(0.05)
+        await wait_ready(http, url, proc)
         body = {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hello"}]}
         async with http.post(url + "/v1/chat/completions", json=body) as resp:
             assert resp.status == 200

@@ -12,11 +12,11 @@ import socket
 import subprocess
 import sys
 
-import aiohttp
 import anthropic
 import openai
 import orjson
 import pytest
+from serve_process import wait_ready
 
 from kvroute.router_settings import Settings, SettingsError
 from kvroute.server.model_names import AnswerRename, UnknownModelLog
@@ -291,15 +291,7 @@ async def test_kvroute_serve_flags(sim_fleet, http) -> None:
     proc = await asyncio.create_subprocess_exec(*serve, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(600):
-            assert proc.returncode is None
-            try:
-                async with http.get(url + "/ready") as resp:
-                    if resp.status == 200:
-                        break
-            except aiohttp.ClientConnectionError:
-                pass
-            await asyncio.sleep(0.05)
+        await wait_ready(http, url, proc)
         body = {"model": "claude-opus-4-1", "max_tokens": 5,
                 "messages": [{"role": "user", "content": PROMPT}]}
         async with http.post(url + "/v1/messages", json=body) as resp:
