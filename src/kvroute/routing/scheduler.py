@@ -100,6 +100,8 @@ class Scheduler:
             view.session = session_hash(key)
             assert view.session is not None
             view.bound = self._sessions.get(view.session, now)
+            if view.bound is None and key.token_hashes:
+                view.bound = self._resident_home(key, workers, now)
         offered = len(workers)
         few = None
         # Placing for a full fleet compares every worker with the fleet's mean load: no pruning.
@@ -137,6 +139,24 @@ class Scheduler:
             predicted_ttft_s=self.predicted_ttft(policy, view, chosen, prefill),
             exact=chosen.exact, held_tokens=chosen.held_tokens,
         )
+
+    def _resident_home(self, key: RoutingKey, workers: Sequence[WorkerState], now: float) -> str | None:
+        """The worker a session this instance does not know already lives on, by the engines' own
+        cache state: the one exact worker holding at least half of the prompt and more of it than
+        any other (a conversation's history, not a head many sessions share).  Another router
+        instance placed it, and without a shared session table its cache is all there is to go by."""
+        exact = self.exact
+        ids = [w.id for w in workers if w.ready and w.serves(key.model) and exact.mode(w.id, now) == "exact"
+               and exact.block_size(w.id) == key.token_block]
+        if not ids:
+            return None
+        held = exact.match(key.token_hashes, ids, now)
+        depths = sorted(((d, wid) for wid, d in held.items()), reverse=True)
+        best, home = depths[0]
+        runner_up = depths[1][0] if len(depths) > 1 else 0
+        if 2 * best >= len(key.token_hashes) and best > runner_up:
+            return home
+        return None
 
     def holder(self, key: RoutingKey, workers: Sequence[WorkerState]) -> tuple[str | None, float]:
         """The ready worker serving ``key``'s model whose indexed match of the prompt is deepest,
