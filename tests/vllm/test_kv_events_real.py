@@ -88,11 +88,17 @@ async def test_exact_matches_eviction_and_restart(vllm_fleet: ReplicaFleet, exac
                           "kvroute_kv_events_total")
             return found or 0.0
 
-        for i in range(60):
-            if removed() > 0:
-                break
-            prompt = f"Document {i}. " + WORDS * 40
-            await ask(client, served_model, [{"role": "user", "content": prompt}])
+        # Straight to one replica (1 GiB of KV: about 46k tokens of this model), the router listening.
+        replica = next(rep for rep in vllm_fleet.replicas if worker_id_for(rep.url) == worker)
+        direct = openai.AsyncOpenAI(base_url=replica.url + "/v1", api_key="sk-test", max_retries=0,
+                                    timeout=300)
+        async with direct:
+            for i in range(48):
+                if removed() > 0:
+                    break
+                prompt = f"Document {i}. " + WORDS * 120
+                await direct.chat.completions.create(model=served_model, max_tokens=1,
+                                                     messages=[{"role": "user", "content": prompt}])
         await until(lambda: removed() > 0, timeout=30)
 
     # A restart: vLLM sends no AllBlocksCleared; its sequence numbers start over and the router's
