@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
 import os
 import socket
 import statistics
@@ -50,6 +51,8 @@ from pathlib import Path
 import aiohttp
 import orjson
 from aiohttp import web
+
+from kvroute.prometheus_text import parse_exposition
 
 KVROUTE = [sys.executable, "-c", "from kvroute.cli import main; main()"]
 MODEL = "qwen3-4b"
@@ -168,6 +171,22 @@ async def load(http: aiohttp.ClientSession, target: str, urls: list[str], concur
     return Run(target, concurrency, requests, time.perf_counter() - start, ttfbs)
 
 
+def event_lag(metrics: str) -> tuple[float, float]:
+    """Upper bounds of the p50 and p99 KV-event lag: the first histogram buckets (summed over the
+    workers) holding half and 99 % of the batches."""
+    buckets: dict[float, float] = {}
+    for sample in parse_exposition(metrics, ["kvroute_kv_events_lag_seconds_bucket"]):
+        bound = float(sample.labels["le"])
+        buckets[bound] = buckets.get(bound, 0.0) + sample.value
+    if not buckets or not buckets[math.inf]:
+        return math.nan, math.nan
+    total = buckets[math.inf]
+    ordered = sorted(buckets.items())
+    p50 = next(b for b, n in ordered if n >= 0.5 * total)
+    p99 = next(b for b, n in ordered if n >= 0.99 * total)
+    return p50, p99
+
+
 def merge(runs: list[Run]) -> Run:
     return Run(runs[0].target, runs[0].concurrency, sum(r.requests for r in runs),
                sum(r.seconds for r in runs), [t for r in runs for t in r.ttfb_ms],
@@ -262,6 +281,7 @@ async def main(args: argparse.Namespace) -> None:
         routers[name] = (start_router(name, src, worker_args, port, args.log_level, logs, router_env, flags),
                          f"http://127.0.0.1:{port}")
     load_before = f"{os.getloadavg()[0]:.2f}"
+    lag = (math.nan, math.nan)
     stream = not args.plain
     try:
         try:
@@ -297,6 +317,9 @@ async def main(args: argparse.Namespace) -> None:
                         offset += per_round
                 results.append((merge(runs["direct"]), [merge(runs[name]) for name in routers]))
                 print(f"{level:>3} streams done", file=sys.stderr)
+            if args.exact:
+                async with http.get(routers["router+exact"][1] + "/metrics") as resp:
+                    lag = event_lag(await resp.text())
     finally:
         procs = [proc for proc, _ in routers.values()] + [sim]
         for proc in procs:
@@ -309,6 +332,9 @@ async def main(args: argparse.Namespace) -> None:
           f"stream={stream} cpus={os.cpu_count()} "
           f"load average before/after: {load_before} / {os.getloadavg()[0]:.2f}")
     print(table(results))
+    if args.exact:
+        print(f"KV event lag (engine batch timestamp to the router's index), from the exact router's "
+              f"kvroute_kv_events_lag_seconds: p50 <= {lag[0]} s, p99 <= {lag[1]} s (bucket bounds)")
     if args.json:
         doc = [{"direct": asdict(d) | {"rps": d.rps}, **{r.target: asdict(r) | {"rps": r.rps} for r in rs}}
                for d, rs in results]
