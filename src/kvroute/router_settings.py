@@ -20,6 +20,7 @@ from kvroute.api.requests import RequestOptions
 from kvroute.fleet.breaker import BreakerSettings
 from kvroute.fleet.guard import blocks as _guard_blocks  # noqa: F401  (registers the guard's settings)
 from kvroute.routing.config import ModelPolicy, RoutingConfig, setting_infos
+from kvroute.sync.trust import MIN_SECRET_BYTES
 
 _TRUE = frozenset(("1", "true", "yes", "on"))
 _FALSE = frozenset(("0", "false", "no", "off", ""))
@@ -132,6 +133,11 @@ class Settings:
     # The dashboard (/dashboard) and its JSON are read-only; with this they need the admin token too.
     dashboard_requires_token: bool = False
     redis_url: str | None = None
+    # Shared secret signing the Redis sync messages, or a file holding it; and how far in the future
+    # a peer's time or epoch may be (docs/multi-instance.md#trust-model).
+    sync_secret: str | None = None
+    sync_secret_file: str | None = None
+    sync_max_clock_skew_s: float = 60.0
     # Router processes listening on the same port (``kvroute serve`` only; see docs/server.md).
     processes: int = 1
 
@@ -180,7 +186,7 @@ class Settings:
                 values[name] = dict(value)
             else:
                 values[name] = _coerce(name, value, known[name].default)
-        for token in ("admin_token", "metrics_token"):
+        for token in ("admin_token", "metrics_token", "sync_secret", "sync_secret_file"):
             if values.get(token) == "":
                 values[token] = None  # an empty KVROUTE_ADMIN_TOKEN means "no token"
         settings = cls(**values)
@@ -221,8 +227,31 @@ class Settings:
             raise SettingsError("dashboard_requires_token needs admin_token")
         if self.redis_url is not None and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
             raise SettingsError("redis_url must be a redis://, rediss:// (TLS) or unix:// URL")
+        if self.sync_max_clock_skew_s < 0:
+            raise SettingsError("sync_max_clock_skew_s must not be negative")
+        self.sync_key()
         self.routing_config()
         self.request_options()
+
+    def sync_key(self) -> bytes | None:
+        """The secret signing the sync messages: ``sync_secret``, else ``sync_secret_file``'s content
+        (surrounding whitespace stripped), else None."""
+        if self.sync_secret is not None and self.sync_secret_file is not None:
+            raise SettingsError("give sync_secret or sync_secret_file, not both")
+        if self.sync_secret_file is not None:
+            try:
+                key = Path(self.sync_secret_file).read_bytes().strip()
+            except OSError as exc:
+                raise SettingsError(f"cannot read sync_secret_file {self.sync_secret_file}: {exc.strerror}"
+                                    ) from None
+        elif self.sync_secret is not None:
+            key = self.sync_secret.strip().encode()
+        else:
+            return None
+        if len(key) < MIN_SECRET_BYTES:
+            raise SettingsError(f"the sync secret must be at least {MIN_SECRET_BYTES} bytes "
+                                "(e.g. `openssl rand -hex 32`)")
+        return key
 
     def breaker_settings(self) -> BreakerSettings:
         """The circuit breaker's and the outlier detector's settings."""

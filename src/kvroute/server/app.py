@@ -419,7 +419,8 @@ def build_app(settings: Settings, *, scheduler: Scheduler | None = None, sync: R
     )
     if sync is None and settings.redis_url:
         router.sync = RedisBus(settings.redis_url, registry=registry, scheduler=scheduler,
-                               metrics_registry=router.metrics.prometheus)
+                               metrics_registry=router.metrics.prometheus, secret=settings.sync_key(),
+                               max_clock_skew_s=settings.sync_max_clock_skew_s)
     registry.subscribe(router)
     registry.subscribe(doctor)
     for families in (doctor.families, drift.families):

@@ -57,6 +57,11 @@ def serve(
         help="Token the admin API requires (prefer KVROUTE_ADMIN_TOKEN).")] = None,
     redis: Annotated[str | None, typer.Option(
         help="Redis URL to share routing state with other router instances.")] = None,
+    sync_secret: Annotated[str | None, typer.Option(
+        help="Secret signing the messages shared through Redis, the same on every instance "
+             "(prefer KVROUTE_SYNC_SECRET or --sync-secret-file).")] = None,
+    sync_secret_file: Annotated[Path | None, typer.Option(
+        help="File holding the sync secret.")] = None,
     retries: Annotated[int | None, typer.Option(help="Other workers tried before giving up.")] = None,
     worker_header: Annotated[bool | None, typer.Option(
         "--worker-header/--no-worker-header", help="Send x-kvroute-worker in responses.")] = None,
@@ -76,7 +81,9 @@ def serve(
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--set") from None
     overrides = {"workers": worker or None, "host": host, "port": port, "policy": policy,
-                 "admin_token": admin_token, "redis_url": redis, "retries": retries,
+                 "admin_token": admin_token, "redis_url": redis, "sync_secret": sync_secret,
+                 "sync_secret_file": None if sync_secret_file is None else str(sync_secret_file),
+                 "retries": retries,
                  "worker_header": worker_header, "log_prompts": log_prompts, "processes": processes}
     try:
         settings = Settings.load(config, overrides=overrides)
