@@ -73,8 +73,12 @@ def heartbeat(src: str, workers: dict[str, tuple[int, float]], t: float | None =
 @asynccontextmanager
 async def forging(period_s: float, *beats: Callable[[], Awaitable[None]]) -> AsyncIterator[None]:
     """Send the forged heartbeats every ``period_s`` while the block runs."""
+    done = asyncio.Event()
+
     async def loop() -> None:
-        while True:
+        # Stopped by the flag, not by cancelling: redis-py can swallow a cancellation that lands
+        # while a connection opens or closes, and the loop would go on for ever.
+        while not done.is_set():
             for beat in beats:
                 await beat()
             await asyncio.sleep(period_s)
@@ -84,11 +88,12 @@ async def forging(period_s: float, *beats: Callable[[], Awaitable[None]]) -> Asy
         await asyncio.sleep(period_s * 3)  # several rounds before the first request
         yield
     finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        done.set()
+        await asyncio.wait_for(task, 10)
 
 
-async def spread(routers: list[RunningRouter], http: aiohttp.ClientSession, n: int, first: int) -> Counter[str]:
+async def spread(routers: list[RunningRouter], http: aiohttp.ClientSession, n: int,
+                 first: int) -> Counter[str]:
     """Where ``n`` new conversations (one request each, alternating instances) are served."""
     served: Counter[str] = Counter()
     for i in range(n):

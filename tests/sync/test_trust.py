@@ -9,7 +9,7 @@ import pytest
 
 from kvroute.routing.sync_record import PrefixRecord, SessionRecord, WorkerEpochRecord
 from kvroute.sync.messages import FIELD, FactsMessage, LoadMessage, MessageError, WorkerLoad, encode_facts
-from kvroute.sync.trust import SIGNATURE_FIELD, Signer, check_facts, check_load
+from kvroute.sync.trust import SIGNATURE_FIELD, Signer, check_facts, check_load, within_context
 
 SECRET = b"0123456789abcdef-the-shared-one"
 NOW = 1_800_000_000.0
@@ -104,3 +104,14 @@ def test_the_load_bound_is_per_worker() -> None:
                  max_inflight=bounds.__getitem__)
     check_load(_load(big=(1000, NOW), small=(4, NOW)), **check)
     assert _reason(check_load, _load(big=(10, NOW), small=(5, NOW)), **check) == "implausible_load"
+
+
+def test_a_prefill_estimate_is_capped_at_the_context_window() -> None:
+    big = PrefixRecord("w1", 1.0, NOW, (1, 2), prefill_tokens=10**9)
+    assert within_context(big, 40_960).prefill_tokens == 40_960
+    assert within_context(big, 40_960).hashes == big.hashes
+    assert within_context(big, None) is big  # the window unknown: as sent
+    small = PrefixRecord("w1", 1.0, NOW, (1,), prefill_tokens=40_960)
+    assert within_context(small, 40_960) is small
+    session = SessionRecord(1, "w1", NOW)
+    assert within_context(session, 1) is session

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import math
 import os
@@ -60,7 +59,7 @@ from kvroute.sync.messages import (
 from kvroute.sync.metrics import SyncMetrics
 from kvroute.sync.peer_load import PeerLoads
 from kvroute.sync.shared_view import SharedView
-from kvroute.sync.trust import Signer, check_facts, check_load
+from kvroute.sync.trust import Signer, check_facts, check_load, within_context
 
 log = logging.getLogger("kvroute.sync")
 
@@ -436,7 +435,8 @@ class RedisBus:
         if live:
             self.metrics.lag.observe(max(0.0, self._clock() - msg.time))
         for record in msg.records:
-            self._view.receive(self._within_context(record))
+            state = self._registry.get(record.worker_id)
+            self._view.receive(within_context(record, None if state is None else state.state.max_model_len))
         return len(msg.records)
 
     async def _on_load(self, client: aioredis.Redis, fields: Mapping[Any, Any], mono: float,
@@ -482,17 +482,6 @@ class RedisBus:
         vLLM's default."""
         record = self._registry.get(worker_id)
         return (record.state.max_num_seqs if record is not None else None) or self._configured_slots
-
-    def _within_context(self, record: SyncRecord) -> SyncRecord:
-        """A prefix fact's prefill, at most the worker's context window: no request makes a worker
-        prefill more, and the excess would count as its backlog."""
-        if not isinstance(record, PrefixRecord):
-            return record
-        state = self._registry.get(record.worker_id)
-        limit = state.state.max_model_len if state is not None else None
-        if limit is None or record.prefill_tokens <= limit:
-            return record
-        return dataclasses.replace(record, prefill_tokens=limit)
 
     async def _is_alive(self, client: aioredis.Redis, instance: str) -> bool:
         """Whether ``instance`` holds a connection to Redis (True when that cannot be known).

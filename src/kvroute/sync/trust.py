@@ -13,7 +13,8 @@ two steps before anything in it is used (docs/multi-instance.md#trust-model):
   ``future_epoch``; an epoch this instance already holds for the worker is no claim, so a replica
   host whose clock runs ahead is not refused), no heartbeat older than its validity plus the skew
   when read live (``stale``: a replay), no worker with more in flight than its sequence slots times
-  the live router instances (``implausible_load``).
+  the live router instances (``implausible_load``); and a prefix fact's prefill estimate is capped
+  at the worker's context window (``within_context``).
 
 Checks raise ``MessageError`` with the reason, so a message is rejected whole: a rejected message
 changes nothing.  Pure: no I/O; the clock is passed in.
@@ -21,11 +22,12 @@ changes nothing.  Pure: no I/O; the clock is passed in.
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kvroute.routing.sync_record import PrefixRecord, SessionRecord
+from kvroute.routing.sync_record import PrefixRecord, SessionRecord, SyncRecord
 from kvroute.sync.messages import FIELD, FactsMessage, LoadMessage, MessageError
 
 SIGNATURE_FIELD = b"sig"
@@ -111,6 +113,15 @@ def check_load(msg: LoadMessage, *, now: float, max_skew_s: float, live: bool,
             raise MessageError("implausible_load",
                                f"{load.inflight} in flight on {wid}, more than {bound} (its sequence slots "
                                "times the live router instances)")
+
+
+def within_context(record: SyncRecord, max_model_len: int | None) -> SyncRecord:
+    """``record`` with a prefix fact's prefill estimate at most the worker's context window (when
+    known): no request makes a worker prefill more, and the excess would count as its backlog."""
+    if isinstance(record, PrefixRecord) and max_model_len is not None \
+            and record.prefill_tokens > max_model_len:
+        return dataclasses.replace(record, prefill_tokens=max_model_len)
+    return record
 
 
 def _check_epoch(worker_id: str, epoch: float, latest: float,
