@@ -14,7 +14,9 @@ Workload: ``--conversations`` chats with distinct system prompts, ``--turns`` tu
 ``--concurrency`` in progress at once, a random think time before each follow-up.  A follow-up "lands
 home" when it is served by the worker that served its conversation's previous turn, which is where
 its prefix is cached; ``cached`` is the share of follow-up prompt tokens the engines report as
-prefix-cache hits.  A fresh fleet (empty caches) and a fresh Redis for every row.
+prefix-cache hits.  A fresh fleet (empty caches) and a fresh Redis for every row.  The instances sign
+their messages with a shared secret, as a deployment should (docs/multi-instance.md#trust-model);
+``--unsigned`` runs them without one.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import argparse
 import asyncio
 import json
 import random
+import secrets
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -135,6 +138,7 @@ async def run_row(args: argparse.Namespace, instances: int, redis: bool, seed: i
     try:
         settings = Settings(workers=tuple(WorkerSpec(u) for u in fleet.urls), probe_interval_s=0.25,
                             redis_url=server.url if server else None,
+                            sync_secret=secrets.token_hex(32) if server and not args.unsigned else None,
                             # The canary off: its questions would count in the engines' hits measured here.
                             routing={"prefill_s_per_token": DEFAULT_PREFILL_S_PER_TOKEN / args.speed,
                                      "canary": False})
@@ -195,6 +199,7 @@ async def main(argv: list[str]) -> None:
     p.add_argument("--system-words", type=int, default=600, help="system prompt size (~1.5 tokens/word)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--repeat", type=int, default=2, help="runs per configuration (seeds seed, seed+1, ...)")
+    p.add_argument("--unsigned", action="store_true", help="no sync secret (unsigned sync messages)")
     p.add_argument("--json", help="also write the rows to this file")
     p.add_argument("--exact", action="store_true",
                    help="the replicas publish KV events and every instance routes on them (exact mode)")

@@ -16,6 +16,11 @@ fresh one per section so that its memory is measured cleanly) and this client.
              cap), then GET /health latency on new connections.
 * shutdown:  SIGTERM with 10 streams longer than shutdown_timeout_s: error events, truncations,
              exit status.
+* sync:      two routers sharing a Redis, with and without a sync secret, while forged messages
+             arrive (issue 24): heartbeats with 5,000 in flight on two of three workers every 200 ms
+             (unsigned, wrongly signed, signed by an insider, plausible from an instance that is not
+             connected) and worker epochs in 2058; where requests go, the worker epochs, the
+             rejections, and what a router started afterwards adopts from the history.
 
     python benchmarks/chaos.py                          # everything (about 3-5 minutes on 2 cores)
     python benchmarks/chaos.py --fuzz 2000 --sections fuzz,header
@@ -402,6 +407,150 @@ async def section_shutdown(workers: list[str], logs: Path, args: argparse.Namesp
     print(f"router log: {cut_line.split(': ', 1)[-1]}")
 
 
+# --- sync ----------------------------------------------------------------------------------------
+
+SYNC_SECRET = "chaos-sync-secret-0123456789abcdef"
+FORGED_EPOCH = 2_845_000_000.0  # 2060: the campaign's epochs landed around 2058
+
+
+async def _metrics(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    conv = await exchange(url, b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n", count=1, timeout=30)
+    return {(m.name, tuple(sorted(m.labels.items()))): m.value
+            for family in text_string_to_metric_families(conv.answers[0].body.decode())
+            for m in family.samples}
+
+
+async def _sync_state(url: str) -> tuple[dict[str, float], dict[str, float], float]:
+    """(worker epochs, rejected messages by reason, live peers) of one router."""
+    m = await _metrics(url)
+    epochs = {dict(k)["worker"]: v for (name, k), v in m.items() if name == "kvroute_worker_epoch"}
+    rejected = {dict(k)["reason"]: v for (name, k), v in m.items() if name == "kvroute_sync_rejected_total"}
+    return epochs, rejected, m.get(("kvroute_sync_peers", ()), 0.0)
+
+
+async def _served(routers: list[Router], n: int, first: int, concurrency: int) -> collections.Counter[str]:
+    """Where ``n`` new conversations (one request each, the routers taking turns) are served."""
+    served: collections.Counter[str] = collections.Counter()
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(i: int) -> None:
+        text = f"conversation {first + i}: " + "why? " * 200
+        body = orjson.dumps({"model": MODEL, "max_tokens": 16, "ignore_eos": True,
+                             "messages": [{"role": "user", "content": text}]})
+        async with gate:
+            conv = await exchange(routers[i % len(routers)].url, post(b"/v1/chat/completions", body), count=1,
+                                  timeout=60)
+        answer = conv.answers[0] if conv.answers else None
+        served[answer.headers.get(b"x-kvroute-worker", b"none").decode() if answer and answer.status == 200
+               else f"failed {answer.status if answer else 'no answer'}"] += 1
+
+    await asyncio.gather(*(one(i) for i in range(n)))
+    return served
+
+
+async def _forge_loop(url: str, load_key: bytes, facts_key: bytes, workers: list[str],
+                      epochs: dict[str, float], secret: str | None, plausible: int,
+                      stop: asyncio.Event) -> None:
+    """What a writer to Redis sends: every 200 ms the campaign's heartbeats, once a second epochs in
+    2058.  ``secret``: also what an insider holding the secret signs, within the bounds' reach only
+    (None: the routers have none)."""
+    import redis.asyncio as aioredis
+
+    from kvroute.sync.trust import Signer
+
+    targets = workers[:2]
+    client = aioredis.from_url(url)
+    # A forger can name a connection as a router does: its plausible (unsigned) heartbeats then
+    # pass the liveness check, and only a secret stands in their way.
+    named = aioredis.from_url(url, client_name="kvroute:forger-named")
+    await named.ping()
+    nobody, wrong = Signer(None), Signer(b"w" * 32)
+    real = Signer(None if secret is None else secret.encode())
+
+    def beat(src: str, n: int, epoch: float | None = None) -> bytes:
+        return orjson.dumps({"v": 1, "kind": "load", "src": src, "t": time.time(), "ttl": 1.0,
+                             "workers": {w: [n, epoch or epochs[w]] for w in targets}})
+
+    poison = {"v": 1, "kind": "facts", "src": "forger", "records": [
+        {"type": "epoch", "worker_id": w, "epoch": FORGED_EPOCH} for w in workers]}
+    rounds = 0
+    try:
+        while not stop.is_set():
+            await client.xadd(load_key, nobody.fields(beat("forger-unsigned", 5000)))
+            await client.xadd(load_key, wrong.fields(beat("forger-wrong-secret", 5000)))
+            await named.xadd(load_key, nobody.fields(beat("forger-named", plausible)))
+            if secret is not None:
+                await client.xadd(load_key, real.fields(beat("insider", 5000)))
+                await client.xadd(load_key, real.fields(beat("insider-not-connected", plausible)))
+            if rounds % 5 == 0:
+                await client.xadd(facts_key, nobody.fields(orjson.dumps({**poison, "t": time.time()})))
+                await named.xadd(load_key, nobody.fields(beat("forger-named", 0, FORGED_EPOCH)))
+                if secret is not None:
+                    await client.xadd(facts_key, real.fields(orjson.dumps({**poison, "t": time.time()})))
+            rounds += 1
+            await asyncio.sleep(0.2)
+    finally:
+        await client.aclose()
+        await named.aclose()
+
+
+def _share(served: collections.Counter[str], targets: list[str]) -> str:
+    return f"{sum(served[w] for w in targets)}/{sum(served.values())}"
+
+
+async def section_sync(workers: list[str], logs: Path, args: argparse.Namespace) -> None:
+    from kvroute.sync.local_redis import LocalRedis
+
+    print(f"## sync: 2 routers, 1 Redis, {len(workers)} workers; forged messages every 200 ms while "
+          f"{args.sync_requests} new conversations arrive ({args.concurrency // 8 or 1} at a time)")
+    for secret in (SYNC_SECRET, None):
+        redis = LocalRedis()
+        redis.start()
+        env = {"KVROUTE_REDIS_URL": redis.url, "KVROUTE_SYNC_SECRET": secret or ""}
+        label = "with a sync secret" if secret else "without a sync secret"
+        routers = [await start_router(workers, logs, f"sync-{i}-{'signed' if secret else 'unsigned'}", env)
+                   for i in range(2)]
+        late: Router | None = None
+        stop_forging = asyncio.Event()
+        try:
+            for _ in range(200):
+                if [(await _sync_state(r.url))[2] for r in routers] == [1, 1]:
+                    break
+                await asyncio.sleep(0.05)
+            epochs_before, _, _ = await _sync_state(routers[0].url)
+            conc = args.concurrency // 8 or 1
+            baseline = await _served(routers, args.sync_requests, 0, conc)
+            forger = asyncio.create_task(_forge_loop(
+                redis.url, b"kvroute:sync:load", b"kvroute:sync:facts", sorted(epochs_before), epochs_before,
+                secret, args.sync_plausible, stop_forging))
+            await asyncio.sleep(1.0)
+            forged = await _served(routers, args.sync_requests, 10_000, conc)
+            states = [await _sync_state(r.url) for r in routers]
+            late = await start_router(workers, logs, f"sync-late-{'signed' if secret else 'unsigned'}", env)
+            late_epochs, late_rejected, _ = await _sync_state(late.url)
+            stop_forging.set()
+            await forger
+        finally:
+            stop_forging.set()
+            for r in [*routers, *([late] if late else [])]:
+                stop(r)
+            redis.close()
+        targets = sorted(epochs_before)[:2]
+        rejected: collections.Counter[str] = collections.Counter()
+        for _, r, _ in states:
+            rejected.update({k: int(v) for k, v in r.items() if v})
+        same = all(s[0] == epochs_before for s in states)
+        failed = sum(v for k, v in forged.items() if k.startswith("failed"))
+        print(f"{label}: to the 2 targeted workers, before forging {_share(baseline, targets)}, while "
+              f"forging {_share(forged, targets)}   failed: {failed}   "
+              f"epochs unchanged in both routers: {same}   a router started meanwhile adopted "
+              f"{'the same epochs' if late_epochs == epochs_before else 'other epochs: ' + str(late_epochs)} "
+              f"(rejected from the history: {dict((k, int(v)) for k, v in late_rejected.items() if v)})")
+        print(f"  rejected by the two routers: {dict(sorted(rejected.items()))}")
+
+
 async def main(args: argparse.Namespace) -> None:
     logs = Path(tempfile.mkdtemp(prefix="kvroute-chaos-"))
     sim_port = free_ports(args.replicas)
@@ -411,7 +560,7 @@ async def main(args: argparse.Namespace) -> None:
         stdout=subprocess.DEVNULL, stderr=open(logs / "sim.log", "w"))  # noqa: SIM115
     workers = [f"http://127.0.0.1:{sim_port + i}" for i in range(args.replicas)]
     sections = {"fuzz": section_fuzz, "header": section_header, "idle": section_idle,
-                "shutdown": section_shutdown}
+                "shutdown": section_shutdown, "sync": section_sync}
     print(f"cpus={os.cpu_count()} load average {os.getloadavg()[0]:.2f}; logs in {logs}")
     try:
         for url in workers:
@@ -425,7 +574,8 @@ async def main(args: argparse.Namespace) -> None:
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sections", type=lambda s: s.split(","), default=["fuzz", "header", "idle", "shutdown"])
+    p.add_argument("--sections", type=lambda s: s.split(","),
+                   default=["fuzz", "header", "idle", "shutdown", "sync"])
     p.add_argument("--fuzz", type=int, default=20000, help="fuzzed requests (default 20000)")
     p.add_argument("--seed", type=int, default=17)
     p.add_argument("--concurrency", type=int, default=64, help="fuzz connections at a time (default 64)")
@@ -433,6 +583,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--idle", type=int, default=1100, help="idle connections (default 1100)")
     p.add_argument("--streams", type=int, default=10, help="streams cut at shutdown (default 10)")
     p.add_argument("--shutdown-timeout", type=float, default=2.0, help="shutdown_timeout_s (default 2)")
+    p.add_argument("--sync-requests", type=int, default=300,
+                   help="new conversations per phase of the sync section (default 300)")
+    p.add_argument("--sync-plausible", type=int, default=256,
+                   help="in flight a plausible forged heartbeat claims per worker (default 256, the "
+                        "replicas' max_num_seqs)")
     p.add_argument("--replicas", type=int, default=3)
     p.add_argument("--speed", type=float, default=20.0, help="simulated replicas' speed-up (default 20)")
     return p.parse_args()

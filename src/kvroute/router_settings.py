@@ -26,6 +26,7 @@ from kvroute.fleet.discovery import parse_source
 from kvroute.fleet.guard import blocks as _guard_blocks  # noqa: F401  (registers the guard's settings)
 from kvroute.fleet.kv_event_sources import KvEventSettings
 from kvroute.routing.config import ModelPolicy, RoutingConfig, setting_infos
+from kvroute.sync.trust import MIN_SECRET_BYTES
 
 _TRUE = frozenset(("1", "true", "yes", "on"))
 _FALSE = frozenset(("0", "false", "no", "off", ""))
@@ -159,6 +160,11 @@ class Settings:
     kv_events_replay_endpoint: str = ""
     kv_events_ranks: int = 1
     kv_events_topic: str = ""
+    # Shared secret signing the Redis sync messages, or a file holding it; and how far in the future
+    # a peer's time or epoch may be (docs/multi-instance.md#trust-model).
+    sync_secret: str | None = None
+    sync_secret_file: str | None = None
+    sync_max_clock_skew_s: float = 60.0
     # Router processes listening on the same port (``kvroute serve`` only; see docs/server.md).
     processes: int = 1
     # Operations (docs/operations.md): one log line per inference request, the log lines' format
@@ -229,7 +235,7 @@ class Settings:
             else:
                 values[name] = _coerce(name, value, known[name].default)
         for token in ("admin_token", "metrics_token", "default_model", "worker_api_key", "otlp_endpoint",
-                      "api_key_file"):
+                      "api_key_file", "sync_secret", "sync_secret_file"):
             if values.get(token) == "":
                 values[token] = None  # an empty KVROUTE_ADMIN_TOKEN means "no token"
         if values.get("api_key_file"):
@@ -286,6 +292,9 @@ class Settings:
         if self.otlp_endpoint is not None and not self.otlp_endpoint.startswith(("http://", "https://")):
             raise SettingsError(f"otlp_endpoint must be an http:// or https:// URL (OTLP/HTTP), "
                                 f"got {self.otlp_endpoint!r}")
+        if self.sync_max_clock_skew_s < 0:
+            raise SettingsError("sync_max_clock_skew_s must not be negative")
+        self.sync_key()
         self.routing_config()
         self.request_options()
         self.model_aliases()
@@ -294,6 +303,26 @@ class Settings:
         """Where the workers publish their KV-cache events."""
         return KvEventSettings(self.kv_events, self.kv_events_endpoint, self.kv_events_replay_endpoint,
                                self.kv_events_ranks, self.kv_events_topic)
+
+    def sync_key(self) -> bytes | None:
+        """The secret signing the sync messages: ``sync_secret``, else ``sync_secret_file``'s content
+        (surrounding whitespace stripped), else None."""
+        if self.sync_secret is not None and self.sync_secret_file is not None:
+            raise SettingsError("give sync_secret or sync_secret_file, not both")
+        if self.sync_secret_file is not None:
+            try:
+                key = Path(self.sync_secret_file).read_bytes().strip()
+            except OSError as exc:
+                raise SettingsError(f"cannot read sync_secret_file {self.sync_secret_file}: {exc.strerror}"
+                                    ) from None
+        elif self.sync_secret is not None:
+            key = self.sync_secret.strip().encode()
+        else:
+            return None
+        if len(key) < MIN_SECRET_BYTES:
+            raise SettingsError(f"the sync secret must be at least {MIN_SECRET_BYTES} bytes "
+                                "(e.g. `openssl rand -hex 32`)")
+        return key
 
     def breaker_settings(self) -> BreakerSettings:
         """The circuit breaker's and the outlier detector's settings."""

@@ -111,6 +111,9 @@ async def test_processes_share_one_port_state_admin_and_shut_down_gracefully(sim
                 await asyncio.sleep(0.1)  # the sessions bound in one process reach the other
             text = await router.metrics()
             assert sum(samples(text, "kvroute_requests_total").values()) == sent
+            # The processes sign what they share through their private Redis: none warns, none rejects.
+            assert "no sync secret" not in log.read_text()
+            assert sum(samples(text, "kvroute_sync_rejected_total").values()) == 0
             shares = await router.per_process()
             assert set(shares) == {"0", "1"} and all(v > 0 for v in shares.values()), shares
             assert sum(shares.values()) == sent

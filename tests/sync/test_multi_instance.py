@@ -184,9 +184,9 @@ async def test_garbage_and_foreign_messages_are_dropped_and_counted(
     finally:
         await client.aclose()
     for r in (a, b):
-        await wait_until(lambda r=r: metric(r, "kvroute_sync_dropped_total", {"reason": "malformed"}) == 4
-                         and metric(r, "kvroute_sync_dropped_total", {"reason": "version"}) == 1,
-                         what="drops counted")
+        await wait_until(lambda r=r: metric(r, "kvroute_sync_rejected_total", {"reason": "malformed"}) == 4
+                         and metric(r, "kvroute_sync_rejected_total", {"reason": "version"}) == 1,
+                         what="rejections counted")
     # Both instances still share facts.
     convs = [Conversation(i) for i in range(3)]
     for turn in range(2):

@@ -518,7 +518,8 @@ def build_app(settings: Settings, *, scheduler: Scheduler | None = None, sync: R
         router.trails = Trails(access=settings.access_log, tracing=tracing)
     if sync is None and settings.redis_url:
         router.sync = RedisBus(settings.redis_url, registry=registry, scheduler=scheduler,
-                               metrics_registry=router.metrics.prometheus)
+                               metrics_registry=router.metrics.prometheus, secret=settings.sync_key(),
+                               max_clock_skew_s=settings.sync_max_clock_skew_s)
     registry.subscribe(router)
     registry.subscribe(doctor)
     router.kv_events = KvEventWatch(

@@ -90,6 +90,12 @@ def serve(
     default_model: Annotated[str | None, typer.Option(
         metavar="MODEL", rich_help_panel=_ROUTING,
         help="Model for names no worker serves and no alias maps (default: none; they get 404).")] = None,
+    sync_secret: Annotated[str | None, typer.Option(
+        metavar="SECRET", rich_help_panel=_KEYS,
+        help="Secret signing the messages shared through Redis, the same on every instance "
+             "(prefer KVROUTE_SYNC_SECRET or --sync-secret-file).")] = None,
+    sync_secret_file: Annotated[Path | None, typer.Option(
+        metavar="PATH", rich_help_panel=_KEYS, help="File holding the sync secret.")] = None,
     processes: Annotated[int | None, typer.Option(
         metavar="N", rich_help_panel=_LISTEN,
         help="Router processes listening on the same port, sharing routing state through Redis "
@@ -157,7 +163,9 @@ def serve(
                  "kv_events": kv_events or None,
                  "log_format": log_format, "access_log": access_log, "otlp_endpoint": otlp_endpoint,
                  "api_keys": api_key or None, "worker_api_key": worker_api_key,
-                 "api_key_file": None if api_key_file is None else str(api_key_file)}
+                 "api_key_file": None if api_key_file is None else str(api_key_file),
+                 "sync_secret": sync_secret,
+                 "sync_secret_file": None if sync_secret_file is None else str(sync_secret_file)}
     try:
         settings = Settings.load(config, overrides=overrides)
         if routing_table:

@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -134,6 +135,10 @@ class Supervisor:
                 raise SupervisorError(f"cannot start a private Redis for the router processes: {exc}"
                                       ) from None
             redis_url = self._redis.url
+            if s.sync_key() is None:
+                # Only this router's processes write to its private Redis: signed all the same, so
+                # that none of them warns about an unsigned bus.
+                s = s.replace(sync_secret=secrets.token_hex(32))
         child = s.replace(port=port, redis_url=redis_url, processes=1)
         # Given on each process's stdin: the settings hold the admin token, which must not be left
         # in a file (a killed supervisor cannot clean up) nor on a command line (anyone can read it).

@@ -34,6 +34,11 @@ class PeerLoads:
     def __len__(self) -> int:
         return len(self._peers)
 
+    def live(self, instance: str, now: float) -> bool:
+        """Whether ``instance``'s heartbeat is still valid at ``now`` (receiver's monotonic clock)."""
+        peer = self._peers.get(instance)
+        return peer is not None and peer.expires_at > now
+
     def update(self, msg: LoadMessage, now: float, *, age_s: float = 0.0) -> None:
         """Take ``msg`` heard at ``now`` (receiver's monotonic clock).  ``age_s`` is how old it
         already was when read (catch-up reads recent heartbeats from the stream's history).

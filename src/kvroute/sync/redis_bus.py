@@ -12,6 +12,12 @@ counting when full) that a background task drains, lookups stay in the scheduler
 separate task tails both streams with ``XREAD BLOCK``.  When Redis is down, slow or restarted the
 router keeps routing on what it knows, the bus reconnects with exponential backoff and jitter, logs
 the outage once and its end once, and ``kvroute_sync_connected`` says where it stands.
+
+Nothing read is believed before ``sync/trust.py`` has judged it: signed with the shared secret (when
+one is set), no time or epoch in the future, no implausible load, and a heartbeat only from an
+instance that is alive, that is, holds a connection to Redis under its name (``CLIENT SETNAME
+kvroute:<id>``, seen in ``CLIENT LIST``).  A rejected message is counted in
+``kvroute_sync_rejected_total{reason}`` and changes nothing.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import secrets
 import socket
@@ -36,10 +43,10 @@ from redis.exceptions import RedisError, ResponseError
 
 from kvroute.fleet.registry import Registry
 from kvroute.routing.scheduler import Scheduler
+from kvroute.routing.settings import DEFAULT_MAX_NUM_SEQS
 from kvroute.routing.sync_record import PrefixRecord, SyncRecord
 from kvroute.sync.backoff import Backoff
 from kvroute.sync.messages import (
-    FIELD,
     FactsMessage,
     LoadMessage,
     MessageError,
@@ -52,11 +59,13 @@ from kvroute.sync.messages import (
 from kvroute.sync.metrics import SyncMetrics
 from kvroute.sync.peer_load import PeerLoads
 from kvroute.sync.shared_view import SharedView
+from kvroute.sync.trust import Signer, check_facts, check_load, within_context
 
 log = logging.getLogger("kvroute.sync")
 
 _PAGE = 1000                 # stream entries per catch-up read
 _MAX_BATCH_HASHES = 32_768   # keeps one facts message well under a megabyte
+CLIENT_NAME_PREFIX = "kvroute:"
 
 
 def redact_url(url: str) -> str:
@@ -106,7 +115,9 @@ class RedisBus:
 
     ``registry`` and ``scheduler`` are the router's own; the bus writes ``peer_inflight`` and
     agreed epochs into the registry's ``WorkerState``s and calls ``scheduler`` only to move epochs.
-    Metrics go on ``metrics_registry`` (the router's; a private one if None).
+    Metrics go on ``metrics_registry`` (the router's; a private one if None).  ``secret`` signs and
+    checks every message (None: unsigned, with a warning at start); ``max_clock_skew_s`` is how far
+    in the future a remote time or epoch may be.
     """
 
     def __init__(
@@ -130,6 +141,8 @@ class RedisBus:
         connect_timeout_s: float = 2.0,
         command_timeout_s: float = 3.0,
         start_timeout_s: float = 10.0,
+        secret: bytes | None = None,
+        max_clock_skew_s: float = 60.0,
         backoff: Backoff | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
@@ -137,8 +150,12 @@ class RedisBus:
         if not 0 < heartbeat_min_s <= heartbeat_s or queue_max < 1 or batch_max < 1 or stream_maxlen < 1:
             raise ValueError("need 0 < heartbeat_min_s <= heartbeat_s, and positive queue_max, batch_max "
                              "and stream_maxlen")
+        if max_clock_skew_s < 0:
+            raise ValueError("max_clock_skew_s must not be negative")
         self.url = url
         self.instance_id = instance_id or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        if not self.instance_id.isascii() or not self.instance_id.isprintable() or " " in self.instance_id:
+            raise ValueError("instance_id must be printable ASCII without spaces (it names the Redis client)")
         self.facts_key = f"{namespace}:sync:facts".encode()
         self.load_key = f"{namespace}:sync:load".encode()
         self.metrics = SyncMetrics(metrics_registry or CollectorRegistry(auto_describe=True))
@@ -159,7 +176,20 @@ class RedisBus:
         self._backoff = backoff or Backoff()
         self._clock = clock
         self._monotonic = monotonic
+        self._signer = Signer(secret)
+        self._max_skew_s = max_clock_skew_s
+        # Liveness: this instance's connections carry its name while Redis lets them (None: not
+        # yet known whether CLIENT LIST shows them; False: it cannot, heartbeats are then judged
+        # by their time alone).
+        self._named = True
+        self._listing: bool | None = None
+        self._alive: frozenset[str] = frozenset()
+        self._listed_at = -math.inf
         self._peers = PeerLoads()
+        config = scheduler.config
+        self._configured_slots = max(
+            (p.placement.max_num_seqs for p in (config.default, *config.models.values())
+             if p.placement.max_num_seqs), default=DEFAULT_MAX_NUM_SEQS)
         self._view = SharedView(registry, scheduler, self._peers, self.metrics, max_pending=max_pending,
                                 clock=clock)
         self._facts_id = b"0-0"
@@ -180,6 +210,10 @@ class RedisBus:
         Returns once caught up, or as soon as the first attempt to reach Redis failed (the router
         then starts on local state and the bus keeps retrying), or after ``start_timeout_s``."""
         self._view.apply = apply
+        if not self._signer.enabled:
+            log.warning("redis sync: no sync secret (--sync-secret, --sync-secret-file or "
+                        "KVROUTE_SYNC_SECRET): anyone who can write to %s can steer this router's traffic "
+                        "within the bounds (docs/multi-instance.md#trust-model)", redact_url(self.url))
         self._tasks = [asyncio.create_task(self._supervise(), name="kvroute-sync"),
                        asyncio.create_task(self._tick(), name="kvroute-sync-tick")]
         with contextlib.suppress(TimeoutError):
@@ -246,14 +280,36 @@ class RedisBus:
         return aioredis.from_url(
             self.url, socket_connect_timeout=self._connect_timeout_s,
             socket_timeout=self._command_timeout_s + self._block_ms / 1000,
-            retry=Retry(NoBackoff(), 0), health_check_interval=0)
+            retry=Retry(NoBackoff(), 0), health_check_interval=0,
+            client_name=CLIENT_NAME_PREFIX + self.instance_id if self._named else None)
+
+    async def _connect(self) -> aioredis.Redis:
+        """A client that answered a PING; unnamed if Redis refuses ``CLIENT SETNAME`` (an ACL
+        user without it), which only costs the liveness check."""
+        client = self._client()
+        try:
+            await client.ping()
+            return client
+        except ResponseError as exc:
+            await client.aclose()
+            if not self._named:
+                raise
+            self._named = False
+            self._listing_unavailable(f"Redis refused to name this instance's connections ({exc})")
+        client = self._client()
+        try:
+            await client.ping()
+        except BaseException:
+            await client.aclose()
+            raise
+        return client
 
     async def _supervise(self) -> None:
         while not self._closing:
             client: aioredis.Redis | None = None
             try:
-                client = self._client()
-                await client.ping()
+                client = await self._connect()
+                self._listed_at = -math.inf  # who is alive is read again on this connection
                 if self._view.caught_up:
                     await self._check_reset(client)
                 else:
@@ -326,7 +382,7 @@ class RedisBus:
             self._load_id = beats[0][0]
         mono = self._monotonic()
         for _, fields in reversed(beats):
-            self._on_load(fields, mono, now)
+            await self._on_load(client, fields, mono, now)
         start = max(0, int((now - self._history_s) * 1000))
         self._facts_id = f"{start}-0".encode()
         low = self._facts_id
@@ -363,37 +419,102 @@ class RedisBus:
                         self._on_facts(fields, live=True)
                     else:
                         self._load_id = entry_id
-                        self._on_load(fields, self._monotonic(), None)
+                        await self._on_load(client, fields, self._monotonic(), None)
 
     def _on_facts(self, fields: Mapping[Any, Any], *, live: bool) -> int:
         try:
+            self._signer.verify(fields)
             msg = decode_facts(fields)
+            if msg.instance == self.instance_id:
+                return 0
+            check_facts(msg, now=self._clock(), max_skew_s=self._max_skew_s,
+                        held_epoch=self._held_epoch)
         except MessageError as exc:
-            self.metrics.dropped.labels(exc.reason).inc()
-            log.debug("redis sync: dropped a facts message: %s", exc)
-            return 0
-        if msg.instance == self.instance_id:
+            self._reject(exc, "facts")
             return 0
         if live:
             self.metrics.lag.observe(max(0.0, self._clock() - msg.time))
         for record in msg.records:
-            self._view.receive(record)
+            state = self._registry.get(record.worker_id)
+            self._view.receive(within_context(record, None if state is None else state.state.max_model_len))
         return len(msg.records)
 
-    def _on_load(self, fields: Mapping[Any, Any], mono: float, catch_up_now: float | None) -> None:
+    async def _on_load(self, client: aioredis.Redis, fields: Mapping[Any, Any], mono: float,
+                       catch_up_now: float | None) -> None:
         try:
+            self._signer.verify(fields)
             msg = decode_load(fields)
+            if msg.instance == self.instance_id:
+                return
+            age = 0.0 if catch_up_now is None else max(0.0, catch_up_now - msg.time)
+            if age >= msg.ttl_s:
+                return  # history: it ran out long ago, whoever sent it
+            known = self._peers.live(msg.instance, mono)
+            instances = len(self._peers) + (1 if known else 2)
+            check_load(msg, now=self._clock(), max_skew_s=self._max_skew_s, live=catch_up_now is None,
+                       held_epoch=self._held_epoch,
+                       max_inflight=lambda wid: self._slots(wid) * instances)
+            if not known and not await self._is_alive(client, msg.instance):
+                raise MessageError("unknown_instance", f"a heartbeat from {msg.instance}, which holds no "
+                                                       "connection to Redis")
         except MessageError as exc:
-            self.metrics.dropped.labels(exc.reason).inc()
-            log.debug("redis sync: dropped a load message: %s", exc)
+            self._reject(exc, "load")
             return
-        if msg.instance == self.instance_id:
-            return
-        age = 0.0 if catch_up_now is None else max(0.0, catch_up_now - msg.time)
         self._peers.update(msg, mono, age_s=age)
         self._view.peer_epochs({w: load.epoch for w, load in msg.workers.items()})
         self._peers.apply_to(self._registry.states(), self._registry.dispatch)
         self.metrics.peers.set(len(self._peers))
+
+    def _reject(self, exc: MessageError, kind: str) -> None:
+        self.metrics.rejected.labels(exc.reason).inc()
+        log.debug("redis sync: rejected a %s message (%s): %s", kind, exc.reason, exc)
+
+    def _held_epoch(self, worker_id: str) -> float | None:
+        """The epoch this instance uses for a worker: agreed with the others, else its own."""
+        agreed = self._view.agreed_epoch(worker_id)
+        if agreed is not None:
+            return agreed
+        record = self._registry.get(worker_id)
+        return None if record is None else record.state.epoch
+
+    def _slots(self, worker_id: str) -> int:
+        """A worker's sequence slots: what it reports or is declared with, else the configured or
+        vLLM's default."""
+        record = self._registry.get(worker_id)
+        return (record.state.max_num_seqs if record is not None else None) or self._configured_slots
+
+    async def _is_alive(self, client: aioredis.Redis, instance: str) -> bool:
+        """Whether ``instance`` holds a connection to Redis (True when that cannot be known).
+        Redis is asked again at most every ``heartbeat_min_s``: only heartbeats of instances not
+        already live get here, so that is once per new peer, replay or forgery."""
+        if self._listing is False:
+            return True
+        since = self._monotonic() - self._listed_at
+        if (instance not in self._alive or since >= self._peer_ttl_s) and since >= self._heartbeat_min_s:
+            await self._list_instances(client)
+        return self._listing is not True or instance in self._alive
+
+    async def _list_instances(self, client: aioredis.Redis) -> None:
+        self._listed_at = self._monotonic()
+        try:
+            clients = await client.client_list()
+        except ResponseError as exc:
+            self._listing_unavailable(f"Redis refused CLIENT LIST ({exc})")
+            return
+        names = (str(c.get("name", "")) for c in clients)
+        alive = frozenset(n.removeprefix(CLIENT_NAME_PREFIX) for n in names
+                          if n.startswith(CLIENT_NAME_PREFIX))
+        if self.instance_id not in alive:
+            self._listing_unavailable("this instance's own connection is not in CLIENT LIST (a proxy in "
+                                      "between, or names refused)")
+            return
+        self._alive = alive
+        self._listing = True
+
+    def _listing_unavailable(self, why: str) -> None:
+        if self._listing is not False:
+            log.warning("redis sync: %s; heartbeats will be judged by their time alone", why)
+        self._listing = False
 
     # --- writing -------------------------------------------------------------------------------
 
@@ -419,8 +540,8 @@ class RedisBus:
             payload = encode_facts(FactsMessage(self.instance_id, self._clock(), records))
             self._in_flight = len(batch)
             try:
-                await client.xadd(self.facts_key, {FIELD: payload}, maxlen=self._stream_maxlen,
-                                  approximate=True)
+                await client.xadd(self.facts_key, self._signer.fields(payload),
+                                  maxlen=self._stream_maxlen, approximate=True)
             except ResponseError as exc:
                 # Redis answered but refused (out of memory, a key of another type): retrying the
                 # same batch would fail the same way.
@@ -458,8 +579,8 @@ class RedisBus:
             now = self._monotonic()
             if workers != last or now - sent_at >= self._heartbeat_s:
                 msg = LoadMessage(self.instance_id, self._clock(), self._peer_ttl_s, workers)
-                await client.xadd(self.load_key, {FIELD: encode_load(msg)}, maxlen=self._load_maxlen,
-                                  approximate=True)
+                await client.xadd(self.load_key, self._signer.fields(encode_load(msg)),
+                                  maxlen=self._load_maxlen, approximate=True)
                 self.metrics.heartbeats.inc()
                 last, sent_at = workers, now
             await asyncio.sleep(self._heartbeat_min_s)
