@@ -28,13 +28,15 @@ class Seen:
 class EchoEngine:
     """``mode``: ok | error (500 before any byte) | hang (never answers) | stall (a stream's head,
     then nothing) | drop (cuts the stream after the first event, or a plain body halfway) |
-    unhealthy (/health 503).  ``events`` and
-    ``delay_s`` shape streams."""
+    garbage (a stream written in one piece with a line of garbage after its first event; a plain
+    body that is not JSON) | unhealthy (/health 503).  ``events`` and
+    ``delay_s`` shape streams; ``reply`` is a plain answer's text."""
 
     model: str = "echo"
     mode: str = "ok"
     events: int = 3
     delay_s: float = 0.0
+    reply: str = "hello"
     metrics: bool = True
     start_time: float = field(default_factory=time.time)
     running: int = 0
@@ -104,6 +106,8 @@ class EchoEngine:
             if self.delay_s:
                 await asyncio.sleep(self.delay_s)
             final = orjson.dumps(self._final(request.path, doc))
+            if self.mode == "garbage":
+                final = final[: len(final) // 2]
             if self.mode == "drop":
                 return await self._cut(request, final)
             self.served += 1
@@ -112,17 +116,36 @@ class EchoEngine:
             self.running -= 1
 
     def _final(self, path: str, doc: dict[str, Any]) -> dict[str, Any]:
+        if path == "/v1/messages/count_tokens":
+            return {"input_tokens": 10}
+        if path == "/v1/responses":
+            return {"id": "resp_1", "object": "response", "status": "completed", "model": self.model,
+                    "output": [{"type": "message", "role": "assistant",
+                                "content": [{"type": "output_text", "text": self.reply}]}],
+                    "usage": {"input_tokens": 10, "output_tokens": 1}}
+        if path == "/v1/embeddings":
+            return {"object": "list", "model": self.model, "usage": {"prompt_tokens": 10, "total_tokens": 10},
+                    "data": [{"object": "embedding", "index": 0, "embedding": [0.5, -0.5]}]}
         if path.startswith("/v1/messages"):
             return {"id": "msg_1", "type": "message", "role": "assistant", "model": self.model,
                     "content": [{"type": "text", "text": "hello"}], "stop_reason": "end_turn",
                     "stop_sequence": None, "usage": {"input_tokens": 10, "output_tokens": 1}}
         return {"id": "cmpl-1", "object": "chat.completion", "created": 1, "model": self.model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"},
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": self.reply},
                              "finish_reason": "stop"}],
                 "usage": {"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11,
                           "prompt_tokens_details": {"cached_tokens": 4}}}
 
     def _events(self, path: str) -> list[bytes]:
+        if path == "/v1/responses":
+            def typed(name: str, data: dict[str, Any]) -> bytes:
+                payload = orjson.dumps({"type": name, **data})
+                return b"event: " + name.encode() + b"\ndata: " + payload + b"\n\n"
+            return ([typed("response.created", {"response": {"id": "resp_1", "status": "in_progress"}})]
+                    + [typed("response.output_text.delta", {"delta": f"w{i} "}) for i in range(self.events)]
+                    + [typed("response.completed", {"response": {
+                        "id": "resp_1", "status": "completed",
+                        "usage": {"input_tokens": 10, "output_tokens": self.events}}})])
         if path.startswith("/v1/messages"):
             def ev(name: str, data: dict[str, Any]) -> bytes:
                 return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
@@ -164,6 +187,11 @@ class EchoEngine:
         await resp.prepare(request)
         if self.mode == "stall":
             await asyncio.sleep(3600)
+        if self.mode == "garbage":
+            first, *rest = self._events(request.path)
+            await resp.write(first + b"\x00 not an event\n\n" + b"".join(rest))
+            await resp.write_eof()
+            return resp
         for i, event in enumerate(self._events(request.path)):
             if self.mode == "drop" and i == 1:
                 await resp.write(event[: len(event) // 2])  # half an event, then the connection dies

@@ -381,7 +381,8 @@ async def test_garbage_wrong_shape_and_oversized_faults_answer_200_with_no_answe
     await _fault(http, url, kind="garbage", after_tokens=2, count=1)
     events = (await answer(True, "/v1/messages")).split(b"\n\n")
     # message_start and content_block_start, two deltas, then one line of garbage; the rest follows.
-    assert events[4].startswith(b"\x00\xff") and events[-2] == b'event: message_stop\ndata: {"type":"message_stop"}'
+    assert events[4].startswith(b"\x00\xff")
+    assert events[-2] == b'event: message_stop\ndata: {"type":"message_stop"}'
     await _fault(http, url, kind="wrong_shape", count=2)
     doc = orjson.loads(await answer(False))
     assert "choices" not in doc and doc["object"] == "kvroute.sim.wrong_shape"

@@ -26,6 +26,8 @@ _EPOCH_STEP = 1e-3
 _PREDICTION_FLOOR_S = 0.05
 # The fleet comparison (O(workers)) runs every few samples of a worker, not on every answer.
 _OUTLIER_EVERY = 4
+# Weight of the newest stream in a worker's average gap between reads.
+_GAP_ALPHA = 0.2
 
 
 class RegistryListener(Protocol):
@@ -85,6 +87,9 @@ class WorkerRecord:
     requests: Counter[str] = field(default_factory=Counter)  # by decision kind
     history: deque[CounterSample] = field(default_factory=deque)
     breaker: Breaker = field(default_factory=Breaker)
+    # Average seconds between two reads of a streamed answer from this worker (None: no stream
+    # finished yet); the stream idle deadline is derived from it.
+    read_gap_s: float | None = None
 
     @property
     def id(self) -> str:
@@ -122,6 +127,7 @@ class WorkerRecord:
             "last_probe": self.last_probe,
             "last_error": self.last_error,
             "requests": dict(self.requests),
+            "read_gap_s": None if self.read_gap_s is None else round(self.read_gap_s, 6),
         }
 
 
@@ -289,13 +295,18 @@ class Registry:
         record.breaker.failed(now, reason)
         self._sync(record)
 
-    def mark_success(self, worker_id: str, *, ttft_s: float | None = None, predicted_s: float = 0.0) -> None:
-        """A request to the worker got a response: its failure streak ends, a half-open breaker
-        closes.  ``ttft_s`` (a streamed answer's time to first token) and the ``predicted_s`` it
-        was routed with feed the latency-outlier detector."""
+    def mark_success(self, worker_id: str, *, ttft_s: float | None = None, predicted_s: float = 0.0,
+                     read_gap_s: float | None = None) -> None:
+        """A request to the worker got its whole answer (or its client left while it flowed): its
+        failure streak ends, a half-open breaker closes.  ``ttft_s`` (a streamed answer's time to
+        first token) and the ``predicted_s`` it was routed with feed the latency-outlier detector;
+        ``read_gap_s`` (a stream's mean time between two reads) the worker's average gap."""
         record = self._records.get(worker_id)
         if record is None:
             return
+        if read_gap_s is not None:
+            old = record.read_gap_s
+            record.read_gap_s = read_gap_s if old is None else old + (read_gap_s - old) * _GAP_ALPHA
         breaker = record.breaker
         was_closed = breaker.state is BreakerState.CLOSED
         breaker.succeeded()

@@ -119,6 +119,21 @@ class Call:
         self._fail(UpstreamError("reset", "aborted by the router"))
         self._conn.close()
 
+    def limit_silence(self, seconds: float) -> None:
+        """From now on, fail the call (``stream_idle_timeout``) and close its connection when the
+        worker sends nothing for ``seconds`` (at most the pool's read timeout, which applies
+        until then)."""
+        self._conn.limit_silence(seconds)
+
+    def fail(self, reason: str, detail: str) -> None:
+        """Give up on an answer the router judged unusable (``reason`` names why, for metrics):
+        the call fails with that reason and the connection is closed, which aborts the request.
+        Nothing happens once the whole answer arrived (its connection may serve another request)."""
+        if self.completed:
+            return
+        self._fail(UpstreamError(reason, detail))
+        self._conn.close()
+
     def expire(self, seconds: float) -> None:
         """The first byte did not come within ``seconds``: fail the call (``first_byte_timeout``) and
         close the connection, which is how the engine learns to abort.  Nothing happens once the
@@ -162,6 +177,9 @@ class _Connection(asyncio.Protocol):
         self._head: ResponseHead | None = None
         self._headers: list[tuple[bytes, bytes]] = []
         self._last_read = 0.0
+        # The longest silence accepted from the worker for the request under way; the pool's read
+        # timeout unless the proxy set a shorter one (stream_idle_timeout).
+        self.silence_limit_s = pool.read_timeout_s
         self._paused = False
         self._reason = b""
         self.idle_since = 0.0
@@ -176,6 +194,7 @@ class _Connection(asyncio.Protocol):
         self._call = call
         self._head = None
         self._last_read = self._loop.time()
+        self.silence_limit_s = self._pool.read_timeout_s
         self._pool._watch(self)
         self._transport.write(data)
         return call
@@ -200,6 +219,9 @@ class _Connection(asyncio.Protocol):
             if self._transport is not None:
                 self._transport.close()
 
+    def limit_silence(self, seconds: float) -> None:
+        self.silence_limit_s = min(seconds, self._pool.read_timeout_s)
+
     def silent_for(self, now: float) -> float:
         """Seconds since the worker last sent a byte for the request under way (0 while the
         router itself stopped reading, waiting for a slow client)."""
@@ -210,7 +232,9 @@ class _Connection(asyncio.Protocol):
         call, self._call = self._call, None
         self.close()
         if call is not None:
-            call._fail(UpstreamError("timeout", f"no data for {self._pool.read_timeout_s:g} s"))
+            limit = self.silence_limit_s
+            reason = "timeout" if limit >= self._pool.read_timeout_s else "stream_idle_timeout"
+            call._fail(UpstreamError(reason, f"no data for {limit:g} s"))
 
     # --- asyncio.Protocol ---
 
@@ -418,7 +442,7 @@ class UpstreamPool:
     def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
         self._sweeper = None
         now = loop.time()
-        for conn in [c for c in self._busy if c.silent_for(now) >= self.read_timeout_s]:
+        for conn in [c for c in self._busy if c.silent_for(now) >= c.silence_limit_s]:
             conn.time_out()
         if self._busy and not self._closed:
             self._arm_sweeper()
