@@ -126,6 +126,7 @@ def test_the_first_event_and_a_plain_body_must_be_the_routes_answer() -> None:
     assert first_event_problem(chat, b'data: {"choices":[{"delta":{}}]}\n\n') is None
     assert first_event_problem(chat, b'data: {"error":{"message":"bad"}}\n\n') is None  # the engine's own
     assert first_event_problem(chat, b'data: {"object":"x"}\n\n') is not None
+    assert first_event_problem(chat, b": keep-alive\n\n") is None  # no data yet: nothing to judge
     assert first_event_problem(messages, b'event: message_start\ndata: {"type":"message_start"}\n\n') is None
     assert first_event_problem(messages, b"event: message_start\ndata: [1]\n\n") is not None
     doc, problem = body_answer(chat, b'{"choices":[{"message":{"content":"hi"}}],"usage":{}}')

@@ -4,7 +4,8 @@ A replica can be healthy by ``/health`` and still fail every request (a hung eng
 ``/health``).  The breaker takes it out of rotation on what real requests see:
 
 * **closed** (normal): ``failures`` consecutive failed attempts (5xx, reset, timeout, no first byte
-  in time) open it;
+  in time, a stream silent past its idle deadline, a 2xx that is not an answer) open it; an attempt
+  succeeds when its answer ended well;
 * **open**: not a candidate for ``cooldown`` seconds (``cooldown_s`` the first time, doubled after
   each failed trial, at most ``max_cooldown_s``);
 * **half-open**: one trial request is let through; its success closes the breaker, its failure
