@@ -393,3 +393,24 @@ async def test_a_stream_whose_first_event_is_no_answer_is_retried(sim_fleet, rou
     assert status == 200 and worker != victim and body.endswith(b"data: [DONE]\n\n")
     assert b"wrong_shape" not in body
     assert failures(await metrics(http, r), "malformed") == 1
+
+
+async def test_a_replica_whose_streams_only_are_garbage_is_ejected_within_three_bad_answers(
+        sim_fleet, router, http):
+    """Its plain answers are good, so its failures never come three in a row: the bad answers are
+    counted apart (among its last answers) and eject it on the third."""
+    fleet = await sim_fleet(3)
+    r = await router(fleet.urls, policy="round-robin", max_event_bytes=64 * 1024, breaker_cooldown_s=60.0,
+                     routing={"canary": False})
+    victim = worker_at(r, fleet.urls[0])
+    await set_fault(http, fleet.urls[0], kind="oversized", after_tokens=1, size=100_000)
+    streaks = []
+    for i in range(30):
+        status, _, body = await raw_chat(http, r, i, stream=i % 2 == 0)
+        assert status == 200 and b"x" * 70_000 not in body  # no oversized event reached a client
+        streaks.append(r.registry.get(victim).breaker.failures)
+    m = await metrics(http, r)
+    assert failures(m, "malformed") == 3  # the third bad answer ejected it: nothing went there since
+    assert m[("kvroute_ejections_total", (("reason", "malformed"), ("worker", victim)))] == 1
+    assert max(streaks) < 3  # good answers came between: the streak alone never opened it
+    assert r.registry.get(victim).breaker.state.value == "open"

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from kvroute.fleet.breaker import Breaker, BreakerSettings, BreakerState, latency_outlier
+from kvroute.fleet.breaker import Breaker, BreakerSettings, BreakerState, latency_outlier, malformed_outlier
 from kvroute.fleet.vllm_metrics import EngineMetrics
 from kvroute.routing.dispatch import Dispatcher
 from kvroute.routing.scheduler import Scheduler
@@ -280,10 +280,13 @@ class Registry:
             breaker.sending(self._clock())
             self._sync(record)
 
-    def mark_failure(self, worker_id: str, reason: str, *, unreachable: bool = False) -> None:
+    def mark_failure(self, worker_id: str, reason: str, *, unreachable: bool = False,
+                     malformed: bool = False) -> None:
         """A request to the worker failed.  An unreachable worker is unhealthy at once (the probe
         brings it back when it answers again); every failure counts towards its circuit breaker,
-        which takes it out after ``breaker.failures`` in a row (only a request brings it back)."""
+        which takes it out after ``breaker.failures`` in a row (only a request brings it back).
+        ``malformed``: the worker answered, but not with an answer; enough of those among its
+        recent answers eject it even with good answers in between (``malformed_outlier``)."""
         record = self._records.get(worker_id)
         if record is None:
             return
@@ -291,8 +294,16 @@ class Registry:
         if unreachable:
             record.state.healthy = False
         now = self._clock()
-        record.breaker.tick(now)
-        record.breaker.failed(now, reason)
+        breaker = record.breaker
+        breaker.tick(now)
+        breaker.failed(now, reason)
+        if malformed:
+            breaker.answered(True)
+            ready = sum(1 for s in self._states if s.ready)
+            detail = malformed_outlier({r.id: r.breaker for r in self._records.values()}, worker_id, ready)
+            if detail is not None:
+                breaker.eject(now, "malformed", detail)
+                record.last_error = f"ejected: {detail}"
         self._sync(record)
 
     def mark_success(self, worker_id: str, *, ttft_s: float | None = None, predicted_s: float = 0.0,
@@ -310,6 +321,7 @@ class Registry:
         breaker = record.breaker
         was_closed = breaker.state is BreakerState.CLOSED
         breaker.succeeded()
+        breaker.answered(False)
         if not was_closed:
             self._sync(record)
         if ttft_s is None or ttft_s < 0:

@@ -431,7 +431,7 @@ class Proxy:
                     failure = "malformed"
                     log.warning("worker %s answered %d with something that is not an answer: %s",
                                 state.id, head.status, problem)
-                    r.registry.mark_failure(state.id, f"malformed: {problem}")
+                    r.registry.mark_failure(state.id, f"malformed: {problem}", malformed=True)
                     r.metrics.failures.labels(failure).inc()
                     exclude.append(state.id)
                     continue
@@ -640,7 +640,8 @@ class Proxy:
         event (SSE) or cut the connection (a plain body cannot carry an error any more)."""
         r = self._r
         reason = exc.reason
-        r.registry.mark_failure(state.id, f"midstream {reason}: {exc}", unreachable=exc.unreachable)
+        r.registry.mark_failure(state.id, f"midstream {reason}: {exc}", unreachable=exc.unreachable,
+                                malformed=reason == "malformed")
         r.metrics.failures.labels(reason if reason in _NAMED_BREAKS else "midstream").inc()
         log.warning("worker %s failed mid-response: %s (%s)", state.id, reason, exc)
         if sse:
