@@ -170,7 +170,7 @@ class _Opening:
     that is not the API's can still be replaced: a stream's first whole event, a plain body whole
     (or its first ``limit`` bytes)."""
 
-    __slots__ = ("_limit", "_sse", "_tail", "doc", "parts", "ready", "size")
+    __slots__ = ("_limit", "_ready", "_sse", "_tail", "doc", "enough", "parts", "size")
 
     def __init__(self, sse: bool, limit: int) -> None:
         self._sse = sse
@@ -178,7 +178,8 @@ class _Opening:
         self._tail = b""  # the last bytes read: an event boundary can straddle two reads
         self.parts: list[bytes] = []
         self.size = 0
-        self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.enough = False  # a whole event (a stream), or more than the limit, has been read
+        self._ready: asyncio.Future[None] | None = None  # only made when it has to be waited for
         self.doc: object = None  # a plain body, parsed
 
     @classmethod
@@ -186,17 +187,21 @@ class _Opening:
         """Read the start of ``call``'s answer (UpstreamError if the answer fails before)."""
         opening = cls(sse, limit)
         call.attach(opening.feed)
-        if call.done.done():
-            opening.ended(call.done)
-        else:
-            call.done.add_done_callback(opening.ended)
-        await opening.ready
+        done = call.done
+        if done.done():
+            done.result()  # raises the answer's failure, if it failed
+        elif not opening.enough:
+            opening._ready = asyncio.get_running_loop().create_future()
+            done.add_done_callback(opening._ended)
+            await opening._ready
+        # else the common case: a stream's first event came with its first read (a plain answer
+        # usually comes whole with its head): nothing to wait for.
         return opening
 
     def feed(self, chunk: bytes) -> None:
         self.parts.append(chunk)
         self.size += len(chunk)
-        if self.ready.done():
+        if self.enough:
             return
         if self._sse:
             window = self._tail + chunk
@@ -205,17 +210,20 @@ class _Opening:
                 return
         elif self.size <= self._limit:
             return
-        self.ready.set_result(None)
+        self.enough = True
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_result(None)
 
-    def ended(self, done: asyncio.Future[None]) -> None:
-        if self.ready.done():
+    def _ended(self, done: asyncio.Future[None]) -> None:
+        ready = self._ready
+        if ready is None or ready.done():
             return
         error = done.exception()
         if error is None:
-            self.ready.set_result(None)
+            ready.set_result(None)
         else:
-            self.ready.set_exception(error)
-            self.ready.exception()  # retrieved: whoever awaits it still gets it
+            ready.set_exception(error)
+            ready.exception()  # retrieved: whoever awaits it still gets it
 
     def data(self) -> bytes:
         """What has been read so far."""
