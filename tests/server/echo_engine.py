@@ -29,7 +29,8 @@ class EchoEngine:
     """``mode``: ok | error (500 before any byte) | hang (never answers) | stall (a stream's head,
     then nothing) | drop (cuts the stream after the first event, or a plain body halfway) |
     garbage (a stream written in one piece with a line of garbage after its first event; a plain
-    body that is not JSON) | unhealthy (/health 503).  ``events`` and
+    body that is not JSON) | late_body (a plain answer's head at once, its body ``delay_s`` later) |
+    unhealthy (/health 503).  ``events`` and
     ``delay_s`` shape streams; ``reply`` is a plain answer's text."""
 
     model: str = "echo"
@@ -103,9 +104,11 @@ class EchoEngine:
             doc = orjson.loads(body)
             if doc.get("stream"):
                 return await self._stream(request, doc)
-            if self.delay_s:
+            if self.delay_s and self.mode != "late_body":
                 await asyncio.sleep(self.delay_s)
             final = orjson.dumps(self._final(request.path, doc))
+            if self.mode == "late_body":
+                return await self._late(request, final)
             if self.mode == "garbage":
                 final = final[: len(final) // 2]
             if self.mode == "drop":
@@ -172,6 +175,16 @@ class EchoEngine:
             "usage": {"prompt_tokens": 10, "completion_tokens": self.events, "total_tokens": 13}}) + b"\n\n")
         out.append(b"data: [DONE]\n\n")
         return out
+
+    async def _late(self, request: web.Request, body: bytes) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        resp.content_length = len(body)
+        await resp.prepare(request)
+        await asyncio.sleep(self.delay_s)
+        await resp.write(body)
+        await resp.write_eof()
+        self.served += 1
+        return resp
 
     async def _cut(self, request: web.Request, body: bytes) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "application/json"})

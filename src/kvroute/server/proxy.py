@@ -407,8 +407,8 @@ class Proxy:
                     finally:
                         if timer is not None:
                             timer.cancel()
-                    # The body has started (a stream's first bytes are here): from now on silence
-                    # is bounded by the stream idle deadline, not the first-byte one.
+                    # Once the body has started (a stream's first bytes are here) silence is bounded
+                    # by the stream idle deadline, not the first-byte one.
                     call.limit_silence(stream_idle_deadline(r.settings, record.read_gap_s))
                     if 200 <= head.status < 300:
                         opening = await _Opening.read(

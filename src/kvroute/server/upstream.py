@@ -80,7 +80,7 @@ class Call:
     ``first_body`` resolves with the first body bytes (or the end of an empty body): for a stream,
     the first token, which the proxy's first-byte deadline waits for."""
 
-    __slots__ = ("_conn", "_early", "_flush", "_sink", "completed", "done", "first_body", "head")
+    __slots__ = ("_conn", "_early", "_flush", "_silence", "_sink", "completed", "done", "first_body", "head")
 
     def __init__(self, conn: _Connection, loop: asyncio.AbstractEventLoop) -> None:
         self._conn = conn
@@ -90,6 +90,7 @@ class Call:
         self._sink: BodySink | None = None
         self._flush: Callable[[], None] | None = None
         self._early: list[bytes] = []
+        self._silence: float | None = None  # limit_silence's, until the body starts
         # The whole answer arrived (its connection may already serve another request).
         self.completed = False
 
@@ -120,10 +121,14 @@ class Call:
         self._conn.close()
 
     def limit_silence(self, seconds: float) -> None:
-        """From now on, fail the call (``stream_idle_timeout``) and close its connection when the
-        worker sends nothing for ``seconds`` (at most the pool's read timeout, which applies
-        until then)."""
-        self._conn.limit_silence(seconds)
+        """Once the answer's body has started (now, if it has), fail the call
+        (``stream_idle_timeout``) and close its connection when the worker sends nothing for
+        ``seconds`` (at most the pool's read timeout, which applies until then: an engine may send
+        a plain answer's head long before its body)."""
+        if self.first_body.done():
+            self._conn.limit_silence(seconds)
+        else:
+            self._silence = seconds
 
     def fail(self, reason: str, detail: str) -> None:
         """Give up on an answer the router judged unusable (``reason`` names why, for metrics):
@@ -150,6 +155,8 @@ class Call:
     def _body(self, data: bytes) -> None:
         if not self.first_body.done():
             self.first_body.set_result(None)
+            if self._silence is not None:
+                self._conn.limit_silence(self._silence)
         if self._sink is not None:
             self._sink(data)
         else:
