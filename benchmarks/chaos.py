@@ -21,9 +21,16 @@ fresh one per section so that its memory is measured cleanly) and this client.
              (unsigned, wrongly signed, signed by an insider, plausible from an instance that is not
              connected) and worker epochs in 2058; where requests go, the worker epochs, the
              rejections, and what a router started afterwards adopts from the history.
+* stall:     one of three replicas (its own `kvroute sim` process) stopped with SIGSTOP for 60 s
+             while streams flow, the router at its defaults: when its streams' clients get an error
+             event, whether the other streams and new requests meanwhile are served (issue 24).
+* garbage:   one of three replicas answers 200 with something that is not an answer (each sim
+             fault kind in turn, a fresh router each): bad answers it sent before its breaker
+             opened, garbage that reached a client, streams whose clients were told (issue 24).
 
     python benchmarks/chaos.py                          # everything (about 3-5 minutes on 2 cores)
     python benchmarks/chaos.py --fuzz 2000 --sections fuzz,header
+    python benchmarks/chaos.py --sections stall,garbage   # about 3 minutes on 2 cores
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))  # developer tooling, not in the wheel
@@ -549,6 +557,251 @@ async def section_sync(workers: list[str], logs: Path, args: argparse.Namespace)
               f"{'the same epochs' if late_epochs == epochs_before else 'other epochs: ' + str(late_epochs)} "
               f"(rejected from the history: {dict((k, int(v)) for k, v in late_rejected.items() if v)})")
         print(f"  rejected by the two routers: {dict(sorted(rejected.items()))}")
+# --- stall ---------------------------------------------------------------------------------------
+
+def start_sims(logs: Path, name: str, count: int,
+               speed: float) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
+    """``count`` simulated replicas, each its own `kvroute sim` process (so one can be stopped)."""
+    procs, urls = [], []
+    for i in range(count):
+        port = free_ports(1)
+        procs.append(subprocess.Popen(
+            [*KVROUTE, "sim", "--preset", "a4000-qwen3-4b", "--port", str(port), "--speed", str(speed),
+             "--max-num-seqs", "256"],
+            stdout=subprocess.DEVNULL, stderr=open(logs / f"sim-{name}-{i}.log", "w")))  # noqa: SIM115
+        urls.append(f"http://127.0.0.1:{port}")
+    return procs, urls
+
+
+def metric_values(text: str, name: str) -> dict[str, float]:
+    """Every sample of ``name`` in an exposition, by its label text (``'reason="malformed"'``)."""
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            labels, value = line[len(name) + 1:].rsplit("} ", 1)
+            out[labels] = float(value)
+    return out
+
+
+@dataclass
+class StreamSeen:
+    """What one streamed request's client saw."""
+
+    worker: str = ""
+    status: int = 0
+    events: int = 0
+    ended: str = ""  # "done", "error" (an error event), "cut" (no proper end), "failed" (no answer)
+    last_byte_at: float = 0.0
+    error_at: float = 0.0
+    started: float = 0.0
+    finished: float = 0.0
+
+
+async def watch_stream(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> StreamSeen:
+    seen = StreamSeen(started=time.perf_counter())
+    buffer = b""
+    try:
+        async with http.post(url + "/v1/chat/completions", json=body) as resp:
+            seen.status, seen.worker = resp.status, resp.headers.get("x-kvroute-worker", "")
+            async for chunk in resp.content.iter_any():
+                now = time.perf_counter()
+                buffer += chunk
+                *events, buffer = buffer.split(b"\n\n")
+                for event in events:
+                    if event.startswith(b'data: {"error"'):
+                        seen.ended, seen.error_at = "error", now
+                    elif event == b"data: [DONE]":
+                        seen.ended = "done"
+                    else:
+                        seen.events += 1
+                        seen.last_byte_at = now
+    except aiohttp.ClientError:
+        pass
+    seen.finished = time.perf_counter()
+    if not seen.ended:
+        seen.ended = "cut" if seen.status == 200 else "failed"
+    return seen
+
+
+async def section_stall(workers: list[str], logs: Path, args: argparse.Namespace) -> None:
+    procs, urls = start_sims(logs, "stall", 3, args.stall_speed)
+    env = {"KVROUTE_POLICY": "round-robin"}
+    victim = urls[0]
+    try:
+        for url in urls:
+            await wait_ready(url, "/health")
+        router = await start_router(urls, logs, "stall", env)
+        try:
+            async with aiohttp.ClientSession() as http:
+                # Warm-up: a finished stream on each replica, so the router knows its gap between reads
+                # and the deadline is the derived one (the floor), not the ceiling used before that.
+                for i in range(6):
+                    await watch_stream(http, router.url, {
+                        "model": MODEL, "max_tokens": 64, "stream": True,
+                        "messages": [{"role": "user", "content": f"warm {i}"}]})
+                long_body = {"model": MODEL, "max_tokens": args.stall_tokens, "ignore_eos": True,
+                             "stream": True}
+                streams = [asyncio.create_task(watch_stream(http, router.url, {
+                    **long_body, "messages": [{"role": "user", "content": f"stream {i}: count slowly"}]}))
+                    for i in range(args.stall_streams)]
+                await asyncio.sleep(1.5)  # every stream under way
+                victim_id = victim.removeprefix("http://")
+                procs[0].send_signal(signal.SIGSTOP)
+                stopped_at = time.perf_counter()
+                newcomers = []
+                while time.perf_counter() - stopped_at < args.stall_s:
+                    newcomers.append(asyncio.create_task(watch_stream(http, router.url, {
+                        "model": MODEL, "max_tokens": 32, "stream": True,
+                        "messages": [{"role": "user", "content": f"newcomer {len(newcomers)}"}]})))
+                    await asyncio.sleep(1.0)
+                procs[0].send_signal(signal.SIGCONT)
+                resumed_at = time.perf_counter()
+                seen = await asyncio.gather(*streams)
+                new_seen = await asyncio.gather(*newcomers)
+                async with http.get(router.url + "/metrics") as resp:
+                    text = await resp.text()
+        finally:
+            stop(router)
+    finally:
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGCONT)
+            proc.terminate()
+            proc.wait(30)
+    mine = [s for s in seen if s.worker == victim_id]
+    others = [s for s in seen if s.worker != victim_id]
+    silences = sorted(s.error_at - max(s.last_byte_at, stopped_at) for s in mine if s.ended == "error")
+    failures = metric_values(text, "kvroute_failures_total")
+    breaker = metric_values(text, "kvroute_breaker_state").get(f'worker="{victim_id}"')
+    hung = sum(1 for s in mine if s.ended != "error" or s.error_at >= resumed_at)
+    print(f"## stall: 1 of 3 replicas stopped (SIGSTOP) for {args.stall_s:g} s with {len(seen)} streams "
+          f"flowing ({len(mine)} on it), router defaults (stream_idle_floor_s 30, stream_idle_timeout_s "
+          f"120, factor 50), speed {args.stall_speed:g}")
+    span = f"{silences[0]:.1f}-{silences[-1]:.1f} s" if silences else "-"
+    print(f"its streams: {sum(s.ended == 'error' for s in mine)}/{len(mine)} ended with an error event, "
+          f"{sum(s.ended == 'cut' for s in mine)} cut, {hung} still waiting when the replica resumed; "
+          f"silence before the error event: {span}")
+    print(f"other streams: {sum(s.ended == 'done' for s in others)}/{len(others)} complete")
+    waits = sorted(s.finished - s.started for s in new_seen)
+    print(f"new streams during the stop: {len(new_seen)} sent, {sum(s.ended != 'done' for s in new_seen)} "
+          f"not complete, {sum(s.worker == victim_id for s in new_seen)} answered by the stopped replica, "
+          f"slowest {waits[-1]:.1f} s, median {waits[len(waits) // 2]:.2f} s")
+    print("kvroute_failures_total: " + ", ".join(f"{k} {v:g}" for k, v in sorted(failures.items()) if v)
+          + ("" if breaker is None else f"   its breaker state: {breaker:g} (2 = open)"))
+
+
+# --- garbage -------------------------------------------------------------------------------------
+
+GARBAGE_KINDS = [  # (label, fault, router environment)
+    ("garbage (not JSON / not SSE)", {"kind": "garbage", "after_tokens": 0}, {}),
+    ("garbage mid-stream", {"kind": "garbage", "after_tokens": 3}, {}),
+    ("wrong_shape (no choices/content)", {"kind": "wrong_shape"}, {}),
+    ("oversized 2 MiB event (limit 1 MiB)", {"kind": "oversized", "after_tokens": 3}, {}),
+    ("oversized 300 KB event (limit 256 KiB)", {"kind": "oversized", "after_tokens": 3, "size": 300_000},
+     {"KVROUTE_MAX_EVENT_BYTES": str(256 * 1024)}),
+]
+ASKS = [("/v1/chat/completions", True), ("/v1/chat/completions", False), ("/v1/messages", True),
+        ("/v1/messages", False)]
+
+
+def judge(path: str, stream: bool, status: int, body: bytes, limit: int) -> str:
+    """What a client got: "answer", "told" (an error in the API's format, status or event),
+    "garbage" (something its SDK cannot read as either)."""
+    if not stream or status != 200:
+        try:
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return "garbage"
+        if status == 200:
+            return "answer" if isinstance(doc, dict) and ("choices" in doc or "content" in doc) else "garbage"
+        return "told" if isinstance(doc, dict) and "error" in doc else "garbage"
+    told = False
+    for event in body.split(b"\n\n")[:-1]:
+        if len(event) > limit:
+            return "garbage"
+        for line in event.split(b"\n"):
+            if line.startswith(b"event: "):
+                told = told or line == b"event: error"
+            elif line.startswith(b"data: "):
+                if line == b"data: [DONE]":
+                    continue
+                try:
+                    doc = orjson.loads(line[6:])
+                except orjson.JSONDecodeError:
+                    return "garbage"
+                told = told or (isinstance(doc, dict) and (doc.get("type") == "error" or "error" in doc))
+            elif line:
+                return "garbage"
+    end = b"data: [DONE]" if path == "/v1/chat/completions" else b"event: message_stop"
+    return "told" if told else "answer" if end in body else "garbage"
+
+
+async def garbage_run(url: str, victim: str, count: int, concurrency: int, limit: int) -> dict[str, Any]:
+    tally: collections.Counter[str] = collections.Counter()
+    bad_at_open: float | None = None
+    gate = asyncio.Semaphore(concurrency)
+
+    async with aiohttp.ClientSession() as http:
+        async def bad_so_far() -> tuple[float, bool]:
+            async with http.get(url + "/metrics") as resp:
+                text = await resp.text()
+            ejections = metric_values(text, "kvroute_ejections_total")
+            opened = sum(n for labels, n in ejections.items() if labels.endswith(f'worker="{victim}"'))
+            return metric_values(text, "kvroute_failures_total").get('reason="malformed"', 0.0), opened > 0
+
+        async def one(i: int) -> None:
+            nonlocal bad_at_open
+            path, stream = ASKS[i % len(ASKS)]
+            body = {"model": MODEL, "max_tokens": 12, "stream": stream,
+                    "messages": [{"role": "user", "content": f"request {i}: tell me about the sea"}]}
+            async with gate:
+                try:
+                    async with http.post(url + path, json=body) as resp:
+                        data = await resp.read()
+                        verdict = judge(path, stream, resp.status, data, limit)
+                        tally[verdict] += 1
+                        tally["router_5xx"] += resp.status >= 500 and verdict != "told"
+                        tally["502"] += resp.status == 502
+                        tally[f"served_by_victim_{verdict}"] += resp.headers.get("x-kvroute-worker") == victim
+                except aiohttp.ClientError:
+                    tally["connection_error"] += 1
+            if bad_at_open is None:
+                bad, opened = await bad_so_far()
+                if opened:
+                    bad_at_open = bad
+
+        await asyncio.gather(*(one(i) for i in range(count)))
+        bad, _ = await bad_so_far()
+    return {"tally": dict(tally), "bad_at_open": bad_at_open, "bad": bad}
+
+
+async def section_garbage(workers: list[str], logs: Path, args: argparse.Namespace) -> None:
+    victim_url = workers[0]
+    victim = victim_url.removeprefix("http://")
+    print(f"## garbage: 1 of {len(workers)} replicas answers 200 with no answer; round-robin, "
+          f"{args.garbage} requests per kind (chat and messages, streamed and plain, in turn)")
+    print("kind | concurrency | bad answers seen when a client first saw it ejected | bad answers in all | "
+          "garbage reached a client | clients told (error event / 502) | answers | other 5xx")
+    async with aiohttp.ClientSession() as http:
+        for label, fault, env in GARBAGE_KINDS:
+            limit = int(env.get("KVROUTE_MAX_EVENT_BYTES", 1 << 20))
+            for concurrency in (1, args.concurrency // 4):
+                async with http.post(victim_url + "/admin/fault", json=fault) as resp:
+                    assert resp.status == 200, await resp.text()
+                router = await start_router(workers, logs, "garbage",
+                                            {"KVROUTE_POLICY": "round-robin", **env})
+                try:
+                    result = await garbage_run(router.url, victim, args.garbage, concurrency, limit)
+                finally:
+                    stop(router)
+                    async with http.delete(victim_url + "/admin/fault") as resp:
+                        assert resp.status == 200
+                t = result["tally"]
+                opened = result["bad_at_open"]
+                shown = "-" if opened is None else f"{opened:g}"
+                print(f"{label} | {concurrency} | {shown} | {result['bad']:g} | {t.get('garbage', 0)} | "
+                      f"{t.get('told', 0)} ({t.get('502', 0)} 502) | {t.get('answer', 0)} | "
+                      f"{t.get('router_5xx', 0)}")
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -560,7 +813,8 @@ async def main(args: argparse.Namespace) -> None:
         stdout=subprocess.DEVNULL, stderr=open(logs / "sim.log", "w"))  # noqa: SIM115
     workers = [f"http://127.0.0.1:{sim_port + i}" for i in range(args.replicas)]
     sections = {"fuzz": section_fuzz, "header": section_header, "idle": section_idle,
-                "shutdown": section_shutdown, "sync": section_sync}
+                "shutdown": section_shutdown, "sync": section_sync, "stall": section_stall,
+                "garbage": section_garbage}
     print(f"cpus={os.cpu_count()} load average {os.getloadavg()[0]:.2f}; logs in {logs}")
     try:
         for url in workers:
@@ -575,7 +829,7 @@ async def main(args: argparse.Namespace) -> None:
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sections", type=lambda s: s.split(","),
-                   default=["fuzz", "header", "idle", "shutdown", "sync"])
+                   default=["fuzz", "header", "idle", "shutdown", "sync", "stall", "garbage"])
     p.add_argument("--fuzz", type=int, default=20000, help="fuzzed requests (default 20000)")
     p.add_argument("--seed", type=int, default=17)
     p.add_argument("--concurrency", type=int, default=64, help="fuzz connections at a time (default 64)")
@@ -588,6 +842,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--sync-plausible", type=int, default=256,
                    help="in flight a plausible forged heartbeat claims per worker (default 256, the "
                         "replicas' max_num_seqs)")
+    p.add_argument("--stall-s", type=float, default=60.0, help="how long the replica stays stopped (60 s)")
+    p.add_argument("--stall-streams", type=int, default=12, help="streams flowing when it stops (12)")
+    p.add_argument("--stall-tokens", type=int, default=6000, help="their length in tokens (6000)")
+    p.add_argument("--stall-speed", type=float, default=2.0,
+                   help="the stall section's replicas' speed-up (2: streams outlast the stop)")
+    p.add_argument("--garbage", type=int, default=120, help="requests per garbage kind (default 120)")
     p.add_argument("--replicas", type=int, default=3)
     p.add_argument("--speed", type=float, default=20.0, help="simulated replicas' speed-up (default 20)")
     return p.parse_args()

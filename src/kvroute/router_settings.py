@@ -132,6 +132,14 @@ class Settings:
     first_byte_floor_s: float = 10.0
     first_byte_ceiling_s: float = 300.0
     first_byte_decode_s_per_token: float = 0.05
+    # Silence once an answer's body has started: stream_idle_factor x the worker's usual gap between
+    # reads within [stream_idle_floor_s, stream_idle_timeout_s] (the ceiling, also used while the
+    # gap is not known yet, and always with factor 0), then the stream ends with an error event.
+    stream_idle_timeout_s: float = 120.0
+    stream_idle_floor_s: float = 30.0
+    stream_idle_factor: float = 50.0
+    # The largest SSE event accepted from a worker; a larger one makes the answer malformed.
+    max_event_bytes: int = 1024 * 1024
     # Circuit breaker: breaker_failures attempts failed in a row take a replica out for the cool-down
     # (doubled after each failed half-open trial, up to the max).
     breaker_failures: int = 3
@@ -250,7 +258,8 @@ class Settings:
         positive = ("max_body_bytes", "probe_interval_s", "probe_timeout_s", "failure_threshold",
                     "upstream_connect_timeout_s", "upstream_read_timeout_s", "connections_per_worker",
                     "upstream_keepalive_s", "max_header_bytes", "max_headers", "header_timeout_s",
-                    "body_timeout_s", "keepalive_timeout_s", "discover_interval_s", "discover_empty_rounds")
+                    "body_timeout_s", "keepalive_timeout_s", "discover_interval_s", "discover_empty_rounds",
+                    "max_event_bytes")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name} must be positive")
@@ -258,6 +267,10 @@ class Settings:
             raise SettingsError("first_byte_factor and first_byte_decode_s_per_token must not be negative")
         if not 0 < self.first_byte_floor_s <= self.first_byte_ceiling_s:
             raise SettingsError("first_byte_floor_s must be positive and at most first_byte_ceiling_s")
+        if not 0 < self.stream_idle_floor_s <= self.stream_idle_timeout_s:
+            raise SettingsError("stream_idle_floor_s must be positive and at most stream_idle_timeout_s")
+        if self.stream_idle_factor < 0:
+            raise SettingsError("stream_idle_factor must not be negative")
         try:
             self.breaker_settings()
         except ValueError as exc:

@@ -50,3 +50,6 @@ def test_grade_thousands_separator_and_errors() -> None:
     assert grade("65,095", "stop", 65095) is Verdict.CORRECT
     assert grade(None, None, 1, error="HTTP 500: boom") is Verdict.ERROR
     assert grade("1", "stop", 1, error="HTTP 500: boom") is Verdict.ERROR
+    # A 200 that is not a chat completion is the replica's own wrong answer, not a failed request.
+    not_one = grade(None, None, 1, error="not a chat completion: no choices", not_an_answer=True)
+    assert not_one is Verdict.MALFORMED

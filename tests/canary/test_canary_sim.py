@@ -13,6 +13,7 @@ from kvroute.canary.questions import Verdict
 from kvroute.canary.run import CanaryError, CanaryOptions, run_canary
 from kvroute.router_settings import Settings, WorkerSpec
 from kvroute.server.app import start_router
+from kvroute.sim.faults import Fault
 from kvroute.sim.server import SimFleet, start_sim_fleet
 
 SPEED = 1000.0
@@ -66,6 +67,21 @@ async def test_a_replica_that_does_not_answer_fails_as_wrong() -> None:
         await fleet.close()
     assert summary.counts["wrong"] + summary.counts["truncated"] == 20
     assert not summary.passed
+
+
+@pytest.mark.parametrize("kind", ["wrong_shape", "garbage"])
+async def test_a_replica_that_answers_200_with_no_chat_completion_fails_as_malformed(kind: str) -> None:
+    fleet = await start_sim_fleet("hybrid-27b", 1, speed=SPEED, **HEALTHY)
+    fleet.replicas[0].faults.set(Fault(kind, rate=0.5))
+    try:
+        summary = await run_canary(CanaryOptions(fleet.urls[0], requests=40, prefix_tokens=500))
+    finally:
+        await fleet.close()
+    assert summary.counts["malformed"] > 0 and summary.counts["error"] == 0
+    assert summary.counts["malformed"] + summary.counts["correct"] == 40
+    assert not summary.passed
+    assert all(r.excerpt.startswith("not a chat completion") for r in summary.replies
+               if r.verdict is Verdict.MALFORMED)
 
 
 async def test_through_the_router_the_hit_rate_comes_from_its_re_export() -> None:

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from kvroute.fleet.breaker import Breaker, BreakerSettings, BreakerState, latency_outlier
+from kvroute.fleet.breaker import (
+    ANSWER_WINDOW,
+    Breaker,
+    BreakerSettings,
+    BreakerState,
+    latency_outlier,
+    malformed_outlier,
+)
 from kvroute.fleet.registry import ProbeResult, Registry
 
 CLOSED, OPEN, HALF = BreakerState.CLOSED, BreakerState.OPEN, BreakerState.HALF_OPEN
@@ -119,3 +126,49 @@ def test_latency_outliers_are_bounded_and_never_the_last():
     for wid, b in solo.items():
         feed(b, 2.0 if wid == "w0" else 0.1)
     assert latency_outlier(solo, "w0", ready=1) is None  # the only one left admitting requests
+
+
+def test_answers_that_are_not_answers_eject_even_between_good_ones():
+    clock = Clock()
+    registry = Registry(clock=clock, breaker=S)
+    bad, *_ = (registry.add(f"http://{h}:1") for h in ("a", "b", "c"))
+    for _ in range(2):  # a garbage stream, then a good plain answer, and so on: never 3 in a row
+        registry.mark_failure("a:1", "midstream malformed: garbage", malformed=True)
+        registry.mark_success("a:1")
+    assert bad.breaker.state is CLOSED and bad.breaker.malformed == 2
+    registry.mark_failure("a:1", "midstream malformed: garbage", malformed=True)
+    assert bad.breaker.state is OPEN and bad.state.ejected
+    assert dict(bad.breaker.ejections) == {"malformed": 1} and bad.last_error.startswith("ejected: 3 of")
+    assert bad.to_json(clock.t)["breaker"]["malformed_answers"] == 0  # a clean slate for its trial
+    # Other failures (timeouts) are not answers: they count for the streak only.
+    registry.mark_failure("b:1", "timeout")
+    registry.mark_success("b:1")
+    assert registry.get("b:1").breaker.malformed == 0  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("others", "ready", "ejected"), [
+    ([0, 0], 3, True),
+    ([0, 1], 3, True),   # half the others have none
+    ([1, 1], 3, False),  # the fleet shares the fault: ejecting one only shrinks the fleet
+    ([0, 0], 1, False),  # the last replica admitting requests
+    ([], 2, True),       # ready counts replicas of other models too; no one to compare with: none
+])
+def test_malformed_outlier(others, ready, ejected):
+    breakers = fleet(1 + len(others))
+    for _ in range(3):
+        breakers["w0"].answered(True)
+    for i, n in enumerate(others, start=1):
+        for _ in range(n):
+            breakers[f"w{i}"].answered(True)
+    assert (malformed_outlier(breakers, "w0", ready=ready) is not None) == ejected
+
+
+def test_the_malformed_count_is_over_the_last_answers_only():
+    b = Breaker(S)
+    for _ in range(2):
+        b.answered(True)
+    for _ in range(ANSWER_WINDOW - 1):
+        b.answered(False)
+    assert b.malformed == 1 and len(b.answers) == ANSWER_WINDOW  # the first one left the window
+    b.answered(False)
+    assert b.malformed == 0

@@ -28,14 +28,17 @@ class Seen:
 class EchoEngine:
     """``mode``: ok | error (500 before any byte) | hang (never answers) | stall (a stream's head,
     then nothing) | drop (cuts the stream after the first event, or a plain body halfway) |
+    garbage (a stream written in one piece with a line of garbage after its first event; a plain
+    body that is not JSON) | late_body (a plain answer's head at once, its body ``delay_s`` later) |
     unhealthy (/health 503).  ``events`` and
-    ``delay_s`` shape streams.  ``api_key``: like vLLM's ``--api-key``, /v1/* answers 401 without
-    ``Authorization: Bearer`` that key."""
+    ``delay_s`` shape streams; ``reply`` is a plain answer's text.  ``api_key``: like vLLM's
+    ``--api-key``, /v1/* answers 401 without ``Authorization: Bearer`` that key."""
 
     model: str = "echo"
     mode: str = "ok"
     events: int = 3
     delay_s: float = 0.0
+    reply: str = "hello"
     metrics: bool = True
     api_key: str | None = None
     start_time: float = field(default_factory=time.time)
@@ -112,9 +115,13 @@ class EchoEngine:
             doc = orjson.loads(body)
             if doc.get("stream"):
                 return await self._stream(request, doc)
-            if self.delay_s:
+            if self.delay_s and self.mode != "late_body":
                 await asyncio.sleep(self.delay_s)
             final = orjson.dumps(self._final(request.path, doc))
+            if self.mode == "late_body":
+                return await self._late(request, final)
+            if self.mode == "garbage":
+                final = final[: len(final) // 2]
             if self.mode == "drop":
                 return await self._cut(request, final)
             self.served += 1
@@ -123,17 +130,36 @@ class EchoEngine:
             self.running -= 1
 
     def _final(self, path: str, doc: dict[str, Any]) -> dict[str, Any]:
+        if path == "/v1/messages/count_tokens":
+            return {"input_tokens": 10}
+        if path == "/v1/responses":
+            return {"id": "resp_1", "object": "response", "status": "completed", "model": self.model,
+                    "output": [{"type": "message", "role": "assistant",
+                                "content": [{"type": "output_text", "text": self.reply}]}],
+                    "usage": {"input_tokens": 10, "output_tokens": 1}}
+        if path == "/v1/embeddings":
+            return {"object": "list", "model": self.model, "usage": {"prompt_tokens": 10, "total_tokens": 10},
+                    "data": [{"object": "embedding", "index": 0, "embedding": [0.5, -0.5]}]}
         if path.startswith("/v1/messages"):
             return {"id": "msg_1", "type": "message", "role": "assistant", "model": self.model,
                     "content": [{"type": "text", "text": "hello"}], "stop_reason": "end_turn",
                     "stop_sequence": None, "usage": {"input_tokens": 10, "output_tokens": 1}}
         return {"id": "cmpl-1", "object": "chat.completion", "created": 1, "model": self.model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"},
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": self.reply},
                              "finish_reason": "stop"}],
                 "usage": {"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11,
                           "prompt_tokens_details": {"cached_tokens": 4}}}
 
     def _events(self, path: str) -> list[bytes]:
+        if path == "/v1/responses":
+            def typed(name: str, data: dict[str, Any]) -> bytes:
+                payload = orjson.dumps({"type": name, **data})
+                return b"event: " + name.encode() + b"\ndata: " + payload + b"\n\n"
+            return ([typed("response.created", {"response": {"id": "resp_1", "status": "in_progress"}})]
+                    + [typed("response.output_text.delta", {"delta": f"w{i} "}) for i in range(self.events)]
+                    + [typed("response.completed", {"response": {
+                        "id": "resp_1", "status": "completed",
+                        "usage": {"input_tokens": 10, "output_tokens": self.events}}})])
         if path.startswith("/v1/messages"):
             def ev(name: str, data: dict[str, Any]) -> bytes:
                 return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
@@ -161,6 +187,16 @@ class EchoEngine:
         out.append(b"data: [DONE]\n\n")
         return out
 
+    async def _late(self, request: web.Request, body: bytes) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        resp.content_length = len(body)
+        await resp.prepare(request)
+        await asyncio.sleep(self.delay_s)
+        await resp.write(body)
+        await resp.write_eof()
+        self.served += 1
+        return resp
+
     async def _cut(self, request: web.Request, body: bytes) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "application/json"})
         resp.content_length = len(body)
@@ -175,6 +211,11 @@ class EchoEngine:
         await resp.prepare(request)
         if self.mode == "stall":
             await asyncio.sleep(3600)
+        if self.mode == "garbage":
+            first, *rest = self._events(request.path)
+            await resp.write(first + b"\x00 not an event\n\n" + b"".join(rest))
+            await resp.write_eof()
+            return resp
         for i, event in enumerate(self._events(request.path)):
             if self.mode == "drop" and i == 1:
                 await resp.write(event[: len(event) // 2])  # half an event, then the connection dies

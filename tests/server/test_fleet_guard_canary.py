@@ -150,6 +150,23 @@ async def test_a_replica_started_with_corrupt_rate_is_held_and_returns_after_a_r
             await restarted.close()
 
 
+async def test_a_replica_that_answers_what_is_not_a_chat_completion_is_held_not_left_unjudged(
+        sim_fleet: Callable[..., Awaitable[Any]], router: Callable[..., Awaitable[RunningRouter]],
+        http: aiohttp.ClientSession) -> None:
+    fleet = await sim_fleet(3, answer_mode=True)
+    async with http.post(fleet.urls[2] + "/admin/fault", json={"kind": "wrong_shape"}) as resp:
+        assert resp.status == 200
+    r = await router(fleet.urls, routing=FAST)
+    watch = r.router.canary.watch  # type: ignore[union-attr]
+    bad = r.registry.records()[2].id
+    await wait_for(lambda: bool(r.registry.get(bad).state.guard_holds), 20,  # type: ignore[union-attr]
+                   "the replica answering no chat completion was not held")
+    record = watch.replica(bad)
+    # "not a chat completion" is a wrong answer from the first round, never an unjudged one.
+    assert record is not None and record.unjudged == 0 and record.last_verdict == "malformed"
+    assert record.held_after == rounds_to_drain(1.0, settings_of(r), CERTAINTY)
+
+
 async def test_canary_traffic_stays_out_of_user_figures(
         sim_fleet: Callable[..., Awaitable[Any]], http: aiohttp.ClientSession) -> None:
     fleet = await sim_fleet(2, answer_mode=True)

@@ -181,6 +181,13 @@ async def test_a_stream_broken_midway_ends_with_an_anthropic_error_event(echo_en
 async def test_a_plain_body_broken_midway_is_not_passed_off_as_complete(echo_engines, router, http):
     [engine] = await echo_engines(1, mode="drop")
     r = await router([engine.url])
+    # A body is held until it is whole (up to 1 MiB): nothing went out, so the client gets a 502 in
+    # its API's format rather than half an answer.
+    async with http.post(r.url + "/v1/chat/completions", json=CHAT) as resp:
+        assert resp.status == 502
+        assert "disconnect" in (await resp.json())["error"]["message"]
+    # A larger one is relayed as it comes: cut, never passed off as complete.
+    engine.reply = "x" * (2 << 20)
     async with http.post(r.url + "/v1/chat/completions", json=CHAT) as resp:
         assert resp.status == 200
         with pytest.raises(aiohttp.ClientPayloadError):

@@ -43,14 +43,13 @@ def test_a_stream_keeps_the_last_figures_it_saw():
                  b'{"input_tokens":12,"cache_read_input_tokens":30,"output_tokens":1}}}\n\n')
     sniffer.feed(b'data: {"choices":[]}\n\ndata: not json "usage"\n\n')
     sniffer.feed(b'event: message_delta\ndata: {"type":"message_delta","usage":{"output_tokens":3}}\n\n')
-    sniffer.finish()
     assert (sniffer.prompt_tokens, sniffer.cached_tokens, sniffer.output_tokens) == (42, 30, 3)
 
 
-def test_a_plain_body_is_parsed_once_at_the_end():
+def test_a_plain_body_is_read_from_the_document_the_proxy_parsed():
     sniffer = UsageSniffer(sse=False)
-    sniffer.feed(b'{"usage": {"prompt_tokens": 9, "completion_tokens": 2, ')
-    sniffer.feed(b'"prompt_tokens_details": {"cached_tokens": 4}}}')
+    sniffer.feed(b'{"usage": {"prompt_tokens": 9, "completion_tokens": 2}}')  # pieces are not parsed
     assert sniffer.prompt_tokens is None
-    sniffer.finish()
+    sniffer.take({"usage": {"prompt_tokens": 9, "completion_tokens": 2,
+                            "prompt_tokens_details": {"cached_tokens": 4}}})
     assert (sniffer.prompt_tokens, sniffer.cached_tokens, sniffer.output_tokens) == (9, 4, 2)

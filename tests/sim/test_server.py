@@ -19,6 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sim_helpers import chat, prose
 
+from kvroute.sim.faults import Fault
 from kvroute.sim.server import SimFleet, start_sim_fleet
 
 MODEL = "qwen3-3b"
@@ -338,6 +339,68 @@ async def test_drop_fault_cuts_the_stream(fleet: SimFleet, http: aiohttp.ClientS
             await resp.read()
     async with http.post(url + "/v1/chat/completions", json=body) as resp:
         assert (await resp.text()).endswith("data: [DONE]\n\n")
+
+
+async def test_stall_fault_stops_the_stream_and_keeps_the_connection(fleet: SimFleet,
+                                                                      http: aiohttp.ClientSession) -> None:
+    url = fleet.urls[0]
+    await _fault(http, url, kind="stall", after_tokens=3, count=2)
+    body = {"model": MODEL, "messages": chat("hi"), "max_tokens": 20, "ignore_eos": True, "stream": True}
+    got = b""
+    async with http.post(url + "/v1/chat/completions", json=body) as resp:
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.5):
+                async for chunk in resp.content.iter_any():
+                    got += chunk
+    events = got.split(b"\n\n")[:-1]
+    assert len(events) == 4 and all(e.startswith(b"data: {") for e in events)  # the role chunk, 3 tokens
+    # A plain answer stalls after half its body.
+    async with http.post(url + "/v1/chat/completions", json={**body, "stream": False}) as resp:
+        assert resp.status == 200 and resp.content_length
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.5):
+                await resp.read()
+    async with http.post(url + "/v1/chat/completions", json=body) as resp:
+        assert (await resp.text()).endswith("data: [DONE]\n\n")  # the count is spent: it recovered
+
+
+async def test_garbage_wrong_shape_and_oversized_faults_answer_200_with_no_answer(
+        fleet: SimFleet, http: aiohttp.ClientSession) -> None:
+    url = fleet.urls[0]
+    body = {"model": MODEL, "messages": chat("hi"), "max_tokens": 6, "ignore_eos": True}
+
+    async def answer(stream: bool, path: str = "/v1/chat/completions") -> bytes:
+        async with http.post(url + path, json={**body, "stream": stream}) as resp:
+            assert resp.status == 200
+            return await resp.read()
+
+    await _fault(http, url, kind="garbage", after_tokens=0, count=2)
+    with pytest.raises(orjson.JSONDecodeError):
+        orjson.loads(await answer(False))
+    assert not (await answer(True)).startswith(b"data:")  # not SSE from its first byte
+    await _fault(http, url, kind="garbage", after_tokens=2, count=1)
+    events = (await answer(True, "/v1/messages")).split(b"\n\n")
+    # message_start and content_block_start, two deltas, then one line of garbage; the rest follows.
+    assert events[4].startswith(b"\x00\xff")
+    assert events[-2] == b'event: message_stop\ndata: {"type":"message_stop"}'
+    await _fault(http, url, kind="wrong_shape", count=2)
+    doc = orjson.loads(await answer(False))
+    assert "choices" not in doc and doc["object"] == "kvroute.sim.wrong_shape"
+    assert orjson.loads((await answer(True)).split(b"\n\n")[0][6:]) == doc
+    await _fault(http, url, kind="oversized", after_tokens=1, size=300_000, count=1)
+    sizes = [len(e) for e in (await answer(True)).split(b"\n\n")]
+    assert max(sizes) > 300_000 and sorted(sizes)[-2] < 1000  # one event that large, the rest as usual
+    assert orjson.loads(await answer(False))["choices"]  # every fault's count is spent
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ({"kind": "oversized", "size": 0}, "size must be at least 1 byte"),
+    ({"kind": "stall", "after_tokens": -1}, "after_tokens non-negative"),
+    ({"kind": "garbage", "depth": 1}, "unknown fault field"),
+])
+def test_bad_answer_faults_are_rejected(body: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Fault.from_json(body)
 
 
 async def test_restart_empties_cache_resets_counters_and_changes_start_time(

@@ -29,9 +29,11 @@ class Verdict(StrEnum):
     CORRECT = "correct"
     WRONG = "wrong"  # a number, but not the answer
     EMPTY = "empty"  # no content at all
-    MALFORMED = "malformed"  # a run of "!" or no letters or digits: the silent corruption seen upstream
+    # A run of "!" or no letters or digits (the silent corruption seen upstream), or a 200 whose
+    # body is not a chat completion at all: not an answer.
+    MALFORMED = "malformed"
     TRUNCATED = "truncated"  # cut off by max_tokens before any right answer
-    ERROR = "error"  # no completion: transport failure, HTTP error, not a chat completion
+    ERROR = "error"  # no completion: transport failure, timeout, HTTP error
 
 
 def make_questions(count: int, seed: int) -> list[Question]:
@@ -50,8 +52,13 @@ def make_questions(count: int, seed: int) -> list[Question]:
     return questions
 
 
-def grade(content: str | None, finish_reason: str | None, expected: int, error: str | None = None) -> Verdict:
-    """Judge one reply: the last number in it must equal ``expected`` exactly."""
+def grade(content: str | None, finish_reason: str | None, expected: int, error: str | None = None, *,
+          not_an_answer: bool = False) -> Verdict:
+    """Judge one reply: the last number in it must equal ``expected`` exactly.  ``not_an_answer``:
+    the replica answered 200 with something that is not a chat completion, a wrong answer of its
+    own (``error`` alone is a request that failed, which says nothing about the answers)."""
+    if not_an_answer:
+        return Verdict.MALFORMED
     if error is not None or content is None:
         return Verdict.ERROR
     text = _THINK.sub("", content).strip()

@@ -82,7 +82,8 @@ def canary_messages(prefix: str, question: Question) -> list[dict[str, str]]:
 async def _ask(session: aiohttp.ClientSession, target: Target, model: str, prefix: str, index: int,
                question: Question, max_tokens: int) -> CanaryReply:
     outcome = await send_chat(session, target, model, canary_messages(prefix, question), max_tokens)
-    verdict = grade(outcome.content, outcome.finish_reason, question.answer, outcome.error)
+    verdict = grade(outcome.content, outcome.finish_reason, question.answer, outcome.error,
+                    not_an_answer=outcome.not_an_answer)
     shown = outcome.error if outcome.error is not None else (outcome.content or "")
     return CanaryReply(index, question.text, question.answer, verdict, outcome.seconds, excerpt(shown),
                        outcome.prompt_tokens, outcome.cached_tokens)

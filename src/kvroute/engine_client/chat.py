@@ -15,7 +15,9 @@ _MAX_ERROR_CHARS = 300
 @dataclass(frozen=True, slots=True)
 class ChatOutcome:
     """What came back.  ``error`` is set for transport failures, non-200 statuses and bodies that
-    are not a chat completion; ``content`` is "" for an empty reply and None only with an error."""
+    are not a chat completion (those also set ``not_an_answer``: the replica answered 200 with
+    something else, which is its fault, unlike a failed request); ``content`` is "" for an empty
+    reply and None only with an error."""
 
     seconds: float
     status: int | None
@@ -25,6 +27,7 @@ class ChatOutcome:
     cached_tokens: int | None = None
     error: str | None = None
     completion_tokens: int | None = None
+    not_an_answer: bool = False
 
 
 def outcome_from_reply(reply: Reply) -> ChatOutcome:
@@ -36,7 +39,9 @@ def outcome_from_reply(reply: Reply) -> ChatOutcome:
         return ChatOutcome(reply.seconds, reply.status, error=f"HTTP {reply.status}: {_message(body, reply)}")
     choices = body.get("choices") if isinstance(body, Mapping) else None
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
-        return ChatOutcome(reply.seconds, reply.status, error="not a chat completion: no choices")
+        why = "no choices" if isinstance(body, Mapping) else "not JSON" if body is None else "not an object"
+        return ChatOutcome(reply.seconds, reply.status, error=f"not a chat completion: {why}",
+                           not_an_answer=True)
     choice = choices[0]
     message = choice.get("message")
     content = message.get("content") if isinstance(message, Mapping) else None

@@ -4,7 +4,8 @@ A replica can be healthy by ``/health`` and still fail every request (a hung eng
 ``/health``).  The breaker takes it out of rotation on what real requests see:
 
 * **closed** (normal): ``failures`` consecutive failed attempts (5xx, reset, timeout, no first byte
-  in time) open it;
+  in time, a stream silent past its idle deadline, a 2xx that is not an answer) open it; an attempt
+  succeeds when its answer ended well;
 * **open**: not a candidate for ``cooldown`` seconds (``cooldown_s`` the first time, doubled after
   each failed trial, at most ``max_cooldown_s``);
 * **half-open**: one trial request is let through; its success closes the breaker, its failure
@@ -16,11 +17,17 @@ each request, is ``outlier_factor`` times the median of the other replicas' for 
 answers, and slower than their median by at least ``outlier_min_excess_s``.  At most
 ``max_ejected_fraction`` of the fleet is ejected for latency, never the last replica that admits
 requests (a slow replica beats none).
+
+**Answers that are not answers** (a 2xx that is not the API's: bad JSON, not SSE, garbage
+mid-stream) eject the same way once a replica has sent ``failures`` of them among its last
+``ANSWER_WINDOW`` answers while at least half the other replicas sent none: good answers between
+do not save it (a replica that answers every stream with garbage and every plain request well
+would never fail three times in a row), and a fault the whole fleet shares ejects nobody.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -35,6 +42,8 @@ class BreakerState(StrEnum):
 
 # The gauge value of each state (kvroute_breaker_state).
 STATE_VALUE = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
+# Answers per replica among which malformed ones are counted.
+ANSWER_WINDOW = 50
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +76,7 @@ class Breaker:
     """One replica's breaker, with the latency figures the outlier detector compares.
 
     ``transitions`` counts entries into each state, ``ejections`` openings by reason
-    (``failures``, ``latency``, ``trial``: a half-open trial failed).
+    (``failures``, ``latency``, ``malformed``, ``trial``: a half-open trial failed).
     """
 
     settings: BreakerSettings = field(default_factory=BreakerSettings)
@@ -83,6 +92,9 @@ class Breaker:
     slowness: float = 0.0
     ttft_s: float = 0.0
     samples: int = 0
+    # The last ANSWER_WINDOW answers, True for one that was not an answer, and how many were not.
+    answers: deque[bool] = field(default_factory=deque)
+    malformed: int = 0
 
     @property
     def admits(self) -> bool:
@@ -128,8 +140,15 @@ class Breaker:
             return True
         return False
 
+    def answered(self, malformed: bool) -> None:
+        """An answer came back; ``malformed``: it was not the API's answer."""
+        self.answers.append(malformed)
+        self.malformed += malformed
+        if len(self.answers) > ANSWER_WINDOW:
+            self.malformed -= self.answers.popleft()
+
     def eject(self, now: float, reason: str, detail: str) -> None:
-        """Take a closed replica out for the base cool-down (latency outlier)."""
+        """Take a closed replica out for the base cool-down (a latency or malformed-answer outlier)."""
         if self.state is BreakerState.CLOSED:
             self._open(now, self.settings.cooldown_s, reason, detail)
 
@@ -151,6 +170,8 @@ class Breaker:
         # A replica comes back with a clean slate: its old latency would eject it again at once.
         self.slowness = self.ttft_s = 0.0
         self.samples = 0
+        self.answers.clear()
+        self.malformed = 0
 
     def _enter(self, state: BreakerState) -> None:
         self.state = state
@@ -166,6 +187,7 @@ class Breaker:
             "ejections": dict(self.ejections),
             "ttft_ratio": round(self.slowness, 3) if self.samples else None,
             "latency_samples": self.samples,
+            "malformed_answers": self.malformed,
         }
 
 
@@ -192,6 +214,21 @@ def latency_outlier(breakers: dict[str, Breaker], worker_id: str, ready: int) ->
         return (f"time to first token {me.ttft_s:.3f}s, {me.slowness / max(slowness, 1e-9):.1f}x the "
                 f"fleet's relative to prediction (median {ttft:.3f}s)")
     return None
+
+
+def malformed_outlier(breakers: dict[str, Breaker], worker_id: str, ready: int) -> str | None:
+    """Whether ``worker_id`` should be ejected for answers that were not answers; the detail if so.
+
+    ``breakers`` holds every replica's breaker, ``ready`` how many replicas admit requests now.
+    Pure: reads the figures, decides nothing else."""
+    me = breakers[worker_id]
+    if me.state is not BreakerState.CLOSED or me.malformed < me.settings.failures or ready <= 1:
+        return None
+    others = [b.malformed for wid, b in breakers.items() if wid != worker_id]
+    if 2 * sum(1 for n in others if n == 0) < len(others):
+        return None  # the fleet shares it: ejecting one replica for it would only shrink the fleet
+    return (f"{me.malformed} of its last {len(me.answers)} answers were not answers "
+            f"(most other replicas': none)")
 
 
 def _median(values: list[float]) -> float:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from kvroute.fleet.breaker import Breaker, BreakerSettings, BreakerState, latency_outlier
+from kvroute.fleet.breaker import Breaker, BreakerSettings, BreakerState, latency_outlier, malformed_outlier
 from kvroute.fleet.vllm_metrics import EngineMetrics
 from kvroute.routing.dispatch import Dispatcher
 from kvroute.routing.scheduler import Scheduler
@@ -34,6 +34,8 @@ SOURCE_CONFIG = "config"
 SOURCE_ADMIN = "admin"
 
 log = logging.getLogger("kvroute.fleet")
+# Weight of the newest stream in a worker's average gap between reads.
+_GAP_ALPHA = 0.2
 
 
 class RegistryListener(Protocol):
@@ -98,6 +100,9 @@ class WorkerRecord:
     breaker: Breaker = field(default_factory=Breaker)
     # The breaker state last logged: transitions are logged once each (see Registry._sync).
     logged_breaker: BreakerState = BreakerState.CLOSED
+    # Average seconds between two reads of a streamed answer from this worker (None: no stream
+    # finished yet); the stream idle deadline is derived from it.
+    read_gap_s: float | None = None
 
     @property
     def id(self) -> str:
@@ -141,6 +146,7 @@ class WorkerRecord:
             "last_probe": self.last_probe,
             "last_error": self.last_error,
             "requests": dict(self.requests),
+            "read_gap_s": None if self.read_gap_s is None else round(self.read_gap_s, 6),
         }
 
 
@@ -308,10 +314,13 @@ class Registry:
             breaker.sending(self._clock())
             self._sync(record)
 
-    def mark_failure(self, worker_id: str, reason: str, *, unreachable: bool = False) -> None:
+    def mark_failure(self, worker_id: str, reason: str, *, unreachable: bool = False,
+                     malformed: bool = False) -> None:
         """A request to the worker failed.  An unreachable worker is unhealthy at once (the probe
         brings it back when it answers again); every failure counts towards its circuit breaker,
-        which takes it out after ``breaker.failures`` in a row (only a request brings it back)."""
+        which takes it out after ``breaker.failures`` in a row (only a request brings it back).
+        ``malformed``: the worker answered, but not with an answer; enough of those among its
+        recent answers eject it even with good answers in between (``malformed_outlier``)."""
         record = self._records.get(worker_id)
         if record is None:
             return
@@ -320,20 +329,34 @@ class Registry:
             record.state.healthy = False
             log.warning("worker %s unhealthy: unreachable (%s)", worker_id, reason)
         now = self._clock()
-        record.breaker.tick(now)
-        record.breaker.failed(now, reason)
+        breaker = record.breaker
+        breaker.tick(now)
+        breaker.failed(now, reason)
+        if malformed:
+            breaker.answered(True)
+            ready = sum(1 for s in self._states if s.ready)
+            detail = malformed_outlier({r.id: r.breaker for r in self._records.values()}, worker_id, ready)
+            if detail is not None:
+                breaker.eject(now, "malformed", detail)
+                record.last_error = f"ejected: {detail}"
         self._sync(record)
 
-    def mark_success(self, worker_id: str, *, ttft_s: float | None = None, predicted_s: float = 0.0) -> None:
-        """A request to the worker got a response: its failure streak ends, a half-open breaker
-        closes.  ``ttft_s`` (a streamed answer's time to first token) and the ``predicted_s`` it
-        was routed with feed the latency-outlier detector."""
+    def mark_success(self, worker_id: str, *, ttft_s: float | None = None, predicted_s: float = 0.0,
+                     read_gap_s: float | None = None) -> None:
+        """A request to the worker got its whole answer (or its client left while it flowed): its
+        failure streak ends, a half-open breaker closes.  ``ttft_s`` (a streamed answer's time to
+        first token) and the ``predicted_s`` it was routed with feed the latency-outlier detector;
+        ``read_gap_s`` (a stream's mean time between two reads) the worker's average gap."""
         record = self._records.get(worker_id)
         if record is None:
             return
+        if read_gap_s is not None:
+            old = record.read_gap_s
+            record.read_gap_s = read_gap_s if old is None else old + (read_gap_s - old) * _GAP_ALPHA
         breaker = record.breaker
         was_closed = breaker.state is BreakerState.CLOSED
         breaker.succeeded()
+        breaker.answered(False)
         if not was_closed:
             self._sync(record)
         if ttft_s is None or ttft_s < 0:

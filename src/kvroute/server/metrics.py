@@ -105,7 +105,8 @@ class _StateCollector(Collector):
                                           labels=["worker", "to"])
         ejections = CounterMetricFamily("kvroute_ejections",
                                         "Workers taken out of rotation (breaker opened), by worker and "
-                                        "reason: failures, latency (outlier) or trial (half-open failed)",
+                                        "reason: failures, latency (outlier), malformed (answers that "
+                                        "were not) or trial (half-open failed)",
                                         labels=["worker", "reason"])
         for record in self._registry.records():
             s, wid = record.state, [record.id]

@@ -3,10 +3,14 @@
 Before the first byte reaches the client, a worker that cannot be reached, drops the connection,
 times out, answers 5xx or sends no first byte (for a stream: no first token) within the request's
 first-byte deadline is marked and the request is decided again without it (bounded by
-``retries``).  A streamed answer's head is held back until its first event, so a worker that
-answers the head and then hangs can still be replaced.  Once bytes have gone out, a broken
-upstream ends the stream with an error event in the route's own format.  A client that goes
-away closes the upstream connection, which is how an engine learns to abort the request.
+``retries``).  A streamed answer's head is held back until its first whole event, a plain 2xx
+answer until its whole body (up to 1 MiB), so a worker that answers the head and then hangs, or
+answers 200 with something that is not the API's answer (server/answer_shape.py), can still be
+replaced.  Once bytes have gone out, a broken upstream, a malformed event or a silence longer
+than the stream idle deadline ends the stream with an error event in the route's own format.  A
+client that goes away closes the upstream connection, which is how an engine learns to abort the
+request.  A worker's breaker hears of every attempt: a failure when it fails, a success only
+when its answer ended well.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from kvroute.routing.flow import FlowSettings, Ticket, TicketState
 from kvroute.routing.key import RoutingKey
 from kvroute.routing.worker import WorkerState
 from kvroute.server.activity import RoutedRequest
+from kvroute.server.answer_shape import body_answer, body_start_problem, first_event_problem, sse_problem
 from kvroute.server.api_keys import CLIENT_KEY_HEADERS
 from kvroute.server.context import Router
 from kvroute.server.front import FrontRequest, ResponseWriter
@@ -49,8 +54,11 @@ HOP_BY_HOP = frozenset((
     b"expect",
 ))
 _MAX_HELD_ERROR = 64 * 1024
-# Longest incomplete SSE event held back so that an error event can follow a clean boundary.
-_MAX_PENDING = 64 * 1024
+# A plain 2xx body up to this size is read whole and checked before any of it goes out; a larger
+# one only by its first bytes.
+_MAX_HELD_BODY = 1 << 20
+# Mid-stream failures counted under their own reason (the others under "midstream").
+_NAMED_BREAKS = frozenset(("malformed", "stream_idle_timeout"))
 JSON_HEADERS = b"content-type: application/json\r\n"
 
 
@@ -113,6 +121,19 @@ def first_byte_deadline(settings: Settings, predicted_ttft_s: float, key: Routin
     return None
 
 
+def stream_idle_deadline(settings: Settings, read_gap_s: float | None) -> float:
+    """Seconds a worker may stay silent once its answer's body has started (for a stream: after
+    its first event) before the answer is given up (``stream_idle_timeout``).
+
+    ``stream_idle_factor`` times the worker's average gap between two reads of a stream
+    (``read_gap_s``), within ``[stream_idle_floor_s, stream_idle_timeout_s]``; the ceiling while no
+    stream of the worker has finished yet, or with the factor 0."""
+    if read_gap_s is None or not settings.stream_idle_factor:
+        return settings.stream_idle_timeout_s
+    return min(max(read_gap_s * settings.stream_idle_factor, settings.stream_idle_floor_s),
+               settings.stream_idle_timeout_s)
+
+
 def waited_note(ticket: Ticket) -> str:
     """What a request's decision line adds when it waited at the gate: `` waited=0.412s (why)``;
     empty when it did not wait."""
@@ -148,13 +169,100 @@ def _event_end(data: bytes) -> int:
     return max(end, crlf + 4) if crlf != -1 else end
 
 
+class _Opening:
+    """The start of a 2xx answer, read before anything of it goes to the client, so that an answer
+    that is not the API's can still be replaced: a stream's first whole event, a plain body whole
+    (or its first ``limit`` bytes)."""
+
+    __slots__ = ("_limit", "_ready", "_sse", "_tail", "doc", "enough", "parts", "size")
+
+    def __init__(self, sse: bool, limit: int) -> None:
+        self._sse = sse
+        self._limit = limit
+        self._tail = b""  # the last bytes read: an event boundary can straddle two reads
+        self.parts: list[bytes] = []
+        self.size = 0
+        self.enough = False  # a whole event (a stream), or more than the limit, has been read
+        self._ready: asyncio.Future[None] | None = None  # only made when it has to be waited for
+        self.doc: object = None  # a plain body, parsed
+
+    @classmethod
+    async def read(cls, call: Call, sse: bool, limit: int) -> _Opening:
+        """Read the start of ``call``'s answer (UpstreamError if the answer fails before)."""
+        opening = cls(sse, limit)
+        call.attach(opening.feed)
+        done = call.done
+        if done.done():
+            done.result()  # raises the answer's failure, if it failed
+        elif not opening.enough:
+            opening._ready = asyncio.get_running_loop().create_future()
+            done.add_done_callback(opening._ended)
+            await opening._ready
+        # else the common case: a stream's first event came with its first read (a plain answer
+        # usually comes whole with its head): nothing to wait for.
+        return opening
+
+    def feed(self, chunk: bytes) -> None:
+        self.parts.append(chunk)
+        self.size += len(chunk)
+        if self.enough:
+            return
+        if self._sse:
+            window = self._tail + chunk
+            self._tail = window[-3:]
+            if b"\n\n" not in window and b"\r\n\r\n" not in window and self.size <= self._limit:
+                return
+        elif self.size <= self._limit:
+            return
+        self.enough = True
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_result(None)
+
+    def _ended(self, done: asyncio.Future[None]) -> None:
+        ready = self._ready
+        if ready is None or ready.done():
+            return
+        error = done.exception()
+        if error is None:
+            ready.set_result(None)
+        else:
+            ready.set_exception(error)
+            ready.exception()  # retrieved: whoever awaits it still gets it
+
+    def data(self) -> bytes:
+        """What has been read so far."""
+        return self.parts[0] if len(self.parts) == 1 else b"".join(self.parts)
+
+    def problem(self, route: Route, whole: bool) -> str | None:
+        """Why this is not the start of ``route``'s answer (None: relay it); ``whole``: the answer
+        ended within what was read."""
+        data = self.data()
+        if self._sse:
+            end = _event_end(data)
+            if end == 0:
+                if self.size > self._limit:
+                    return f"an event of more than {self._limit} bytes (max_event_bytes)"
+                if not data.strip():
+                    return "an event stream that ended without an event"
+                end, data = len(data) + 2, data.rstrip(b"\r\n") + b"\n\n"  # a last event, unterminated
+            events = data[:end]
+            return sse_problem(events, self._limit) or first_event_problem(route, events)
+        if whole:
+            self.doc, problem = body_answer(route, data)
+            return problem
+        return body_start_problem(route, data)
+
+
 class _Relay:
     """Receives the worker's body chunk by chunk and passes it on: for a stream only whole events,
-    so that an error event can follow cleanly; chunks read together leave in one write."""
+    each checked for its framing (a malformed one fails the call), so that an error event can
+    follow cleanly; chunks read together leave in one write."""
 
     __slots__ = (
+        "_call",
         "_dispatch",
         "_flight",
+        "_max_event",
         "_metrics",
         "_out",
         "_rename",
@@ -164,12 +272,15 @@ class _Relay:
         "_usage",
         "_whole",
         "_writer",
+        "first_at",
         "pending",
+        "problem",
+        "reads",
         "ttfb",
     )
 
     def __init__(self, writer: ResponseWriter, sse: bool, usage: UsageSniffer, started: float,
-                 flight: InFlight, router: Router, rename: AnswerRename | None = None,
+                 flight: InFlight, router: Router, call: Call, rename: AnswerRename | None = None,
                  respond: Callable[[bytes], None] | None = None) -> None:
         self._writer = writer
         self._sse = sse
@@ -179,27 +290,40 @@ class _Relay:
         self._dispatch = router.dispatch
         self._metrics = router.metrics
         self._rename = rename
+        self._max_event = router.settings.max_event_bytes
+        self._call = call
         self._out: list[bytes] = []
         # ``respond``: the answer is held whole, then answered with it (a renamed plain answer).
         self._respond = respond
         self._whole: list[bytes] | None = [] if respond is not None else None
         self.pending = b""
         self.ttfb: float | None = None
+        self.first_at = 0.0
+        self.reads = 0  # batches of chunks read together: the gaps between them are the silences
+        self.problem: str | None = None  # why the answer turned out malformed
 
     def feed(self, chunk: bytes) -> None:
+        if self.problem is not None:
+            return
         if self.ttfb is None:
             self._dispatch.first_byte(self._flight)
-            self.ttfb = time.perf_counter() - self._started
+            self.first_at = time.perf_counter()
+            self.ttfb = self.first_at - self._started
             self._metrics.ttfb.observe(self.ttfb)
         if self._sse:
             data = self.pending + chunk if self.pending else chunk
             end = len(data) if data.endswith(b"\n\n") else _event_end(data)
-            if end == 0 and len(data) <= _MAX_PENDING:
+            if end == 0:
                 self.pending = data
+                if len(data) > self._max_event:
+                    self._reject(f"an event of more than {self._max_event} bytes (max_event_bytes)")
                 return
-            end = end or len(data)
-            self.pending = data[end:]
             chunk = data[:end] if end < len(data) else data
+            problem = sse_problem(chunk, self._max_event)
+            if problem is not None:
+                self._reject(problem)
+                return
+            self.pending = data[end:]
             if self._rename is not None:
                 chunk = self._rename.events(chunk)
         elif self._whole is not None:
@@ -207,7 +331,22 @@ class _Relay:
             return
         self._out.append(chunk)
 
+    def _reject(self, problem: str) -> None:
+        """A malformed event: nothing more of this answer goes out (the events before it do)."""
+        self.problem = problem
+        self.pending = b""
+        self._call.fail("malformed", problem)  # a no-op if the whole answer is already here
+
+    def end_problem(self) -> str | None:
+        """When the answer has ended: why it was malformed (a bad event, or the incomplete event
+        a stream ended with), or None."""
+        tail = self.pending.rstrip(b"\r\n")
+        if self.problem is None and self._sse and tail:
+            self.problem = sse_problem(tail + b"\n\n", self._max_event)
+        return self.problem
+
     def flush(self) -> None:
+        self.reads += 1
         out = self._out
         if out:
             data = out[0] if len(out) == 1 else b"".join(out)
@@ -230,6 +369,12 @@ class _Relay:
         if self.pending:
             rest = self.pending
             self._writer.write(self._rename.events(rest) if self._rename is not None else rest)
+
+    def read_gap_s(self) -> float | None:
+        """The stream's mean time between two reads so far (None: too few reads to say)."""
+        if self.reads < 3:
+            return None
+        return (time.perf_counter() - self.first_at) / (self.reads - 1)
 
 
 class Proxy:
@@ -297,6 +442,7 @@ class Proxy:
             r.registry.sending(record)  # a half-open breaker's trial: nothing else goes there
             flight, records = dispatch.sent(key, decision, state)
             deadline = first_byte_deadline(r.settings, decision.predicted_ttft_s, key)
+            opening: _Opening | None = None
             try:
                 r.publish(records)
                 try:
@@ -319,6 +465,13 @@ class Proxy:
                     finally:
                         if timer is not None:
                             timer.cancel()
+                    # Once the body has started (a stream's first bytes are here) silence is bounded
+                    # by the stream idle deadline, not the first-byte one.
+                    call.limit_silence(stream_idle_deadline(r.settings, record.read_gap_s))
+                    if 200 <= head.status < 300:
+                        opening = await _Opening.read(
+                            call, head.event_stream,
+                            r.settings.max_event_bytes if head.event_stream else _MAX_HELD_BODY)
                 except UpstreamError as exc:
                     failure = exc.reason
                     r.registry.mark_failure(state.id, f"{failure}: {exc}", unreachable=exc.unreachable)
@@ -340,10 +493,20 @@ class Proxy:
                     if trail is not None:
                         trail.attempt_failed(failure)
                     continue
-                r.registry.mark_success(state.id, ttft_s=flight.ttft_s,
-                                        predicted_s=decision.predicted_ttft_s)
+                problem = None if opening is None else opening.problem(
+                    route, call.done.done() and call.done.exception() is None)
+                if problem is not None:
+                    # Nothing has gone out: another worker can still answer properly.
+                    call.abort()
+                    failure = "malformed"
+                    log.warning("worker %s answered %d with something that is not an answer: %s",
+                                state.id, head.status, problem)
+                    r.registry.mark_failure(state.id, f"malformed: {problem}", malformed=True)
+                    r.metrics.failures.labels(failure).inc()
+                    exclude.append(state.id)
+                    continue
                 await self._relay(request, writer, route, call, head, flight, key, started, attempts,
-                                  waited, rename, trail)
+                                  waited, rename, trail, opening)
                 return
             finally:
                 dispatch.finished(flight, ok=False)  # a no-op once the relay accounted for it
@@ -500,8 +663,9 @@ class Proxy:
     async def _relay(self, request: FrontRequest, writer: ResponseWriter, route: Route, call: Call,
                      head: ResponseHead, flight: InFlight, key: RoutingKey, started: float,
                      attempts: int, waited: str, rename: AnswerRename | None,
-                     trail: RequestTrail | None) -> None:
-        """Pass the worker's answer through as it arrives; account for it when it ends."""
+                     trail: RequestTrail | None, opening: _Opening | None) -> None:
+        """Pass the worker's answer through as it arrives (``opening``: what was read of it to
+        check it); account for it when it ends."""
         r = self._r
         state, decision = flight.state, flight.decision
         r.metrics.requests.labels(state.id, key.model, decision.kind.value).inc()
@@ -520,14 +684,23 @@ class Proxy:
             writer.start(head.status, headers, length=None if sse else head.content_length,
                          reason=head.reason, defer=not sse)
         usage = UsageSniffer(sse)
-        relay = _Relay(writer, sse, usage, started, flight, r, rename, respond)
+        if opening is not None and opening.doc is not None:
+            usage.take(opening.doc)  # the plain body was parsed to check it
+        relay = _Relay(writer, sse, usage, started, flight, r, call, rename, respond)
         writer.on_pause(lambda paused: call.pause() if paused else call.resume())
+        if opening is not None:
+            relay.feed(opening.data())
         call.attach(relay.feed, relay.flush)
+        relay.flush()
         completed = False
         outcome = head.status  # what the activity log records: 499 client gone, 502 broken
         try:
             try:
                 await call.done
+                relay.flush()
+                problem = relay.end_problem()
+                if problem is not None:
+                    raise UpstreamError("malformed", problem)
             except UpstreamError as exc:
                 outcome = 502
                 self._broken(request, writer, route, state, exc, sse)
@@ -542,6 +715,9 @@ class Proxy:
         finally:
             writer.on_pause(None)
             call.abort()  # closing the connection is what makes the engine abort the request
+            if outcome < 500:  # whole, or its client left while it flowed: nothing against the worker
+                r.registry.mark_success(state.id, ttft_s=flight.ttft_s, predicted_s=decision.predicted_ttft_s,
+                                        read_gap_s=relay.read_gap_s() if sse and completed else None)
             self._finished(route, key, flight, usage, outcome, relay.ttfb, sse, completed, attempts, started,
                            waited, trail)
 
@@ -550,12 +726,15 @@ class Proxy:
         """The worker failed after the client got the first bytes: end the stream with an error
         event (SSE) or cut the connection (a plain body cannot carry an error any more)."""
         r = self._r
-        r.registry.mark_failure(state.id, f"midstream {exc.reason}: {exc}", unreachable=exc.unreachable)
-        r.metrics.failures.labels("midstream").inc()
-        log.warning("worker %s failed mid-response: %s", state.id, exc.reason)
+        reason = exc.reason
+        r.registry.mark_failure(state.id, f"midstream {reason}: {exc}", unreachable=exc.unreachable,
+                                malformed=reason == "malformed")
+        r.metrics.failures.labels(reason if reason in _NAMED_BREAKS else "midstream").inc()
+        log.warning("worker %s failed mid-response: %s (%s)", state.id, reason, exc)
         if sse:
-            message = f"worker {state.id} failed mid-stream ({exc.reason}); the response is incomplete"
-            writer.write(stream_error_event(route, message))
+            status = 504 if reason == "stream_idle_timeout" else 502
+            message = f"worker {state.id} failed mid-stream ({reason}: {exc}); the response is incomplete"
+            writer.write(stream_error_event(route, message, status))
             writer.end()
         else:
             writer.abort()
@@ -566,8 +745,6 @@ class Proxy:
         r = self._r
         state, decision = flight.state, flight.decision
         ok = completed and status < 400
-        if ok:
-            usage.finish()
         r.dispatch.finished(flight, ok=ok, prompt_tokens=usage.prompt_tokens if ok else None,
                             cached_tokens=usage.cached_tokens if ok else None,
                             output_tokens=usage.output_tokens if ok else None, streamed=sse)

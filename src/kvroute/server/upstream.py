@@ -80,7 +80,7 @@ class Call:
     ``first_body`` resolves with the first body bytes (or the end of an empty body): for a stream,
     the first token, which the proxy's first-byte deadline waits for."""
 
-    __slots__ = ("_conn", "_early", "_flush", "_sink", "completed", "done", "first_body", "head")
+    __slots__ = ("_conn", "_early", "_flush", "_silence", "_sink", "completed", "done", "first_body", "head")
 
     def __init__(self, conn: _Connection, loop: asyncio.AbstractEventLoop) -> None:
         self._conn = conn
@@ -90,6 +90,7 @@ class Call:
         self._sink: BodySink | None = None
         self._flush: Callable[[], None] | None = None
         self._early: list[bytes] = []
+        self._silence: float | None = None  # limit_silence's, until the body starts
         # The whole answer arrived (its connection may already serve another request).
         self.completed = False
 
@@ -119,6 +120,25 @@ class Call:
         self._fail(UpstreamError("reset", "aborted by the router"))
         self._conn.close()
 
+    def limit_silence(self, seconds: float) -> None:
+        """Once the answer's body has started (now, if it has), fail the call
+        (``stream_idle_timeout``) and close its connection when the worker sends nothing for
+        ``seconds`` (at most the pool's read timeout, which applies until then: an engine may send
+        a plain answer's head long before its body)."""
+        if self.first_body.done():
+            self._conn.limit_silence(seconds)
+        else:
+            self._silence = seconds
+
+    def fail(self, reason: str, detail: str) -> None:
+        """Give up on an answer the router judged unusable (``reason`` names why, for metrics):
+        the call fails with that reason and the connection is closed, which aborts the request.
+        Nothing happens once the whole answer arrived (its connection may serve another request)."""
+        if self.completed:
+            return
+        self._fail(UpstreamError(reason, detail))
+        self._conn.close()
+
     def expire(self, seconds: float) -> None:
         """The first byte did not come within ``seconds``: fail the call (``first_byte_timeout``) and
         close the connection, which is how the engine learns to abort.  Nothing happens once the
@@ -135,6 +155,8 @@ class Call:
     def _body(self, data: bytes) -> None:
         if not self.first_body.done():
             self.first_body.set_result(None)
+            if self._silence is not None:
+                self._conn.limit_silence(self._silence)
         if self._sink is not None:
             self._sink(data)
         else:
@@ -162,6 +184,9 @@ class _Connection(asyncio.Protocol):
         self._head: ResponseHead | None = None
         self._headers: list[tuple[bytes, bytes]] = []
         self._last_read = 0.0
+        # The longest silence accepted from the worker for the request under way; the pool's read
+        # timeout unless the proxy set a shorter one (stream_idle_timeout).
+        self.silence_limit_s = pool.read_timeout_s
         self._paused = False
         self._reason = b""
         self.idle_since = 0.0
@@ -176,6 +201,7 @@ class _Connection(asyncio.Protocol):
         self._call = call
         self._head = None
         self._last_read = self._loop.time()
+        self.silence_limit_s = self._pool.read_timeout_s
         self._pool._watch(self)
         self._transport.write(data)
         return call
@@ -200,6 +226,9 @@ class _Connection(asyncio.Protocol):
             if self._transport is not None:
                 self._transport.close()
 
+    def limit_silence(self, seconds: float) -> None:
+        self.silence_limit_s = min(seconds, self._pool.read_timeout_s)
+
     def silent_for(self, now: float) -> float:
         """Seconds since the worker last sent a byte for the request under way (0 while the
         router itself stopped reading, waiting for a slow client)."""
@@ -210,7 +239,9 @@ class _Connection(asyncio.Protocol):
         call, self._call = self._call, None
         self.close()
         if call is not None:
-            call._fail(UpstreamError("timeout", f"no data for {self._pool.read_timeout_s:g} s"))
+            limit = self.silence_limit_s
+            reason = "timeout" if limit >= self._pool.read_timeout_s else "stream_idle_timeout"
+            call._fail(UpstreamError(reason, f"no data for {limit:g} s"))
 
     # --- asyncio.Protocol ---
 
@@ -418,7 +449,7 @@ class UpstreamPool:
     def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
         self._sweeper = None
         now = loop.time()
-        for conn in [c for c in self._busy if c.silent_for(now) >= self.read_timeout_s]:
+        for conn in [c for c in self._busy if c.silent_for(now) >= c.silence_limit_s]:
             conn.time_out()
         if self._busy and not self._closed:
             self._arm_sweeper()

@@ -1,5 +1,6 @@
 """Picking the engine's token usage out of a response as it streams past, for the scheduler's
-learning (``Scheduler.on_finished``).  Only chunks that mention ``"usage"`` are parsed."""
+learning (``Scheduler.on_finished``).  Only events that mention ``"usage"`` are parsed; a plain
+body is parsed once by the proxy (to check it is an answer) and handed over whole."""
 
 from __future__ import annotations
 
@@ -10,8 +11,6 @@ from typing import Any
 import orjson
 
 _USAGE = b'"usage"'
-# Non-streamed bodies larger than this are not kept for usage (they are passed through regardless).
-_MAX_BODY = 1 << 20
 
 
 def _int(value: Any) -> int | None:
@@ -66,40 +65,25 @@ def _prompt_and_cached(usage: Mapping[str, Any]) -> tuple[int | None, int | None
 
 
 class UsageSniffer:
-    """Collects usage from a response: event by event for a stream, the whole body otherwise."""
+    """Collects usage from a response: event by event for a stream, from the parsed body otherwise."""
 
     def __init__(self, sse: bool) -> None:
         self._sse = sse
-        self._parts: list[bytes] | None = None if sse else []
-        self._size = 0
         self.prompt_tokens: int | None = None
         self.cached_tokens: int | None = None
         self.output_tokens: int | None = None
 
     def feed(self, data: bytes) -> None:
-        """See the next piece of the response (for a stream, whole events only)."""
-        if self._sse:
-            if _USAGE in data:
-                for line in data.splitlines():
-                    if line.startswith(b"data:") and _USAGE in line:
-                        with contextlib.suppress(orjson.JSONDecodeError):
-                            self._take(orjson.loads(line[5:]))
-            return
-        if self._parts is not None:
-            self._size += len(data)
-            if self._size > _MAX_BODY:
-                self._parts = None
-            else:
-                self._parts.append(data)
+        """See the next piece of the response: whole events of a stream (a plain body's pieces are
+        not looked at; its parsed document comes through ``take``)."""
+        if self._sse and _USAGE in data:
+            for line in data.splitlines():
+                if line.startswith(b"data:") and _USAGE in line:
+                    with contextlib.suppress(orjson.JSONDecodeError):
+                        self.take(orjson.loads(line[5:]))
 
-    def finish(self) -> None:
-        """The response ended: parse a kept non-streamed body."""
-        if self._parts:
-            with contextlib.suppress(orjson.JSONDecodeError):
-                self._take(orjson.loads(b"".join(self._parts)))
-            self._parts = None
-
-    def _take(self, doc: Any) -> None:
+    def take(self, doc: Any) -> None:
+        """Read the usage of one parsed body or event, if it has one."""
         usage = _usage(doc)
         if usage is None:
             return

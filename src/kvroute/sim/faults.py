@@ -7,6 +7,16 @@ Kinds:
   non-streamed request, before the body);
 * ``slow``: every engine step takes ``factor`` times longer;
 * ``corrupt``: a ``rate`` fraction of replies is empty or a run of ``!`` (like ``--corrupt-rate``);
+* ``stall``: stop sending after ``after_tokens`` streamed tokens (default 1) and keep the connection
+  open until the client goes away; a non-streamed answer stalls after half its body;
+* ``garbage``: answer 200 with bytes that are not the API's: a non-streamed body that is not JSON; a
+  stream whose whole body is not SSE (``after_tokens`` 0), or that carries one line of garbage
+  after ``after_tokens`` tokens and then goes on;
+* ``wrong_shape``: answer 200 with JSON that is not the API's answer (no ``choices`` or
+  ``content``); a stream's first event is such an object;
+* ``oversized``: a stream carries one well-formed event of ``size`` bytes (default 2 MiB, above the
+  router's default ``max_event_bytes``) after ``after_tokens`` tokens; a non-streamed answer is
+  unaffected;
 * ``restart``: immediate, not persistent — the engine restarts (cache emptied, counters reset, new
   start time, in-flight connections dropped) and answers 503 for ``down_s`` seconds.
 
@@ -21,7 +31,10 @@ import random
 from dataclasses import asdict, dataclass
 from typing import Any
 
-FAULT_KINDS = ("error", "hang", "drop", "slow", "corrupt", "restart")
+FAULT_KINDS = ("error", "hang", "drop", "slow", "corrupt", "stall", "garbage", "wrong_shape", "oversized",
+               "restart")
+# Faults that change what a replica answers, drawn once per request (AnswerFaults).
+_ANSWER_KINDS = ("drop", "stall", "garbage", "wrong_shape", "oversized")
 
 
 @dataclass(slots=True)
@@ -35,13 +48,14 @@ class Fault:
     after_tokens: int = 1
     factor: float = 1.0
     down_s: float = 0.0
+    size: int = 2 << 20
 
     @classmethod
     def from_json(cls, body: Any) -> Fault:
         """Validate an admin request body; ValueError with a readable message if it is wrong."""
         if not isinstance(body, dict):
             raise ValueError("the fault must be a JSON object with a 'kind'")
-        unknown = set(body) - {"kind", "rate", "count", "status", "after_tokens", "factor", "down_s"}
+        unknown = set(body) - {"kind", "rate", "count", "status", "after_tokens", "factor", "down_s", "size"}
         if unknown:
             raise ValueError(f"unknown fault field(s): {', '.join(sorted(unknown))}")
         kind = body.get("kind")
@@ -56,6 +70,7 @@ class Fault:
                 after_tokens=int(body.get("after_tokens", 1)),
                 factor=float(body.get("factor", 1.0)),
                 down_s=float(body.get("down_s", 0.0)),
+                size=int(body.get("size", 2 << 20)),
             )
         except (TypeError, ValueError):
             raise ValueError("fault fields must be numbers") from None
@@ -65,6 +80,8 @@ class Fault:
             raise ValueError("status must be a 5xx code")
         if fault.factor <= 0 or fault.down_s < 0 or fault.after_tokens < 0:
             raise ValueError("factor must be positive; down_s and after_tokens non-negative")
+        if fault.size < 1:
+            raise ValueError("size must be at least 1 byte")
         if fault.count is not None and fault.count < 1:
             raise ValueError("count must be at least 1 (omit it for no limit)")
         return fault
@@ -81,6 +98,17 @@ class Fault:
         elif rate:
             body["rate"] = float(rate)
         return cls.from_json(body)
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerFaults:
+    """The faults that change one request's answer (each None when it is not hit)."""
+
+    drop: Fault | None = None
+    stall: Fault | None = None
+    garbage: Fault | None = None
+    wrong_shape: Fault | None = None
+    oversized: Fault | None = None
 
 
 class FaultSet:
@@ -121,6 +149,15 @@ class FaultSet:
                 del self._active[kind]
         return fault
 
+    def draw_answer(self) -> AnswerFaults:
+        """Which answer-changing faults hit this request (one draw per active kind)."""
+        if not any(kind in self._active for kind in _ANSWER_KINDS):
+            return _UNTOUCHED
+        return AnswerFaults(*(self.draw(kind) for kind in _ANSWER_KINDS))
+
     def uniform(self) -> float:
         """A draw from the replica's generator (for ``--corrupt-rate``)."""
         return self._rng.random()
+
+
+_UNTOUCHED = AnswerFaults()

@@ -46,7 +46,7 @@ from kvroute.fleet.kv_event_wire import ENCODINGS, Encoding, EventBatch, KVEvent
 from kvroute.sim.answers import Corruption, arithmetic_answer, corrupted, filler, reply_length
 from kvroute.sim.clock import ModelClock
 from kvroute.sim.engine import EngineConfig, EngineEvent, EngineModel, EventKind, SimRequest
-from kvroute.sim.faults import Fault, FaultSet
+from kvroute.sim.faults import AnswerFaults, Fault, FaultSet
 from kvroute.sim.kv_publisher import KvEventPublisher
 from kvroute.sim.metrics import render_metrics
 from kvroute.sim.presets import build_config
@@ -85,6 +85,13 @@ class ReplyOptions:
             raise ValueError("corrupt_rate must be between 0 and 1")
         if not 1 <= self.output_tokens_min <= self.output_tokens_max:
             raise ValueError("need 1 <= output_tokens_min <= output_tokens_max")
+
+
+# What the ``garbage`` and ``wrong_shape`` faults answer: not JSON, not SSE, and JSON that is not
+# an answer of any API.
+_GARBAGE = b"\x00\xff<html><body>502 upstream garbage</body></html>\n\n"
+_WRONG_SHAPE = orjson.dumps({"object": "kvroute.sim.wrong_shape", "detail": "not an answer (fault)"})
+_WRONG_SHAPE_EVENT = b"data: " + _WRONG_SHAPE + b"\n\n"
 
 
 class _Dropped(Exception):
@@ -276,7 +283,7 @@ class SimReplica:
             return _error(style, exc)
         if self.faults.draw("hang") is not None:
             await asyncio.Event().wait()   # until the client goes away (handler cancelled)
-        drop = self.faults.draw("drop")
+        faults = self.faults.draw_answer()
         overhead = self.config.cost.request_overhead_s
         if overhead:
             await asyncio.sleep(overhead / self.speed)
@@ -293,8 +300,8 @@ class SimReplica:
             self._wake.set()
             reply = Reply(g)
             if g.stream:
-                return await self._stream(request, reply, queue, output, drop)
-            return await self._whole(request, reply, queue, output, drop)
+                return await self._stream(request, reply, queue, output, faults)
+            return await self._whole(request, reply, queue, output, faults)
         except _Dropped:
             _abort_connection(request)
             return web.Response(status=500)
@@ -309,23 +316,34 @@ class SimReplica:
         return event
 
     async def _whole(self, request: web.Request, reply: Reply, queue: asyncio.Queue[EngineEvent | None],
-                     output: bytes, drop: Fault | None) -> web.StreamResponse:
+                     output: bytes, faults: AnswerFaults) -> web.StreamResponse:
         while True:
             event = await self._next(queue)
             if event.kind is EventKind.FINISHED:
                 break
-        if drop is not None:
+        if faults.drop is not None:
             raise _Dropped
         n = event.output_tokens
         text = output[:n * 4].decode("utf-8", "replace")
-        return web.Response(body=reply.body(text, event.finish_reason or "stop", n, event.cached_tokens),
-                            content_type=_JSON)
+        body = reply.body(text, event.finish_reason or "stop", n, event.cached_tokens)
+        if faults.garbage is not None:
+            body = body[:len(body) // 2] + _GARBAGE
+        elif faults.wrong_shape is not None:
+            body = _WRONG_SHAPE
+        if faults.stall is None:
+            return web.Response(body=body, content_type=_JSON)
+        resp = web.StreamResponse(headers={"Content-Type": _JSON})
+        resp.content_length = len(body)
+        await resp.prepare(request)
+        await resp.write(body[:len(body) // 2])
+        await asyncio.Event().wait()  # until the client goes away (handler cancelled)
+        return resp
 
     async def _stream(self, request: web.Request, reply: Reply, queue: asyncio.Queue[EngineEvent | None],
-                      output: bytes, drop: Fault | None) -> web.StreamResponse:
+                      output: bytes, faults: AnswerFaults) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         try:
-            return await self._stream_events(request, resp, reply, queue, output, drop)
+            return await self._stream_events(request, resp, reply, queue, output, faults)
         except ConnectionResetError:
             # The client went away between two chunks (an abort, a reset): the caller aborts the
             # engine request; what is left to answer is nobody's business, so no traceback.
@@ -335,8 +353,9 @@ class SimReplica:
 
     async def _stream_events(self, request: web.Request, resp: web.StreamResponse, reply: Reply,
                              queue: asyncio.Queue[EngineEvent | None], output: bytes,
-                             drop: Fault | None) -> web.StreamResponse:
+                             faults: AnswerFaults) -> web.StreamResponse:
         cached = 0
+        drop, stall, garbage, oversized = faults.drop, faults.stall, faults.garbage, faults.oversized
         while True:
             event = await self._next(queue)
             if event.kind is EventKind.SCHEDULED and not resp.prepared:
@@ -345,9 +364,20 @@ class SimReplica:
                 i = event.token_index
                 if not resp.prepared:
                     await resp.prepare(request)
-                    await resp.write(reply.stream_start(cached))
+                    if garbage is not None and garbage.after_tokens == 0:
+                        await resp.write(_GARBAGE * 4)
+                        await resp.write_eof()
+                        return resp
+                    start = reply.stream_start(cached)
+                    await resp.write(_WRONG_SHAPE_EVENT if faults.wrong_shape is not None else start)
                 if drop is not None and i >= drop.after_tokens:
                     raise _Dropped
+                if stall is not None and i >= stall.after_tokens:
+                    await asyncio.Event().wait()  # until the client goes away (handler cancelled)
+                if garbage is not None and i == garbage.after_tokens:
+                    await resp.write(_GARBAGE)
+                if oversized is not None and i == oversized.after_tokens:
+                    await resp.write(reply.stream_delta("x" * oversized.size))
                 piece = reply.stream_delta(output[i * 4:(i + 1) * 4].decode("utf-8", "replace"))
                 if piece:
                     await resp.write(piece)

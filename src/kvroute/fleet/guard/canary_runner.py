@@ -124,7 +124,8 @@ class CanaryRunner:
                                       canary_messages(rnd.prefix, rnd.question), rnd.max_tokens)
         finally:
             dispatch.side_finished(state)
-        verdict = grade(outcome.content, outcome.finish_reason, rnd.question.answer, outcome.error)
+        verdict = grade(outcome.content, outcome.finish_reason, rnd.question.answer, outcome.error,
+                    not_an_answer=outcome.not_an_answer)
         shown = outcome.error if outcome.error is not None else (outcome.content or "")
         return CanaryAnswer(verdict, outcome.prompt_tokens, outcome.cached_tokens, outcome.completion_tokens,
                             excerpt(shown))

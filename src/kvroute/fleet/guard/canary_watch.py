@@ -7,7 +7,8 @@ behind the same long prefix, so from the second round on the prefix is served fr
 prefix cache: the path where corruption showed upstream.  Each reply is judged against the exact
 answer *and* against the fleet:
 
-* an empty reply or a run of ``!`` (the corruption seen upstream) is a fault on its own;
+* an empty reply or a run of ``!`` (the corruption seen upstream), or a 200 that is not a chat
+  completion at all, is a fault on its own;
 * a wrong number is a fault only when another replica answered the same question right — a model
   that gets a question wrong at temperature 0 gets it wrong everywhere, and that says nothing
   about any one replica (a fleet of one therefore only ever counts the corruption signature);
