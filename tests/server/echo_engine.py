@@ -155,7 +155,8 @@ class EchoEngine:
             def typed(name: str, data: dict[str, Any]) -> bytes:
                 payload = orjson.dumps({"type": name, **data})
                 return b"event: " + name.encode() + b"\ndata: " + payload + b"\n\n"
-            return ([typed("response.created", {"response": {"id": "resp_1", "status": "in_progress"}})]
+            created = {"response": {"id": "resp_1", "status": "in_progress", "model": self.model}}
+            return ([typed("response.created", created)]
                     + [typed("response.output_text.delta", {"delta": f"w{i} "}) for i in range(self.events)]
                     + [typed("response.completed", {"response": {
                         "id": "resp_1", "status": "completed",

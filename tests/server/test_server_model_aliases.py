@@ -83,9 +83,12 @@ async def test_what_the_worker_receives_and_every_route_renamed(echo_engines, ro
             assert resp.status == 200, await resp.text()
             raw = await resp.read()
             assert resp.headers["content-length"] == str(len(raw))  # whole, in one write
-        assert orjson.loads(raw)["model"] == ASKED, (path, raw)
+        # Every answer that names a model names the one asked for (count_tokens names none).
+        assert orjson.loads(raw).get("model", ASKED) == ASKED and MODEL.encode() not in raw, (path, raw)
         sent = orjson.loads(engine.seen[-1].body)
         assert sent == {**body, "model": MODEL}, path  # only the model changed
+        if path in ("/v1/embeddings", "/v1/messages/count_tokens"):
+            continue  # these answer whole: a stream there is not the API's answer (a 502)
         async with http.post(r.url + path, json={**body, "stream": True}) as resp:
             assert resp.status == 200
             streamed = await resp.read()
