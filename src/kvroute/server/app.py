@@ -508,7 +508,9 @@ async def start_router(settings: Settings, *, host: str = "127.0.0.1", port: int
     limits = FrontLimits(
         max_body_bytes=settings.max_body_bytes, max_header_bytes=settings.max_header_bytes,
         max_headers=settings.max_headers, header_timeout_s=settings.header_timeout_s,
-        body_timeout_s=settings.body_timeout_s, keepalive_timeout_s=settings.keepalive_timeout_s,
+        body_timeout_s=settings.body_timeout_s, body_min_rate_bytes_s=settings.body_min_rate_bytes_s,
+        body_min_rate_grace_s=settings.body_min_rate_grace_s,
+        keepalive_timeout_s=settings.keepalive_timeout_s,
         max_connections=settings.max_connections or connections_allowed(open_files))
     internal = internal_error_reporter(router)
     handler = front_handler(router, Proxy(router), Origin.from_url("unix:" + socket_path), internal)

@@ -44,6 +44,8 @@ HOP_BY_HOP = frozenset((
     b"te", b"trailer", b"trailers", b"transfer-encoding", b"upgrade", b"host", b"content-length",
     b"expect",
 ))
+# What nearly every client sends as Connection: naming no other header.
+_PLAIN_CONNECTION = frozenset((b"keep-alive", b"close"))
 _MAX_HELD_ERROR = 64 * 1024
 # Longest incomplete SSE event held back so that an error event can follow a clean boundary.
 _MAX_PENDING = 64 * 1024
@@ -123,9 +125,24 @@ def serves_model(states: Sequence[WorkerState], model: str) -> bool:
 
 
 def header_lines(headers: list[tuple[bytes, bytes]]) -> bytes:
-    """``name: value`` lines of ``headers`` minus hop-by-hop ones: auth, API versions and betas pass
-    unchanged, names keep their case."""
-    return b"".join(k + b": " + v + b"\r\n" for k, v in headers if k.lower() not in HOP_BY_HOP)
+    """``name: value`` lines of ``headers`` minus hop-by-hop ones (``HOP_BY_HOP``, any ``Proxy-*``
+    and those the ``Connection`` header names), in either direction: auth, API versions and betas
+    pass unchanged, names keep their case."""
+    lines = []
+    named: set[bytes] | None = None
+    for k, v in headers:
+        lk = k.lower()
+        if lk in HOP_BY_HOP or lk[:6] == b"proxy-":
+            if lk == b"connection" and v.lower() not in _PLAIN_CONNECTION:
+                tokens = {t.strip().lower() for t in v.split(b",")} - HOP_BY_HOP - {b"close"}
+                if tokens:
+                    named = (named or set()) | tokens
+            continue
+        lines.append(k + b": " + v + b"\r\n")
+    if named is not None:  # rare: the headers it names go too
+        lines = [k + b": " + v + b"\r\n" for k, v in headers
+                 if (lk := k.lower()) not in HOP_BY_HOP and lk[:6] != b"proxy-" and lk not in named]
+    return b"".join(lines)
 
 
 def stream_error_event(route: Route, message: str, status: int = 502) -> bytes:
