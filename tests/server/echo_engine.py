@@ -29,12 +29,13 @@ class EchoEngine:
     """``mode``: ok | error (500 before any byte) | hang (never answers) | stall (a stream's head,
     then nothing) | drop (cuts the stream after the first event, or a plain body halfway) |
     unhealthy (/health 503).  ``events`` and
-    ``delay_s`` shape streams."""
+    ``delay_s`` shape streams; ``headers`` are added to every plain answer."""
 
     model: str = "echo"
     mode: str = "ok"
     events: int = 3
     delay_s: float = 0.0
+    headers: dict[str, str] = field(default_factory=dict)
     metrics: bool = True
     start_time: float = field(default_factory=time.time)
     running: int = 0
@@ -107,7 +108,7 @@ class EchoEngine:
             if self.mode == "drop":
                 return await self._cut(request, final)
             self.served += 1
-            return web.Response(body=final, content_type="application/json")
+            return web.Response(body=final, content_type="application/json", headers=self.headers)
         finally:
             self.running -= 1
 

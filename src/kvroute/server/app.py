@@ -19,7 +19,7 @@ import math
 import os
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
@@ -343,10 +343,30 @@ async def _metrics(request: web.Request) -> web.Response:
 async def _not_found(request: web.Request) -> web.Response:
     """Anything else under /v1: 404 (405 for a known path with the wrong method), API-styled."""
     for route in HTTP_ROUTES:
-        if request.path == route.path:
-            return _app_error(route.style, 405, f"{request.method} is not allowed on {route.path}; use POST")
-    style: ApiStyle = "anthropic" if request.path.startswith("/v1/messages") else "openai"
-    return _app_error(style, 404, f"no such endpoint: {request.method} {request.path}")
+        if request.path == route.path and request.method != "POST":
+            return _not_allowed(route.style, request.method, route.path, ("POST",))
+    return _app_error(style_of_path(request.path), 404, f"no such endpoint: {request.method} {request.path}")
+
+
+def _not_allowed(style: ApiStyle, method: str, path: str, allowed: Iterable[str]) -> web.Response:
+    methods = ", ".join(sorted(allowed))
+    response = _app_error(style, 405, f"{method} is not allowed on {path}; it takes {methods}")
+    response.headers["Allow"] = methods
+    return response
+
+
+@web.middleware
+async def _api_errors(request: web.Request, handler: Callable[[web.Request], Any]) -> web.StreamResponse:
+    """aiohttp's own 404 and 405 (no route takes this path, or this method) in the API's JSON
+    format, like every other error the router writes."""
+    try:
+        response: web.StreamResponse = await handler(request)
+        return response
+    except web.HTTPMethodNotAllowed as exc:
+        return _not_allowed(style_of_path(request.path), request.method, request.path, exc.allowed_methods)
+    except web.HTTPNotFound:
+        message = f"no such endpoint: {request.method} {request.path}"
+        return _app_error(style_of_path(request.path), 404, message)
 
 
 async def _startup(app: web.Application) -> None:
@@ -424,7 +444,7 @@ def build_app(settings: Settings, *, scheduler: Scheduler | None = None, sync: R
     registry.subscribe(doctor)
     for families in (doctor.families, drift.families):
         router.metrics.prometheus.register(FamiliesCollector(families))
-    app = web.Application(client_max_size=settings.max_body_bytes)
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[_api_errors])
     app[ROUTER] = router
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/health", _health)
