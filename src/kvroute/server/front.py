@@ -340,6 +340,8 @@ class _FrontConnection(asyncio.Protocol):
         self.lost = False
         self.loopback = False
         self.http_minor = 1
+        # No request has begun on this connection yet.
+        self.fresh = True
         self._fd = -1
         # Accepted at the cap with nothing to close for it: answered 503 once its first bytes say
         # which API it calls (see _refuse).
@@ -577,6 +579,10 @@ class _FrontConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
+        # The parser holds this protocol's callbacks: a reference cycle only the cyclic collector
+        # would free, and under connection churn thousands of closed connections (tens of MB)
+        # waited for its rare full collections.
+        del self._parser
         if self._lingering:
             self._lingering = False
             self._server.lingering -= 1
@@ -600,6 +606,7 @@ class _FrontConnection(asyncio.Protocol):
     # --- httptools callbacks ---
 
     def on_message_begin(self) -> None:
+        self.fresh = False
         self._url = b""
         self._headers = []
         self._body = []
@@ -791,8 +798,11 @@ class _FrontConnection(asyncio.Protocol):
         return self._body_start + self._body_timeout
 
     def evict(self) -> None:
-        """Close this connection, whose request is still arriving, to make room at the cap: the
-        client is told (408) why."""
+        """Close this connection to make room at the cap; a client whose request is still arriving
+        is told (408) why."""
+        if self._phase == _BETWEEN:
+            self.close()
+            return
         what = "headers" if self._phase == _HEAD else f"body ({self._size} bytes so far)"
         started = self._body_start if self._phase == _BODY and self._body_start else None
         since = f" after {time.monotonic() - started:.1f} s" if started is not None else ""
@@ -992,13 +1002,20 @@ class FrontServer:
         return len(self._connections)
 
     def _make_room(self) -> bool:
-        """Close a connection to make room for a new one: the oldest idle one (not one whose next
-        request is already on its way), else the one whose request is arriving slowest (answered
-        408); False when every connection is serving."""
+        """Close a connection to make room for a new one: the oldest one idle after a request (not
+        one whose next request is already on its way), else the one furthest behind: a request
+        arriving slowest (answered 408) or a new connection that sent nothing for longest; False
+        when every connection is serving."""
         slowest: _FrontConnection | None = None
         lag = _NEVER
         for conn in self._connections:
             if conn.idle:
+                if conn.fresh:
+                    # Nothing received yet: its request may be on its way (a client writes after
+                    # connecting), so it ranks with the slow ones, by its deadline.
+                    if conn.deadline <= lag and not conn.unread():
+                        slowest, lag = conn, conn.deadline
+                    continue
                 if conn.unread():
                     continue
                 del self._connections[conn]

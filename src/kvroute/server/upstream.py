@@ -238,6 +238,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        del self._parser  # a reference cycle through its callbacks (see front.py's connection_lost)
         self._pool._unwatch(self)
         self._pool._forget(self)
         call, self._call = self._call, None
