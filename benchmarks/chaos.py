@@ -27,10 +27,18 @@ fresh one per section so that its memory is measured cleanly) and this client.
 * garbage:   one of three replicas answers 200 with something that is not an answer (each sim
              fault kind in turn, a fresh router each): bad answers it sent before its breaker
              opened, garbage that reached a client, streams whose clients were told (issue 24).
+* trailers:  (issue 24) a chunked body followed by a 100 MB trailer, four at once, 10,000
+             trailer fields, a 200 KB trailer, a 50 MB chunk extension: the answers, the router's
+             RSS growth and peak, and the slowest /health answered meanwhile.
+* slow:      (issue 24) 400 clients dripping a body one byte every 3 s (reconnecting when cut)
+             against max_connections = 300 for 60 s, while a complete POST (chat and messages in
+             turn) and a GET /health go out every second: what each got, how long it took, and
+             what became of the drippers.
 
-    python benchmarks/chaos.py                          # everything (about 3-5 minutes on 2 cores)
+    python benchmarks/chaos.py                          # everything (about 5-7 minutes on 2 cores)
     python benchmarks/chaos.py --fuzz 2000 --sections fuzz,header
     python benchmarks/chaos.py --sections stall,garbage   # about 3 minutes on 2 cores
+    python benchmarks/chaos.py --sections trailers,slow
 """
 
 from __future__ import annotations
@@ -369,6 +377,182 @@ async def section_idle(workers: list[str], logs: Path, args: argparse.Namespace)
         print(f"GET /health on a new connection, 20 times: statuses {sorted(set(statuses))}, median "
               f"{times[len(times) // 2]:.1f} ms, max {times[-1]:.1f} ms   idle connections still open: "
               f"{open_idle}/{args.idle}")
+
+
+# --- trailers and chunk extensions ----------------------------------------------------------------
+
+CHUNKED_HEAD = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                b"transfer-encoding: chunked\r\n\r\n")
+SMALL_CHAT = orjson.dumps({"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
+
+
+def send_chunked(url: str, before: bytes, filler: bytes, size: int, after: bytes) -> tuple[int, bytes, float]:
+    """Send ``before``, then ``size`` bytes of ``filler`` repeated (in writes of at most 1 MiB), then
+    ``after``; returns (filler bytes sent before the router stopped reading, its reply, seconds
+    to the reply)."""
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)))
+    sock.settimeout(30)
+    sent = 0
+    chunk = filler * max(1, (1 << 20) // len(filler))
+    start = time.perf_counter()
+    try:
+        sock.sendall(before)
+        while sent < size:
+            part = chunk[:size - sent]
+            sock.sendall(part)
+            sent += len(part)
+        sock.sendall(after)
+    except OSError:
+        pass  # the router stopped reading: expected
+    reply = b""
+    with contextlib.suppress(OSError):
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                break
+            reply += data
+    took = time.perf_counter() - start
+    sock.close()
+    return sent, reply, took
+
+
+async def slowest_health(url: str, stop: asyncio.Event) -> float:
+    """Ask /health every 50 ms until ``stop``; the slowest answer in ms (inf: one went unanswered)."""
+    worst = 0.0
+    while not stop.is_set():
+        start = time.perf_counter()
+        conv = await exchange(url, HEALTH, count=1, timeout=30)
+        took = (time.perf_counter() - start) * 1000 if conv.statuses == [200] else float("inf")
+        worst = max(worst, took)
+        await asyncio.sleep(0.05)
+    return worst
+
+
+async def section_trailers(workers: list[str], logs: Path, args: argparse.Namespace) -> None:
+    mib = 1 << 20
+    body = b"%x\r\n%s\r\n" % (len(SMALL_CHAT), SMALL_CHAT)
+    cases = [  # (what, before, filler, filler bytes, after, at once)
+        (f"one {args.trailer_mb} MB trailer", CHUNKED_HEAD + body + b"0\r\nx-big: ", b"a",
+         args.trailer_mb * mib, b"\r\n\r\n", 1),
+        (f"four {args.trailer_mb} MB trailers at once", CHUNKED_HEAD + body + b"0\r\nx-big: ", b"a",
+         args.trailer_mb * mib, b"\r\n\r\n", 4),
+        ("10,000 trailer fields", CHUNKED_HEAD + body + b"0\r\n",
+         b"".join(b"x-t%05d: v\r\n" % i for i in range(10000)), 130000, b"\r\n", 1),
+        ("a 200 KB trailer", CHUNKED_HEAD + body + b"0\r\nx-big: ", b"a", 200 * 1024, b"\r\n\r\n", 1),
+        (f"a {args.extension_mb} MB chunk extension", CHUNKED_HEAD + b"%x;e=" % len(SMALL_CHAT), b"a",
+         args.extension_mb * mib, b"\r\n%s\r\n0\r\n\r\n" % SMALL_CHAT, 1),
+    ]
+    print("## trailers and chunk extensions (a fresh router per case)")
+    for what, before, filler, size, after, parallel in cases:
+        router = await start_router(workers, logs, "trailers")
+        try:
+            for _ in range(20):  # let start-up settle
+                await exchange(router.url, HEALTH, count=1, timeout=30)
+            start_rss = rss_kib(router.proc.pid)
+            stop_health = asyncio.Event()
+            health = asyncio.create_task(slowest_health(router.url, stop_health))
+            results = await asyncio.gather(*(asyncio.to_thread(send_chunked, router.url, before, filler, size,
+                                                               after) for _ in range(parallel)))
+            await asyncio.sleep(2.5)  # past the lingering close
+            stop_health.set()
+            worst = await health
+            end_rss = rss_kib(router.proc.pid)
+            after_health = await exchange(router.url, HEALTH, count=1, timeout=30)
+        finally:
+            stop(router)
+        statuses = sorted({r[1].split(b"\r\n", 1)[0].decode(errors="replace") for r in results})
+        print(f"{what}: {statuses}, answered after {max(r[2] for r in results):.2f} s with "
+              f"{max(r[0] for r in results) / mib:.1f} MiB of filler sent   router RSS "
+              f"{start_rss[0] / 1024:.1f} -> {end_rss[0] / 1024:.1f} MiB (growth "
+              f"{(end_rss[0] - start_rss[0]) / 1024:.2f}), peak growth "
+              f"{(end_rss[1] - start_rss[1]) / 1024:.2f} MiB   slowest /health meanwhile {worst:.1f} ms   "
+              f"/health after: {after_health.statuses}")
+
+
+# --- slow bodies -----------------------------------------------------------------------------------
+
+async def section_slow(workers: list[str], logs: Path, args: argparse.Namespace) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < args.drippers + 200:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, args.drippers + 200), hard))
+    env = {"KVROUTE_MAX_CONNECTIONS": str(args.slow_cap)}
+    router = await start_router(workers, logs, "slow", env)
+    stop_at = time.monotonic() + args.slow_seconds
+    fates: collections.Counter[str] = collections.Counter()
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 100000\r\n\r\n"
+
+    async def dripper(i: int) -> None:
+        await asyncio.sleep(i * 0.01)  # 400 connections over 4 s
+        while time.monotonic() < stop_at:
+            try:
+                reader, writer = await asyncio.open_connection(*router.url.removeprefix("http://").split(":"))
+            except OSError:
+                fates["connect failed"] += 1
+                await asyncio.sleep(1)
+                continue
+            fates["connections"] += 1
+            try:
+                writer.write(head)
+                while time.monotonic() < stop_at:
+                    writer.write(b"{")
+                    with contextlib.suppress(TimeoutError):
+                        data = await asyncio.wait_for(reader.read(65536), args.drip_s)
+                        status = data.split(b" ", 2)[1].decode() if data.startswith(b"HTTP/") else "closed"
+                        fates[f"cut: {status}"] += 1
+                        break
+            except ConnectionError:
+                fates["cut: reset"] += 1
+            finally:
+                writer.close()
+
+    outcomes: dict[str, collections.Counter[str]] = {"post": collections.Counter(),
+                                                     "health": collections.Counter()}
+    times: dict[str, list[float]] = {"post": [], "health": []}
+    body = orjson.dumps({"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
+
+    async def probe(kind: str, data: bytes) -> None:
+        start = time.perf_counter()
+        try:
+            conv = await exchange(router.url, data, count=1, timeout=30)
+        except TimeoutError:
+            outcomes[kind]["hang"] += 1
+            return
+        except OSError:
+            outcomes[kind]["connect failed"] += 1
+            return
+        times[kind].append((time.perf_counter() - start) * 1000)
+        outcomes[kind][str(conv.statuses[0]) if conv.answers else "no answer"] += 1
+
+    try:
+        for _ in range(20):  # let start-up settle
+            await exchange(router.url, HEALTH, count=1, timeout=30)
+        before = rss_kib(router.proc.pid)
+        drippers = [asyncio.create_task(dripper(i)) for i in range(args.drippers)]
+        await asyncio.sleep(5)  # every dripper connected
+        probes = []
+        n = 0
+        while time.monotonic() < stop_at:
+            path = b"/v1/messages" if n % 2 else b"/v1/chat/completions"
+            probes.append(asyncio.create_task(probe("post", post(path, body))))
+            probes.append(asyncio.create_task(probe("health", HEALTH)))
+            n += 1
+            await asyncio.sleep(1)
+        await asyncio.gather(*probes, *drippers)
+        during = rss_kib(router.proc.pid)
+        await asyncio.sleep(5)  # past the lingering closes
+        after = rss_kib(router.proc.pid)
+    finally:
+        stop(router)
+    print(f"## slow bodies: {args.drippers} clients dripping one byte every {args.drip_s:g} s (reconnecting "
+          f"when cut) against max_connections = {args.slow_cap}, {args.slow_seconds:g} s")
+    for kind in ("post", "health"):
+        t = sorted(times[kind]) or [float("nan")]
+        print(f"{'complete POST' if kind == 'post' else 'GET /health'} every second: "
+              f"{dict(sorted(outcomes[kind].items()))}, median {t[len(t) // 2]:.1f} ms, max {t[-1]:.1f} ms")
+    print(f"drippers: {dict(sorted(fates.items()))}")
+    print(f"router RSS {before[0] / 1024:.1f} MiB before, {during[0] / 1024:.1f} MiB as they stopped, "
+          f"{after[0] / 1024:.1f} MiB 5 s later; peak {during[1] / 1024:.1f} MiB")
 
 
 # --- shutdown ------------------------------------------------------------------------------------
@@ -814,7 +998,7 @@ async def main(args: argparse.Namespace) -> None:
     workers = [f"http://127.0.0.1:{sim_port + i}" for i in range(args.replicas)]
     sections = {"fuzz": section_fuzz, "header": section_header, "idle": section_idle,
                 "shutdown": section_shutdown, "sync": section_sync, "stall": section_stall,
-                "garbage": section_garbage}
+                "garbage": section_garbage, "trailers": section_trailers, "slow": section_slow}
     print(f"cpus={os.cpu_count()} load average {os.getloadavg()[0]:.2f}; logs in {logs}")
     try:
         for url in workers:
@@ -829,7 +1013,8 @@ async def main(args: argparse.Namespace) -> None:
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sections", type=lambda s: s.split(","),
-                   default=["fuzz", "header", "idle", "shutdown", "sync", "stall", "garbage"])
+                   default=["fuzz", "header", "idle", "shutdown", "sync", "stall", "garbage", "trailers",
+                            "slow"])
     p.add_argument("--fuzz", type=int, default=20000, help="fuzzed requests (default 20000)")
     p.add_argument("--seed", type=int, default=17)
     p.add_argument("--concurrency", type=int, default=64, help="fuzz connections at a time (default 64)")
@@ -848,6 +1033,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--stall-speed", type=float, default=2.0,
                    help="the stall section's replicas' speed-up (2: streams outlast the stop)")
     p.add_argument("--garbage", type=int, default=120, help="requests per garbage kind (default 120)")
+    p.add_argument("--trailer-mb", type=int, default=100, help="size of the big trailer (default 100 MB)")
+    p.add_argument("--extension-mb", type=int, default=50, help="size of the chunk extension (default 50 MB)")
+    p.add_argument("--drippers", type=int, default=400, help="slow-body clients (default 400)")
+    p.add_argument("--drip-s", type=float, default=3.0, help="seconds between their bytes (default 3)")
+    p.add_argument("--slow-cap", type=int, default=300, help="max_connections for them (default 300)")
+    p.add_argument("--slow-seconds", type=float, default=60.0, help="how long they drip (default 60)")
     p.add_argument("--replicas", type=int, default=3)
     p.add_argument("--speed", type=float, default=20.0, help="simulated replicas' speed-up (default 20)")
     return p.parse_args()

@@ -106,12 +106,15 @@ class Settings:
     worker_header: bool = True
     max_body_bytes: int = 32 * 1024 * 1024
     # What the listening side accepts from a client (docs/reliability.md): request line plus
-    # headers (414/431 beyond), header count (431), and how long a request's head, its body (the
-    # longest silence) and an idle keep-alive connection may take.
+    # headers (414/431 beyond; chunk extensions and trailers alike), header count (431), and how
+    # long a request's head, its whole body and an idle keep-alive connection may take; after the
+    # grace a body must also average the minimum rate (0: none).
     max_header_bytes: int = 64 * 1024
     max_headers: int = 128
     header_timeout_s: float = 10.0
-    body_timeout_s: float = 30.0
+    body_timeout_s: float = 60.0
+    body_min_rate_bytes_s: float = 1024.0
+    body_min_rate_grace_s: float = 10.0
     keepalive_timeout_s: float = 60.0
     # Open client connections; 0: derived from the open-file limit (raised to its hard limit at start).
     max_connections: int = 0
@@ -275,6 +278,8 @@ class Settings:
             self.breaker_settings()
         except ValueError as exc:
             raise SettingsError(str(exc)) from None
+        if self.body_min_rate_bytes_s < 0 or self.body_min_rate_grace_s < 0:
+            raise SettingsError("body_min_rate_bytes_s and body_min_rate_grace_s must not be negative")
         if self.max_connections < 0:
             raise SettingsError("max_connections must not be negative (0: from the open-file limit)")
         if self.metrics_access not in ("loopback", "token", "open"):

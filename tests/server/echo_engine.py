@@ -31,14 +31,16 @@ class EchoEngine:
     garbage (a stream written in one piece with a line of garbage after its first event; a plain
     body that is not JSON) | late_body (a plain answer's head at once, its body ``delay_s`` later) |
     unhealthy (/health 503).  ``events`` and
-    ``delay_s`` shape streams; ``reply`` is a plain answer's text.  ``api_key``: like vLLM's
-    ``--api-key``, /v1/* answers 401 without ``Authorization: Bearer`` that key."""
+    ``delay_s`` shape streams; ``reply`` is a plain answer's text; ``headers`` are added to every
+    plain answer.  ``api_key``: like vLLM's ``--api-key``, /v1/* answers 401 without
+    ``Authorization: Bearer`` that key."""
 
     model: str = "echo"
     mode: str = "ok"
     events: int = 3
     delay_s: float = 0.0
     reply: str = "hello"
+    headers: dict[str, str] = field(default_factory=dict)
     metrics: bool = True
     api_key: str | None = None
     start_time: float = field(default_factory=time.time)
@@ -125,7 +127,7 @@ class EchoEngine:
             if self.mode == "drop":
                 return await self._cut(request, final)
             self.served += 1
-            return web.Response(body=final, content_type="application/json")
+            return web.Response(body=final, content_type="application/json", headers=self.headers)
         finally:
             self.running -= 1
 

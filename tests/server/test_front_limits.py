@@ -106,6 +106,7 @@ async def test_header_body_and_idle_timeouts(echo_engines, router):
 
 async def test_at_the_connection_cap_idle_connections_make_room(echo_engines, router):
     [engine] = await echo_engines(1)
+    [hung] = await echo_engines(1, mode="hang")
     r = await router([engine.url], max_connections=4, header_timeout_s=30)
     idle = [await connect(r.url) for _ in range(4)]
     await asyncio.sleep(0.1)
@@ -116,16 +117,21 @@ async def test_at_the_connection_cap_idle_connections_make_room(echo_engines, ro
     assert (await read(idle[0][0])).closed
     for _, w in idle:
         w.close()
-    # Busy connections (a request half received) are not closed: a newcomer gets a clear 503.
-    busy = [await connect(r.url) for _ in range(4)]
-    for _, w in busy:
-        w.write(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
-    await asyncio.sleep(0.2)
-    conv = await exchange(r.url, HEALTH)
+    await asyncio.sleep(0.1)
+    # Connections serving a request are not closed: with every one serving, a newcomer gets a
+    # clear 503 in the format of the API it called.
+    r2 = await router([hung.url], max_connections=4, header_timeout_s=30)
+    serving = [await connect(r2.url) for _ in range(4)]
+    for _, w in serving:
+        w.write(post(b"/v1/chat/completions", CHAT))
+    await asyncio.sleep(0.3)
+    conv = await exchange(r2.url, post(b"/v1/messages", MESSAGES))
     assert conv.statuses == [503] and conv.closed
-    assert "connection limit (4 open connections)" in str(_openai_error(conv.answers[0].body)["message"])
+    error = _anthropic_error(conv.answers[0].body)
+    assert "connection limit (4 open connections, all serving)" in str(error["message"])
     assert conv.answers[0].headers[b"retry-after"] == b"1"
-    for _, w in busy:
+    assert r2.front.refused == 1 and r2.front.evicted == 0
+    for _, w in serving:
         w.close()
     await asyncio.sleep(0.1)
     await _still_serves(r.url)
@@ -142,7 +148,8 @@ async def test_upgrade_requests_are_served_over_http_1_1(echo_engines, router):
     assert conv.statuses == [200, 200, 200]
     assert orjson.loads(conv.answers[0].body)["object"] == "chat.completion"
     seen = {k.lower() for k in engine.seen[0].headers}
-    assert "upgrade" not in seen and "http2-settings" in seen
+    # HTTP2-Settings is named by Connection: hop-by-hop, like Upgrade itself.
+    assert not seen & {"upgrade", "http2-settings", "connection"} and "content-type" in seen
 
 
 async def test_requests_before_garbage_are_answered_then_the_connection_closes(echo_engines, router):

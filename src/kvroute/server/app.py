@@ -20,7 +20,7 @@ import math
 import os
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
@@ -425,10 +425,30 @@ async def _metrics(request: web.Request) -> web.Response:
 async def _not_found(request: web.Request) -> web.Response:
     """Anything else under /v1: 404 (405 for a known path with the wrong method), API-styled."""
     for route in HTTP_ROUTES:
-        if request.path == route.path:
-            return _app_error(route.style, 405, f"{request.method} is not allowed on {route.path}; use POST")
-    style: ApiStyle = "anthropic" if request.path.startswith("/v1/messages") else "openai"
-    return _app_error(style, 404, f"no such endpoint: {request.method} {request.path}")
+        if request.path == route.path and request.method != "POST":
+            return _not_allowed(route.style, request.method, route.path, ("POST",))
+    return _app_error(style_of_path(request.path), 404, f"no such endpoint: {request.method} {request.path}")
+
+
+def _not_allowed(style: ApiStyle, method: str, path: str, allowed: Iterable[str]) -> web.Response:
+    methods = ", ".join(sorted(allowed))
+    response = _app_error(style, 405, f"{method} is not allowed on {path}; it takes {methods}")
+    response.headers["Allow"] = methods
+    return response
+
+
+@web.middleware
+async def _api_errors(request: web.Request, handler: Callable[[web.Request], Any]) -> web.StreamResponse:
+    """aiohttp's own 404 and 405 (no route takes this path, or this method) in the API's JSON
+    format, like every other error the router writes."""
+    try:
+        response: web.StreamResponse = await handler(request)
+        return response
+    except web.HTTPMethodNotAllowed as exc:
+        return _not_allowed(style_of_path(request.path), request.method, request.path, exc.allowed_methods)
+    except web.HTTPNotFound:
+        message = f"no such endpoint: {request.method} {request.path}"
+        return _app_error(style_of_path(request.path), 404, message)
 
 
 async def _startup(app: web.Application) -> None:
@@ -532,7 +552,7 @@ def build_app(settings: Settings, *, scheduler: Scheduler | None = None, sync: R
         CacheModeCollector(scheduler.exact, lambda: [r.id for r in registry.records()]))
     for families in (doctor.families, drift.families):
         router.metrics.prometheus.register(FamiliesCollector(families))
-    app = web.Application(client_max_size=settings.max_body_bytes)
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[_api_errors])
     app[ROUTER] = router
     if settings.discover:
         app[DISCOVERY] = DiscoveryWatch(router)
@@ -624,7 +644,9 @@ async def start_router(settings: Settings, *, host: str = "127.0.0.1", port: int
     limits = FrontLimits(
         max_body_bytes=settings.max_body_bytes, max_header_bytes=settings.max_header_bytes,
         max_headers=settings.max_headers, header_timeout_s=settings.header_timeout_s,
-        body_timeout_s=settings.body_timeout_s, keepalive_timeout_s=settings.keepalive_timeout_s,
+        body_timeout_s=settings.body_timeout_s, body_min_rate_bytes_s=settings.body_min_rate_bytes_s,
+        body_min_rate_grace_s=settings.body_min_rate_grace_s,
+        keepalive_timeout_s=settings.keepalive_timeout_s,
         max_connections=settings.max_connections or connections_allowed(open_files))
     internal = internal_error_reporter(router)
     handler = front_handler(router, Proxy(router), Origin.from_url("unix:" + socket_path), internal)

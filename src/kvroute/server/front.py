@@ -8,22 +8,27 @@ endpoints, admin API, dashboard) is relayed by the handler to the aiohttp applic
 
 Being hand-written, it owns the protocol's edge cases (see ``FrontLimits`` and docs/reliability.md):
 request line and header sizes, header count, body size (answered early on ``Expect:
-100-continue``), timeouts for headers, bodies and idle keep-alive connections, a connection cap
-that closes idle connections first, ``Upgrade`` ignored (HTTP/1.1 is served), every well-formed
-request before a malformed one answered, paths percent-decoded once, and a shutdown that answers
-or cleanly ends whatever is still running.
+100-continue``), chunk extensions and trailers (bounded like a head, trailers dropped), timeouts
+for headers, bodies (a total and a minimum rate) and idle keep-alive connections, a connection
+cap that closes idle connections first and then the slowest request still arriving, ``Upgrade``
+ignored (HTTP/1.1 is served), ``CONNECT`` refused, absolute-form targets served by their path,
+every well-formed request before a malformed one answered, paths percent-decoded once, and a
+shutdown that answers or cleanly ends whatever is still running.
 """
 
 from __future__ import annotations
 
+import array
 import asyncio
 import contextlib
 import dataclasses
+import fcntl
 import ipaddress
 import logging
 import math
 import resource
 import socket
+import termios
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -59,6 +64,9 @@ _FRAMING = frozenset((b"content-length", b"expect", b"upgrade", b"transfer-encod
 _LINGER_S = 2.0
 # Connections lingering at once; more are closed at once.
 _MAX_LINGERING = 256
+# A chunk in progress may have consumed its size line (at most 16 hex digits) and CRLF before its
+# data is complete; framing beyond what each chunk needs counts as extensions or trailers.
+_CHUNK_SLACK = 20
 
 
 def reason_phrase(status: int) -> bytes:
@@ -72,6 +80,18 @@ def reason_phrase(status: int) -> bytes:
 def style_of_path(path: str) -> ApiStyle:
     """The error format a client calling ``path`` expects: Anthropic's under /v1/messages."""
     return "anthropic" if path.startswith("/v1/messages") else "openai"
+
+
+def origin_form(target: bytes) -> bytes:
+    """A request target as path and query: an absolute-form target (``http://host/path?q``, which
+    RFC 9112 section 3.2.2 says a server must accept) loses its scheme and authority; any other
+    target is returned as it is."""
+    scheme, sep, rest = target.partition(b"://")
+    if not sep or scheme.lower() not in (b"http", b"https"):
+        return target
+    ends = [i for i in (rest.find(b"/"), rest.find(b"?")) if i != -1]
+    path = rest[min(ends):] if ends else b""
+    return path if path[:1] == b"/" else b"/" + path
 
 
 def raise_open_file_limit() -> int:
@@ -122,13 +142,18 @@ class RateLimitedLog:
 class FrontLimits:
     """What the listening side accepts from a client (settings of the same names, see
     docs/server.md).  ``max_connections``: open client connections; at the cap the oldest idle
-    connection is closed for a new one, and without an idle one the new one gets 503."""
+    connection is closed for a new one, else the request arriving slowest is answered 408 and
+    closed, and when every connection is serving the new one gets 503.  ``body_timeout_s`` is the
+    time a whole body may take; after ``body_min_rate_grace_s`` it must also keep arriving at
+    ``body_min_rate_bytes_s`` on average (0: no minimum rate)."""
 
     max_body_bytes: int = 32 * 1024 * 1024
     max_header_bytes: int = 64 * 1024
     max_headers: int = 128
     header_timeout_s: float = 10.0
-    body_timeout_s: float = 30.0
+    body_timeout_s: float = 60.0
+    body_min_rate_bytes_s: float = 1024.0
+    body_min_rate_grace_s: float = 10.0
     keepalive_timeout_s: float = 60.0
     max_connections: int = 1024
 
@@ -315,6 +340,12 @@ class _FrontConnection(asyncio.Protocol):
         self.lost = False
         self.loopback = False
         self.http_minor = 1
+        # No request has begun on this connection yet.
+        self.fresh = True
+        self._fd = -1
+        # Accepted at the cap with nothing to close for it: answered 503 once its first bytes say
+        # which API it calls (see _refuse).
+        self._refusing = False
         # Reading state: _BETWEEN, _HEAD or _BODY; when the current phase times out.
         self._phase = _BETWEEN
         self.deadline = time.monotonic() + self._limits.keepalive_timeout_s
@@ -329,9 +360,21 @@ class _FrontConnection(asyncio.Protocol):
         self._url = b""
         self._url_counted = 0
         self._headers: list[Header] = []
+        # The head's header fields once the head is complete (``_headers`` then collects trailers).
+        self._fields: list[Header] = []
+        self._trailers: list[Header] = []
         self._body: list[bytes] = []
+        # Body bytes received (kept or not), and when the body's first read ended (0: not yet).
         self._size = 0
+        self._body_start = 0.0
         self._too_large = False
+        # A chunked body: its bytes that are not data (framing, extensions, trailers) counted over
+        # the reads that neither start nor end it, the framing its completed chunks need, and the
+        # body size at the start of the chunk in progress.
+        self._chunked = False
+        self._excess = 0
+        self._framing = 0
+        self._chunk_mark = 0
         # Bytes in the read being parsed, and whether the current head spans several reads: a head
         # that does not is no larger than its read, so its size is only counted when either is big.
         self._read_len = 0
@@ -347,6 +390,8 @@ class _FrontConnection(asyncio.Protocol):
         self._max_headers = limits.max_headers
         self._header_timeout = limits.header_timeout_s
         self._body_timeout = limits.body_timeout_s
+        self._min_rate = limits.body_min_rate_bytes_s
+        self._rate_grace = limits.body_min_rate_grace_s
 
     # --- used by ResponseWriter ---
 
@@ -390,6 +435,7 @@ class _FrontConnection(asyncio.Protocol):
         server = self._server
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            self._fd = sock.fileno()
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             peer = transport.get_extra_info("peername")
@@ -398,21 +444,63 @@ class _FrontConnection(asyncio.Protocol):
                 mapped = getattr(address, "ipv4_mapped", None)
                 self.loopback = (mapped or address).is_loopback
         connections = server._connections
-        if len(connections) >= self._limits.max_connections and not server._evict_idle():
-            # Accepted only to say why: every connection is busy, none can make room.
+        if len(connections) >= self._limits.max_connections and not server._make_room():
+            # Accepted only to say why: every connection is serving, none can make room.
             server.refused += 1
-            writer = ResponseWriter(self, keep_alive=False)
-            error_response(writer, "openai", 503, f"the router is at its connection limit "
-                           f"({self._limits.max_connections} open connections); retry shortly",
-                           retry_after=True)
-            self.linger()
+            self._dead = self._refusing = True
+            if server.lingering >= _MAX_LINGERING:
+                self._refuse(b"")
+                return
+            server.lingering += 1
+            self._lingering = True
+            loop = asyncio.get_running_loop()
+            loop.call_later(_LINGER_S / 2, self._refuse, b"")
+            loop.call_later(_LINGER_S, self.close)
             return
         connections[self] = None
 
+    def _refuse(self, data: bytes) -> None:
+        """Answer a connection refused at the cap with 503, in the format of the API its request
+        line names (OpenAI's when none came in time), then end it like an error answer."""
+        if not self._refusing or self.lost:
+            return  # answered already, or gone
+        self._refusing = False
+        line = data.split(b"\r\n", 1)[0].split(b" ")
+        target = origin_form(line[1]) if len(line) > 2 else b""
+        path = unquote(target.partition(b"?")[0].decode("latin-1"), errors="replace")
+        error_response(ResponseWriter(self, keep_alive=False), style_of_path(path), 503,
+                       f"the router is at its connection limit ({self._limits.max_connections} open "
+                       "connections, all serving); retry shortly", retry_after=True)
+        transport = self._transport
+        if not self._lingering or transport is None or not transport.can_write_eof():
+            self.close()
+            return
+        try:
+            transport.write_eof()  # what the client still sends is dropped until the close
+        except (OSError, RuntimeError):
+            self.close()
+
+    def unread(self) -> bool:
+        """Whether the client has sent bytes not read yet (a request on its way to this idle
+        connection: closing it now would lose the request)."""
+        if self._fd < 0:
+            return False
+        count = array.array("i", [0])
+        try:
+            fcntl.ioctl(self._fd, termios.FIONREAD, count, True)
+        except OSError:
+            return False
+        return count[0] > 0
+
     def data_received(self, data: bytes) -> None:
         if self._dead:
+            if self._refusing:
+                self._refuse(data)
             return
         self._read_len = len(data)
+        # A body read that neither starts nor ends its body: its bytes that are not data are
+        # extensions, trailers or framing (measured below for chunked bodies).
+        body_mark = self._size if self._phase == _BODY else -1
         parser = self._parser
         while True:
             try:
@@ -438,14 +526,38 @@ class _FrontConnection(asyncio.Protocol):
         if phase == _BETWEEN or self._dead:
             return
         # A request is partly received (rare for small requests, which arrive in one read): its
-        # clock starts, or for a body restarts, now; its head is measured.  Doing it here rather
-        # than in the callbacks keeps both off the common path.
+        # clock starts now; its head or its body's framing is measured.  Doing it here rather than
+        # in the callbacks keeps both off the common path.
         if phase == _BODY:
-            self.deadline = time.monotonic() + self._body_timeout
+            if self._body_start == 0.0:
+                self._body_start = time.monotonic()
+            elif self._chunked and body_mark >= 0:
+                self._measure_framing(len(data) - (self._size - body_mark))
+            if not self._dead:
+                self.deadline = self._body_deadline()
             return
         if self.deadline == _NEVER:
             self.deadline = time.monotonic() + self._header_timeout
         self._measure_head(len(data))
+
+    def _body_deadline(self) -> float:
+        """When the body being read times out: its total time, or sooner if it falls behind the
+        minimum rate (after the grace)."""
+        start = self._body_start
+        deadline = start + self._body_timeout
+        if self._min_rate > 0:
+            deadline = min(deadline, start + self._rate_grace + self._size / self._min_rate)
+        return deadline
+
+    def _measure_framing(self, overhead: int) -> None:
+        """Count ``overhead`` bytes of a chunked body that were not data; 431 once what exceeds
+        the chunks' own framing (extensions, trailers) is over ``max_header_bytes``, or trailer
+        fields over ``max_headers``."""
+        self._excess += overhead
+        if self._excess - self._framing - _CHUNK_SLACK > self._max_head:
+            self._fail(431, f"chunk extensions and trailer fields larger than {self._max_head} bytes")
+        elif len(self._trailers) > self._max_headers:
+            self._fail(431, f"more than {self._max_headers} trailer fields")
 
     def _measure_head(self, read: int) -> None:
         """Count the head received so far (at the end of a read that left it incomplete); 414 or
@@ -467,6 +579,10 @@ class _FrontConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
+        # The parser holds this protocol's callbacks: a reference cycle only the cyclic collector
+        # would free, and under connection churn thousands of closed connections (tens of MB)
+        # waited for its rare full collections.
+        del self._parser
         if self._lingering:
             self._lingering = False
             self._server.lingering -= 1
@@ -490,11 +606,14 @@ class _FrontConnection(asyncio.Protocol):
     # --- httptools callbacks ---
 
     def on_message_begin(self) -> None:
+        self.fresh = False
         self._url = b""
         self._headers = []
         self._body = []
         self._size = 0
+        self._body_start = 0.0
         self._too_large = False
+        self._chunked = False
         self._spanned = False
         self._phase = _HEAD
         self.deadline = _NEVER  # set when the read ends with the head incomplete (data_received)
@@ -508,7 +627,9 @@ class _FrontConnection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         self._phase = _BODY
         limits = self._limits
-        headers = self._headers
+        headers = self._fields = self._headers
+        # Fields after the body are trailers: collected apart, bounded, never forwarded.
+        self._headers = self._trailers
         if len(headers) > self._max_headers:
             self._error = (431, f"more than {self._max_headers} request header fields")
             raise _LimitBroken
@@ -534,9 +655,11 @@ class _FrontConnection(asyncio.Protocol):
                         self._too_large = True
             elif lk == b"expect":
                 expect = v.lower() == b"100-continue"
+            elif lk == b"upgrade":
+                upgrade = True
             else:
-                upgrade = upgrade or lk == b"upgrade"
-                has_body = has_body or lk == b"transfer-encoding"
+                has_body = self._chunked = True
+                self._excess = self._framing = 0
         if upgrade and has_body:
             self._resend = self._head_without_upgrade()
         if expect:
@@ -555,7 +678,7 @@ class _FrontConnection(asyncio.Protocol):
         None when llhttp does not treat it as an upgrade (no ``Connection: upgrade``)."""
         lines = []
         switching = False
-        for name, value in self._headers:
+        for name, value in self._fields:
             lname = name.lower()
             if lname == b"upgrade":
                 continue
@@ -573,20 +696,53 @@ class _FrontConnection(asyncio.Protocol):
         return b"%s %s HTTP/%s\r\n%s\r\n" % (self._parser.get_method(), self._url, version, b"".join(lines))
 
     def on_body(self, body: bytes) -> None:
+        self._size += len(body)
         if self._too_large:
             return
-        self._size += len(body)
         if self._size > self._limits.max_body_bytes:
             self._too_large = True
             self._body = []
         else:
             self._body.append(body)
 
+    def on_chunk_header(self) -> None:
+        self._chunk_mark = self._size
+
+    def on_chunk_complete(self) -> None:
+        # What this chunk needed: its size in hex, CRLF, its data, CRLF (the last chunk: "0" and
+        # the CRLF ending the trailers).
+        n = self._size - self._chunk_mark
+        self._framing += (n.bit_length() + 3) // 4 + 4 if n else 5
+
+    def _check_trailers(self) -> None:
+        """The trailer fields of the request just completed: over the head's limits they are a
+        431; otherwise they are dropped (the body is forwarded with a Content-Length, which
+        carries no trailers)."""
+        trailers = self._trailers
+        size = sum(len(n) + len(v) + 4 for n, v in trailers)
+        count = len(trailers)
+        trailers.clear()
+        if count > self._max_headers:
+            self._error = (431, f"more than {self._max_headers} trailer fields")
+            raise _LimitBroken
+        if size > self._max_head:
+            self._error = (431, f"trailer fields larger than {self._max_head} bytes")
+            raise _LimitBroken
+
     def on_message_complete(self) -> None:
         if self._resend is not None:
             return  # not complete: its body follows (see data_received)
+        if self._trailers:
+            self._check_trailers()
         parser = self._parser
+        method = parser.get_method()
         target = self._url
+        if target[:1] != b"/" or method == b"CONNECT":
+            if method == b"CONNECT":
+                # What follows would be a tunnel's bytes: answered, then the connection closes.
+                self._error = (405, "CONNECT is not supported: this is an API server, not a proxy")
+                raise _LimitBroken
+            target = self._url = origin_form(target)
         path_end = len(target)
         for sep in (b"?", b"#"):
             i = target.find(sep)
@@ -598,8 +754,8 @@ class _FrontConnection(asyncio.Protocol):
             path = unquote(path, errors="replace")
         minor = 1 if parser.get_http_version() != "1.0" else 0
         request = FrontRequest(
-            method=parser.get_method(), target=target, path=path,
-            headers=self._headers, body=b"".join(self._body) if len(self._body) != 1 else self._body[0],
+            method=method, target=target, path=path,
+            headers=self._fields, body=b"".join(self._body) if len(self._body) != 1 else self._body[0],
             http_minor=minor, keep_alive=parser.should_keep_alive() and not self._too_large,
             too_large=self._too_large)
         self._phase = _BETWEEN
@@ -625,6 +781,35 @@ class _FrontConnection(asyncio.Protocol):
         """No request is being served, waiting or partly received."""
         return self._task is None and not self._queue and self._phase == _BETWEEN and not self._dead
 
+    @property
+    def arriving(self) -> bool:
+        """A request is partly received and nothing is being served or waiting."""
+        return self._task is None and not self._queue and self._phase != _BETWEEN and not self._dead
+
+    @property
+    def lag(self) -> float:
+        """For a request still arriving, when it falls (or fell) behind: a head's deadline, or
+        the moment a body's bytes so far stop meeting the minimum rate.  The smallest is the
+        slowest request, the first closed to make room at the connection cap."""
+        if self._phase != _BODY or self._body_start == 0.0:
+            return self.deadline
+        if self._min_rate > 0:
+            return self._body_start + self._rate_grace + self._size / self._min_rate
+        return self._body_start + self._body_timeout
+
+    def evict(self) -> None:
+        """Close this connection to make room at the cap; a client whose request is still arriving
+        is told (408) why."""
+        if self._phase == _BETWEEN:
+            self.close()
+            return
+        what = "headers" if self._phase == _HEAD else f"body ({self._size} bytes so far)"
+        started = self._body_start if self._phase == _BODY and self._body_start else None
+        since = f" after {time.monotonic() - started:.1f} s" if started is not None else ""
+        self._fail(408, f"the request's {what} was still arriving{since} when the router needed its "
+                        f"connection for another client ({self._limits.max_connections} open "
+                        "connections); send it faster or retry", count=False)
+
     def _enqueue(self, request: FrontRequest) -> None:
         self._queue.append(request)
         if len(self._queue) > _MAX_QUEUED and self._transport is not None and not self._reading_paused:
@@ -633,10 +818,10 @@ class _FrontConnection(asyncio.Protocol):
         if self._task is None:
             self._next()
 
-    def _fail(self, status: int, message: str) -> None:
+    def _fail(self, status: int, message: str, *, count: bool = True) -> None:
         """The request being read broke the protocol or a limit: it is answered with ``status``
         after every request before it, then the connection closes (a byte stream that cannot be
-        parsed cannot be resynchronised)."""
+        parsed cannot be resynchronised).  ``count``: in ``FrontServer.rejected``."""
         if self._dead:
             return
         self._dead = True
@@ -647,26 +832,35 @@ class _FrontConnection(asyncio.Protocol):
             self._transport.pause_reading()
         end = min((i for i in (self._url.find(b"?"), self._url.find(b"#")) if i != -1),
                   default=len(self._url))
-        path = unquote(self._url[:end].decode("latin-1"), errors="replace")
-        self._server.rejected += 1
+        path = unquote(origin_form(self._url[:end]).decode("latin-1"), errors="replace")
+        if count:
+            self._server.rejected += 1
         self._enqueue(FrontRequest(method=b"", target=self._url, path=path, headers=[], body=b"",
                                    http_minor=1, keep_alive=False, reject=(status, message)))
 
     def expire(self, now: float) -> None:
         """The current phase's deadline passed: an idle connection is closed, a request still
         arriving is answered 408."""
-        if self._task is not None or self._queue:
+        phase = self._phase
+        if (self._task is not None or self._queue) and (phase != _BODY or self._reading_paused):
             # Serving: an upstream timeout bounds that; the next request's clock starts after it.
+            # A body arriving meanwhile (pipelined) keeps its own deadline while it is being read.
             self.deadline = now + self._limits.header_timeout_s
             return
-        if self._phase == _BETWEEN:
+        if phase == _BETWEEN:
             self.deadline = _NEVER
             self.close()
             return
-        what = "headers" if self._phase == _HEAD else "body"
-        limit = self._limits.header_timeout_s if self._phase == _HEAD else self._limits.body_timeout_s
         self._server.timed_out += 1
-        self._fail(408, f"the request's {what} did not arrive within {limit:g} s")
+        if phase == _HEAD:
+            self._fail(408, f"the request's headers did not arrive within {self._header_timeout:g} s")
+            return
+        elapsed = now - self._body_start
+        if elapsed >= self._body_timeout:
+            self._fail(408, f"the request's body did not arrive within {self._body_timeout:g} s")
+        else:
+            self._fail(408, f"the request's body arrived slower than {self._min_rate:g} bytes/s "
+                            f"({self._size} bytes in {elapsed:.1f} s)")
 
     def _next(self) -> None:
         if self.lost or not self._queue:
@@ -807,15 +1001,35 @@ class FrontServer:
         """Client connections open now."""
         return len(self._connections)
 
-    def _evict_idle(self) -> bool:
-        """Close the oldest idle connection to make room for a new one; False when none is idle."""
+    def _make_room(self) -> bool:
+        """Close a connection to make room for a new one: the oldest one idle after a request (not
+        one whose next request is already on its way), else the one furthest behind: a request
+        arriving slowest (answered 408) or a new connection that sent nothing for longest; False
+        when every connection is serving."""
+        slowest: _FrontConnection | None = None
+        lag = _NEVER
         for conn in self._connections:
             if conn.idle:
+                if conn.fresh:
+                    # Nothing received yet: its request may be on its way (a client writes after
+                    # connecting), so it ranks with the slow ones, by its deadline.
+                    if conn.deadline <= lag and not conn.unread():
+                        slowest, lag = conn, conn.deadline
+                    continue
+                if conn.unread():
+                    continue
                 del self._connections[conn]
                 self.evicted += 1
                 conn.close()
                 return True
-        return False
+            if conn.arriving and conn.lag <= lag:
+                slowest, lag = conn, conn.lag
+        if slowest is None:
+            return False
+        del self._connections[slowest]
+        self.evicted += 1
+        slowest.evict()
+        return True
 
     async def start(self, host: str, port: int, *, reuse_port: bool = False) -> int:
         """Listen on ``host:port`` (0: a free port); returns the port."""
@@ -830,7 +1044,7 @@ class FrontServer:
         fraction of the shortest timeout, rather than a timer per request on the hot path."""
         limits = self.limits
         period = min(1.0, limits.header_timeout_s / 4, limits.body_timeout_s / 4,
-                     limits.keepalive_timeout_s / 4)
+                     limits.keepalive_timeout_s / 4, limits.body_min_rate_grace_s / 4 or 1.0)
         while True:
             await asyncio.sleep(period)
             now = time.monotonic()

@@ -53,6 +53,8 @@ HOP_BY_HOP = frozenset((
     b"te", b"trailer", b"trailers", b"transfer-encoding", b"upgrade", b"host", b"content-length",
     b"expect",
 ))
+# What nearly every client sends as Connection: naming no other header.
+_PLAIN_CONNECTION = frozenset((b"keep-alive", b"close"))
 _MAX_HELD_ERROR = 64 * 1024
 # A plain 2xx body up to this size is read whole and checked before any of it goes out; a larger
 # one only by its first bytes.
@@ -148,9 +150,25 @@ def serves_model(states: Sequence[WorkerState], model: str) -> bool:
 
 
 def header_lines(headers: list[tuple[bytes, bytes]], skip: frozenset[bytes] = HOP_BY_HOP) -> bytes:
-    """``name: value`` lines of ``headers`` minus hop-by-hop ones (and any other name in ``skip``,
-    lower case): auth, API versions, betas and trace context pass unchanged, names keep their case."""
-    return b"".join(k + b": " + v + b"\r\n" for k, v in headers if k.lower() not in skip)
+    """``name: value`` lines of ``headers`` minus hop-by-hop ones (``HOP_BY_HOP``, any ``Proxy-*``
+    and those the ``Connection`` header names), in either direction, and any other name in ``skip``
+    (lower case, a superset of ``HOP_BY_HOP``): auth, API versions, betas and trace context pass
+    unchanged, names keep their case."""
+    lines = []
+    named: set[bytes] | None = None
+    for k, v in headers:
+        lk = k.lower()
+        if lk in skip or lk[:6] == b"proxy-":
+            if lk == b"connection" and v.lower() not in _PLAIN_CONNECTION:
+                tokens = {t.strip().lower() for t in v.split(b",")} - HOP_BY_HOP - {b"close"}
+                if tokens:
+                    named = (named or set()) | tokens
+            continue
+        lines.append(k + b": " + v + b"\r\n")
+    if named is not None:  # rare: the headers it names go too
+        lines = [k + b": " + v + b"\r\n" for k, v in headers
+                 if (lk := k.lower()) not in skip and lk[:6] != b"proxy-" and lk not in named]
+    return b"".join(lines)
 
 
 def stream_error_event(route: Route, message: str, status: int = 502) -> bytes:

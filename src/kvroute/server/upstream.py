@@ -269,6 +269,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        del self._parser  # a reference cycle through its callbacks (see front.py's connection_lost)
         self._pool._unwatch(self)
         self._pool._forget(self)
         call, self._call = self._call, None
@@ -348,8 +349,9 @@ class _Slots:
 
 
 class UpstreamPool:
-    """Keep-alive connections per worker, bounded per worker; idle ones are dropped before the
-    engine's own keep-alive timeout would close them under a request."""
+    """Keep-alive connections per worker, bounded per worker; idle ones are closed after
+    ``keepalive_s``, before the engine's own keep-alive timeout would close them under a request
+    (and so that a worker is not left holding connections nobody will use)."""
 
     def __init__(self, *, connect_timeout_s: float, read_timeout_s: float, keepalive_s: float,
                  limit_per_origin: int, ssl_context: ssl.SSLContext | None = None) -> None:
@@ -362,7 +364,8 @@ class UpstreamPool:
         self._by_url: dict[str, Origin] = {}
         self._closed = False
         # Connections with a request under way, checked for the read timeout by one periodic timer
-        # rather than a timer per request (cheaper on the hot path; precision a quarter timeout).
+        # rather than a timer per request (cheaper on the hot path; precision a quarter timeout);
+        # the same timer closes idle connections kept past keepalive_s.
         self._busy: set[_Connection] = set()
         self._sweeper: asyncio.TimerHandle | None = None
 
@@ -444,15 +447,33 @@ class UpstreamPool:
 
     def _arm_sweeper(self) -> None:
         loop = asyncio.get_running_loop()
-        self._sweeper = loop.call_later(min(1.0, self.read_timeout_s / 4), self._sweep, loop)
+        period = min(1.0, self.read_timeout_s / 4, self.keepalive_s / 4)
+        self._sweeper = loop.call_later(period, self._sweep, loop)
 
     def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
         self._sweeper = None
         now = loop.time()
         for conn in [c for c in self._busy if c.silent_for(now) >= c.silence_limit_s]:
             conn.time_out()
-        if self._busy and not self._closed:
+        idle = self._close_stale(now)
+        if (self._busy or idle) and not self._closed:
             self._arm_sweeper()
+
+    def _close_stale(self, now: float) -> bool:
+        """Close the idle connections kept ``keepalive_s`` or longer; True if others stay idle."""
+        left = False
+        for slots in self._origins.values():
+            idle = slots.idle
+            stale = 0
+            while stale < len(idle) and now - idle[stale].idle_since >= self.keepalive_s:
+                stale += 1  # oldest first: a connection is put back at the end
+            if stale:
+                closing = idle[:stale]
+                del idle[:stale]
+                for conn in closing:
+                    conn.close()  # counted out when its connection_lost arrives
+            left = left or bool(idle)
+        return left
 
     def _release(self, origin: Origin, conn: _Connection) -> None:
         slots = self._origins.get(origin)
@@ -460,6 +481,8 @@ class UpstreamPool:
             conn.close()
             return
         slots.idle.append(conn)
+        if self._sweeper is None:
+            self._arm_sweeper()
         self._wake(slots)
 
     def _forget(self, conn: _Connection) -> None:
