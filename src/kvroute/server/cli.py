@@ -65,16 +65,12 @@ def serve(
         help="Worker base URL (repeat for each); replaces the config file's list.")] = None,
     discover: Annotated[list[str] | None, typer.Option(
         "--discover", metavar="SOURCE", rich_help_panel=_FLEET,
-        help="Find workers at run time (repeatable; replaces the config file's list): dns://NAME:PORT "
-             "(every A/AAAA record a worker, e.g. a Kubernetes headless Service; "
-             "?server=IP:PORT to ask that DNS server) or file://PATH (one URL a line). "
-             "See docs/discovery.md.")] = None,
+        help="Find workers at run time, repeatable: dns://NAME:PORT (every A/AAAA record) or "
+             "file://PATH (one URL a line); docs/discovery.md.")] = None,
     kv_events: Annotated[list[str] | None, typer.Option(
         "--kv-events", metavar="WORKER=PUB[,REPLAY]", rich_help_panel=_FLEET,
-        help="Where a worker publishes its KV-cache events (vLLM --kv-events-config), e.g. "
-             "http://10.0.0.5:8001=tcp://10.0.0.5:5557,tcp://10.0.0.5:5558, or WORKER=off; "
-             "repeatable; replaces the config file's kv_events table. Without it the router "
-             "subscribes where the engine says (/server_info) or at tcp://HOST:5557.")] = None,
+        help="Where a worker publishes its KV-cache events, or WORKER=off; repeatable (default: "
+             "where the engine says, else tcp://HOST:5557).")] = None,
     config: Annotated[Path | None, typer.Option(
         "--config", "-c", metavar="PATH", rich_help_panel=_FLEET,
         help="TOML config file (default: $KVROUTE_CONFIG).")] = None,
@@ -84,9 +80,8 @@ def serve(
         metavar="PORT", rich_help_panel=_LISTEN, help="Port to listen on (default 8080).")] = None,
     model_alias: Annotated[list[str] | None, typer.Option(
         "--model-alias", metavar="PATTERN=MODEL", rich_help_panel=_ROUTING,
-        help="Serve requests for model names matching PATTERN (exact, or a glob: 'claude-*') with "
-             "MODEL; repeatable, first match wins, exact names before globs; replaces the config "
-             "file's aliases table. The answer names the model asked for.")] = None,
+        help="Serve model names matching PATTERN (a name, or a glob: 'claude-*') with MODEL; "
+             "repeatable, exact names first.")] = None,
     default_model: Annotated[str | None, typer.Option(
         metavar="MODEL", rich_help_panel=_ROUTING,
         help="Model for names no worker serves and no alias maps (default: none; they get 404).")] = None,
