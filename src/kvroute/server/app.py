@@ -493,8 +493,6 @@ async def _cleanup(app: web.Application) -> None:
         await router.canary.close()
     if router.kv_events is not None:
         await router.kv_events.close()
-    if router.tokens is not None:
-        await router.tokens.close()
     if router.sync is not None:
         await router.sync.stop()
     if router.upstream is not None:
@@ -547,7 +545,7 @@ def build_app(settings: Settings, *, scheduler: Scheduler | None = None, sync: R
         lambda wid: (r.state.url if (r := registry.get(wid)) is not None else None),
         KvEventMetrics(router.metrics.prometheus), known_urls=[w.url for w in settings.workers])
     registry.subscribe(router.kv_events)
-    router.tokens = EngineTokens(registry, scheduler)
+    router.tokens = EngineTokens(registry, scheduler, lambda: router.upstream)
     router.metrics.prometheus.register(
         CacheModeCollector(scheduler.exact, lambda: [r.id for r in registry.records()]))
     for families in (doctor.families, drift.families):

@@ -11,12 +11,11 @@ conversation (routing/token_chains.py): a turn hashes only the blocks its previo
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-import aiohttp
 import msgspec
 import orjson
 
@@ -24,6 +23,7 @@ from kvroute.fleet.registry import Registry
 from kvroute.routing.key import RoutingKey
 from kvroute.routing.scheduler import Scheduler
 from kvroute.routing.token_chains import TokenChains, with_tokens
+from kvroute.server.upstream import UpstreamError, UpstreamPool
 
 log = logging.getLogger("kvroute.tokens")
 
@@ -60,17 +60,16 @@ _reply = msgspec.json.Decoder(_Tokenized)
 
 
 class EngineTokens:
-    """The router's tokenizer for exact mode: the engine's ``/tokenize``, with hashes cached per
-    conversation.  ``stats`` counts requests tokenized, skipped (no exact worker), failed."""
+    """The router's tokenizer for exact mode: the engine's ``/tokenize`` (through the proxy's
+    upstream pool), with hashes cached per conversation."""
 
-    def __init__(self, registry: Registry, scheduler: Scheduler, *, timeout_s: float = 2.0) -> None:
+    def __init__(self, registry: Registry, scheduler: Scheduler, pool: Callable[[], UpstreamPool | None], *,
+                 timeout_s: float = 2.0) -> None:
         self._registry = registry
         self._scheduler = scheduler
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self._session: aiohttp.ClientSession | None = None
+        self._pool = pool
+        self._timeout_s = timeout_s
         self._chains = TokenChains()
-        self.stats = {"tokenized": 0, "failed": 0}
-        self.seconds = 0.0
 
     async def keyed(self, route: str, doc: Mapping[str, Any], key: RoutingKey) -> RoutingKey:
         """``key`` with the prompt's own token-block hashes when some worker of its model is exact
@@ -83,31 +82,38 @@ class EngineTokens:
             return key
         block = self._scheduler.exact.block_size(best.id)
         assert block is not None
-        started = time.perf_counter()
         tokens = await self._tokenize(best.url, body)
-        self.seconds += time.perf_counter() - started
         if tokens is None:
-            self.stats["failed"] += 1
             return key
-        self.stats["tokenized"] += 1
         return with_tokens(key, tokens, block, self._chains)
 
     async def _tokenize(self, url: str, body: Mapping[str, Any]) -> list[int] | None:
-        if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=self._timeout)
-        try:
-            async with self._session.post(url + "/tokenize", data=orjson.dumps(body),
-                                          headers={"content-type": "application/json"}) as resp:
-                if resp.status != 200:
-                    log.debug("/tokenize on %s answered %d", url, resp.status)
-                    return None
-                return _reply.decode(await resp.read()).tokens
-        except (TimeoutError, aiohttp.ClientError, msgspec.DecodeError) as exc:
-            log.debug("/tokenize on %s failed: %r", url, exc)
+        # Through the proxy's own keep-alive pool: an aiohttp round trip cost twice the router's
+        # CPU for a whole small request.
+        pool = self._pool()
+        if pool is None:
             return None
-
-    async def close(self) -> None:
-        """Close the HTTP session."""
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        origin = pool.origin(url)
+        data = orjson.dumps(body)
+        request = (b"POST " + origin.base_path + b"/tokenize HTTP/1.1\r\nhost: " + origin.host_header
+                   + b"\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(data) + data)
+        call = None
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                call = await pool.send(origin, request)
+                head = await call.head
+                parts: list[bytes] = []
+                call.attach(parts.append)
+                await call.done
+        except (TimeoutError, UpstreamError) as exc:
+            log.debug("/tokenize on %s failed: %r", url, exc)
+            if call is not None:
+                call.abort()
+            return None
+        if head.status != 200:
+            log.debug("/tokenize on %s answered %d", url, head.status)
+            return None
+        try:
+            return _reply.decode(b"".join(parts)).tokens
+        except msgspec.DecodeError:
+            return None
