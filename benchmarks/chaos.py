@@ -284,6 +284,18 @@ async def section_fuzz(workers: list[str], logs: Path, args: argparse.Namespace)
     print(f"tracebacks in the router log: {tracebacks}")
 
 
+def _read_to_close(sock: socket.socket) -> bytes:
+    """Everything the router sends until it closes the connection (or an error ends it)."""
+    reply = b""
+    with contextlib.suppress(OSError):
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                break
+            reply += data
+    return reply
+
+
 # --- header --------------------------------------------------------------------------------------
 
 def send_big_header(url: str, size: int) -> tuple[int, bytes]:
@@ -301,13 +313,7 @@ def send_big_header(url: str, size: int) -> tuple[int, bytes]:
         sock.sendall(b"\r\n\r\n")
     except OSError:
         pass  # the router stopped reading: expected
-    reply = b""
-    with contextlib.suppress(OSError):
-        while True:
-            data = sock.recv(65536)
-            if not data:
-                break
-            reply += data
+    reply = _read_to_close(sock)
     sock.close()
     return sent, reply
 
@@ -405,13 +411,7 @@ def send_chunked(url: str, before: bytes, filler: bytes, size: int, after: bytes
         sock.sendall(after)
     except OSError:
         pass  # the router stopped reading: expected
-    reply = b""
-    with contextlib.suppress(OSError):
-        while True:
-            data = sock.recv(65536)
-            if not data:
-                break
-            reply += data
+    reply = _read_to_close(sock)
     took = time.perf_counter() - start
     sock.close()
     return sent, reply, took

@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
 
 import aiohttp
 
 
-async def wait_ready(http: aiohttp.ClientSession, url: str, proc: asyncio.subprocess.Process) -> None:
-    """Return once the router at ``url`` answers ``/ready`` with 200; fail with its stderr if the
-    process exits first, or after 30 s."""
+async def wait_ready(http: aiohttp.ClientSession, url: str,
+                     proc: asyncio.subprocess.Process | subprocess.Popen[bytes],
+                     path: str = "/ready") -> None:
+    """Return once the server at ``url`` answers ``path`` with 200; fail (with its stderr, for an
+    asyncio process) if the process exits first, or after 30 s."""
     for _ in range(600):
-        if proc.returncode is not None:
-            err = (await proc.stderr.read()).decode() if proc.stderr is not None else ""
-            raise AssertionError(f"kvroute serve exited with {proc.returncode}: {err}")
+        code = proc.poll() if isinstance(proc, subprocess.Popen) else proc.returncode
+        if code is not None:
+            err = ""
+            if isinstance(proc, asyncio.subprocess.Process) and proc.stderr is not None:
+                err = (await proc.stderr.read()).decode()
+            raise AssertionError(f"the process serving {url} exited with {code}: {err}")
         try:
-            async with http.get(url + "/ready") as resp:
+            async with http.get(url + path) as resp:
                 if resp.status == 200:
                     return
         except aiohttp.ClientConnectionError:

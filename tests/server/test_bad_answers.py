@@ -21,6 +21,7 @@ import openai
 import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from serve_process import wait_ready
 
 from kvroute.router_settings import Settings, SettingsError
 from kvroute.server.answer_shape import body_answer, body_start_problem, first_event_problem, sse_problem
@@ -252,7 +253,7 @@ async def test_a_replica_stopped_with_sigstop_mid_stream_gets_its_client_an_erro
                             "--log-level", "WARNING"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        await _wait_healthy(http, url, sim)
+        await wait_ready(http, url, sim, "/health")
         r = await router([url], **IDLE, routing={"canary": False})
         body = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4000,
                 "ignore_eos": True, "stream": True}
@@ -277,19 +278,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-async def _wait_healthy(http: aiohttp.ClientSession, url: str, proc: subprocess.Popen[bytes]) -> None:
-    for _ in range(600):
-        assert proc.poll() is None, "kvroute sim exited"
-        try:
-            async with http.get(url + "/health") as resp:
-                if resp.status == 200:
-                    return
-        except aiohttp.ClientError:
-            pass
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{url} never became healthy")
 
 
 # --- answers that are not answers ----------------------------------------------------------------
