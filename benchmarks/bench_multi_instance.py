@@ -22,6 +22,7 @@ their messages with a shared secret, as a deployment should (docs/multi-instance
 from __future__ import annotations
 
 import argparse
+import ast
 import asyncio
 import json
 import random
@@ -141,7 +142,7 @@ async def run_row(args: argparse.Namespace, instances: int, redis: bool, seed: i
                             sync_secret=secrets.token_hex(32) if server and not args.unsigned else None,
                             # The canary off: its questions would count in the engines' hits measured here.
                             routing={"prefill_s_per_token": DEFAULT_PREFILL_S_PER_TOKEN / args.speed,
-                                     "canary": False})
+                                     "canary": False, **args.routing})
         for _ in range(instances):
             routers.append(await start_router(settings))
         lb = RoundRobin(routers)
@@ -201,11 +202,15 @@ async def main(argv: list[str]) -> None:
     p.add_argument("--repeat", type=int, default=2, help="runs per configuration (seeds seed, seed+1, ...)")
     p.add_argument("--unsigned", action="store_true", help="no sync secret (unsigned sync messages)")
     p.add_argument("--json", help="also write the rows to this file")
+    p.add_argument("--set", dest="routing", action="append", default=[], metavar="NAME=VALUE",
+                   type=lambda kv: (kv.partition("=")[0], ast.literal_eval(kv.partition("=")[2])),
+                   help="a [routing] setting of every instance (repeatable)")
     p.add_argument("--exact", action="store_true",
                    help="the replicas publish KV events and every instance routes on them (exact mode)")
     p.add_argument("--redis", default="both", choices=("both", "off", "on"),
                    help="rows with several instances: without Redis, with it, or both (default)")
     args = p.parse_args(argv)
+    args.routing = dict(args.routing)
     global EXACT
     EXACT = args.exact
     shared = {"both": (False, True), "off": (False,), "on": (True,)}[args.redis]
