@@ -6,6 +6,7 @@ connections reading slow bodies cannot lock others out at the connection cap."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from collections import Counter
 from urllib.parse import urlsplit
@@ -181,10 +182,8 @@ async def _drip(url: str, stop: asyncio.Event) -> str:
     try:
         while not stop.is_set():
             writer.write(b"{")
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(stop.wait()), 0.3)
-            except TimeoutError:
-                pass
             if reader.at_eof() or len(reader._buffer):
                 conv = await read(reader, timeout=5)
                 return f"{conv.statuses}"
@@ -262,7 +261,7 @@ async def test_at_the_cap_a_request_already_sent_is_answered(echo_engines, route
         assert outcomes["200"] >= 10
 
 
-async def test_a_pipelined_body_keeps_its_deadline_while_the_request_before_it_is_served(echo_engines, router):
+async def test_a_pipelined_body_keeps_its_deadline_while_the_one_before_it_is_served(echo_engines, router):
     [engine] = await echo_engines(1, delay_s=1.5)
     # (header_timeout_s long: the deadline at work is the body's, not a head's)
     r = await router([engine.url], body_timeout_s=0.5, body_min_rate_bytes_s=0, header_timeout_s=30)

@@ -39,12 +39,14 @@ async def test_absolute_form_targets_are_served_by_their_path(echo_engines, rout
     conv = await exchange(r.url, b"GET http://h/v1/chat/completions HTTP/1.1\r\nhost: x\r\n\r\n", count=1)
     assert conv.statuses == [405]
     assert conv.answers[0].headers[b"allow"] == b"POST"
-    assert _error(conv.answers[0].body, "openai") == "GET is not allowed on /v1/chat/completions; it takes POST"
+    message = _error(conv.answers[0].body, "openai")
+    assert message == "GET is not allowed on /v1/chat/completions; it takes POST"
 
 
 @pytest.mark.parametrize(("request_bytes", "status", "style", "message"), [
     (b"OPTIONS * HTTP/1.1\r\nhost: x\r\n\r\n", 404, "openai", "no such endpoint: OPTIONS *"),
-    (b"GET /../etc/passwd HTTP/1.1\r\nhost: x\r\n\r\n", 404, "openai", "no such endpoint: GET /../etc/passwd"),
+    (b"GET /../etc/passwd HTTP/1.1\r\nhost: x\r\n\r\n", 404, "openai",
+     "no such endpoint: GET /../etc/passwd"),
     (b"GET /%2e%2e/%2e%2e/etc/passwd HTTP/1.1\r\nhost: x\r\n\r\n", 404, "openai",
      "no such endpoint: GET /../../etc/passwd"),
     (b"GET //admin HTTP/1.1\r\nhost: x\r\n\r\n", 404, "openai", "no such endpoint: GET //admin"),
@@ -53,10 +55,12 @@ async def test_absolute_form_targets_are_served_by_their_path(echo_engines, rout
      "no such endpoint: GET /v1/messages/nope"),
     (post(b"/v1/%2e%2e/v1/chat/completions", CHAT), 404, "openai",
      "no such endpoint: POST /v1/../v1/chat/completions"),
-    (b"DELETE /health HTTP/1.1\r\nhost: x\r\n\r\n", 405, "openai", "DELETE is not allowed on /health; it takes GET, HEAD"),
+    (b"DELETE /health HTTP/1.1\r\nhost: x\r\n\r\n", 405, "openai",
+     "DELETE is not allowed on /health; it takes GET, HEAD"),
     (b"PATCH /admin/workers HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n", 405, "openai",
      "PATCH is not allowed on /admin/workers; it takes GET, HEAD, POST"),
-    (b"GET /v1/messages HTTP/1.1\r\nhost: x\r\n\r\n", 405, "anthropic", "GET is not allowed on /v1/messages; it takes POST"),
+    (b"GET /v1/messages HTTP/1.1\r\nhost: x\r\n\r\n", 405, "anthropic",
+     "GET is not allowed on /v1/messages; it takes POST"),
 ])
 async def test_every_404_and_405_is_json_in_the_api_format(echo_engines, router, request_bytes, status, style,
                                                             message):
