@@ -30,10 +30,11 @@ fresh one per section so that its memory is measured cleanly) and this client.
 * trailers:  (issue 24) a chunked body followed by a 100 MB trailer, four at once, 10,000
              trailer fields, a 200 KB trailer, a 50 MB chunk extension: the answers, the router's
              RSS growth and peak, and the slowest /health answered meanwhile.
-* slow:      (issue 24) 400 clients dripping a body one byte every 3 s (reconnecting when cut)
-             against max_connections = 300 for 60 s, while a complete POST (chat and messages in
-             turn) and a GET /health go out every second: what each got, how long it took, and
-             what became of the drippers.
+* slow:      (issue 24) 400 clients dripping a body one byte every 3 s against
+             max_connections = 300 for 60 s, staying away once cut (as in the campaign), then
+             again reconnecting at once (a connection flood), while a complete POST (chat and
+             messages in turn) and a GET /health go out every second: what each got, how long it
+             took, what became of the drippers, the router's RSS.
 
     python benchmarks/chaos.py                          # everything (about 5-7 minutes on 2 cores)
     python benchmarks/chaos.py --fuzz 2000 --sections fuzz,header
@@ -476,6 +477,12 @@ async def section_slow(workers: list[str], logs: Path, args: argparse.Namespace)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < args.drippers + 200:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, args.drippers + 200), hard))
+    for reconnect in (False, True):
+        await slow_round(workers, logs, args, reconnect)
+
+
+async def slow_round(workers: list[str], logs: Path, args: argparse.Namespace, reconnect: bool) -> None:
+    """Drippers that stay away once cut (the campaign's), or that reconnect at once (a flood)."""
     env = {"KVROUTE_MAX_CONNECTIONS": str(args.slow_cap)}
     router = await start_router(workers, logs, "slow", env)
     stop_at = time.monotonic() + args.slow_seconds
@@ -484,7 +491,8 @@ async def section_slow(workers: list[str], logs: Path, args: argparse.Namespace)
 
     async def dripper(i: int) -> None:
         await asyncio.sleep(i * 0.01)  # 400 connections over 4 s
-        while time.monotonic() < stop_at:
+        while time.monotonic() < stop_at and (reconnect or not fates[f"dripper {i}"]):
+            fates[f"dripper {i}"] += 1
             try:
                 reader, writer = await asyncio.open_connection(*router.url.removeprefix("http://").split(":"))
             except OSError:
@@ -544,8 +552,11 @@ async def section_slow(workers: list[str], logs: Path, args: argparse.Namespace)
         after = rss_kib(router.proc.pid)
     finally:
         stop(router)
-    print(f"## slow bodies: {args.drippers} clients dripping one byte every {args.drip_s:g} s (reconnecting "
-          f"when cut) against max_connections = {args.slow_cap}, {args.slow_seconds:g} s")
+    for i in range(args.drippers):
+        del fates[f"dripper {i}"]
+    print(f"## slow bodies: {args.drippers} clients dripping one byte every {args.drip_s:g} s "
+          f"({'reconnecting at once' if reconnect else 'staying away'} when cut) against max_connections = "
+          f"{args.slow_cap}, {args.slow_seconds:g} s")
     for kind in ("post", "health"):
         t = sorted(times[kind]) or [float("nan")]
         print(f"{'complete POST' if kind == 'post' else 'GET /health'} every second: "

@@ -259,3 +259,18 @@ async def test_at_the_cap_a_request_already_sent_is_answered(echo_engines, route
         outcomes = Counter(await asyncio.to_thread(_burst, r.url, 30))
         assert set(outcomes) <= {"200", "503"}, outcomes
         assert outcomes["200"] >= 10
+
+
+async def test_a_pipelined_body_keeps_its_deadline_while_the_one_before_it_is_served(echo_engines, router):
+    [engine] = await echo_engines(1, delay_s=1.5)
+    # (header_timeout_s long: the deadline at work is the body's, not a head's)
+    r = await router([engine.url], body_timeout_s=0.5, body_min_rate_bytes_s=0, header_timeout_s=30)
+    reader, writer = await connect(r.url)
+    # The first request is answered after 1.5 s; the second's body stops halfway meanwhile.
+    second = post(b"/v1/messages", MESSAGES)
+    writer.write(post(b"/v1/chat/completions", CHAT) + second[:-10])
+    conv = await read(reader, timeout=10)
+    writer.close()
+    assert conv.statuses == [200, 408] and conv.closed
+    assert "body did not arrive within 0.5 s" in _message(conv.answers[1].body)
+    assert len(engine.seen) == 1

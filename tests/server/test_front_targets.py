@@ -39,8 +39,8 @@ async def test_absolute_form_targets_are_served_by_their_path(echo_engines, rout
     conv = await exchange(r.url, b"GET http://h/v1/chat/completions HTTP/1.1\r\nhost: x\r\n\r\n", count=1)
     assert conv.statuses == [405]
     assert conv.answers[0].headers[b"allow"] == b"POST"
-    assert _error(conv.answers[0].body, "openai") == \
-        "GET is not allowed on /v1/chat/completions; it takes POST"
+    message = _error(conv.answers[0].body, "openai")
+    assert message == "GET is not allowed on /v1/chat/completions; it takes POST"
 
 
 @pytest.mark.parametrize(("request_bytes", "status", "style", "message"), [
