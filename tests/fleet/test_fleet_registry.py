@@ -83,7 +83,7 @@ def test_probe_figures_fill_the_state_and_the_history_is_bounded():
     s = record.state
     assert (s.running, s.waiting, s.kv_usage) == (4, 1, 0.5)
     assert [h.prefix_hits for h in record.history] == [20.0, 30.0, 40.0]
-    assert record.history[-1].time == clock.t
+    assert list(record.history)[-1].time == clock.t
 
 
 def test_models_and_limits_come_from_the_probe_unless_declared():

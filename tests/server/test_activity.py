@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import tracemalloc
 
-from kvroute.server.activity import Activity, RoutedRequest, SampleRing
+from kvroute.fleet.registry import CounterHistory, CounterSample
+from kvroute.rings import PairRing
+from kvroute.server.activity import Activity, RoutedRequest
 
 
 def test_a_sample_ring_keeps_the_last_samples_oldest_first():
-    ring = SampleRing(4)
+    ring = PairRing(4)
     assert list(ring) == [] and len(ring) == 0
     for i in range(3):
         ring.append(float(i), i / 10)
@@ -41,3 +43,22 @@ def test_recording_requests_allocates_nothing_once_the_rings_exist():
     # 5,000 TTFB samples held: a deque of tuples would have grown by ~550 KB.
     assert len(activity.ttfb) == 5000
     assert grown < 20_000
+
+
+def test_a_workers_counter_history_keeps_an_hour_in_memory_allocated_up_front():
+    history = CounterHistory(3)
+    for i in range(5):
+        history.append(CounterSample(float(i), i * 2.0, i * 3.0, i * 4.0))
+    assert len(history) == 3 and history.first() == CounterSample(2.0, 4.0, 6.0, 8.0)
+    assert [s.time for s in history] == [2.0, 3.0, 4.0]
+    big = CounterHistory(3600)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(3600):
+            big.append(CounterSample(float(i), 1.0, 2.0, 3.0))
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    # As a deque of samples an hour of them took ~600 KB, allocated as they came.
+    assert grown < 20_000 and len(big) == 3600

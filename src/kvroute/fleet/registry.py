@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter, deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from kvroute.fleet.breaker import Breaker, BreakerSettings, BreakerState, latency_outlier, malformed_outlier
 from kvroute.fleet.vllm_metrics import EngineMetrics
+from kvroute.rings import NumberRing
 from kvroute.routing.dispatch import Dispatcher
 from kvroute.routing.scheduler import Scheduler
 from kvroute.routing.worker import WorkerState
@@ -55,6 +56,30 @@ class CounterSample:
     prefix_hits: float
     prefix_queries: float
     prompt_tokens: float
+
+
+class CounterHistory:
+    """A worker's last ``size`` counter samples, oldest first, in a ring allocated up front (an
+    hour of them per worker: as objects they grew a router's memory for its first hour)."""
+
+    __slots__ = ("_ring",)
+
+    def __init__(self, size: int) -> None:
+        self._ring = NumberRing(size, 4)
+
+    def append(self, sample: CounterSample) -> None:
+        """Add a sample, forgetting the oldest once full."""
+        self._ring.append(sample.time, sample.prefix_hits, sample.prefix_queries, sample.prompt_tokens)
+
+    def __len__(self) -> int:
+        return len(self._ring)
+
+    def __iter__(self) -> Iterator[CounterSample]:
+        return (CounterSample(*row) for row in self._ring)
+
+    def first(self) -> CounterSample:
+        """The oldest sample held (IndexError when empty)."""
+        return CounterSample(*self._ring.first())
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +121,7 @@ class WorkerRecord:
     consecutive_failures: int = 0
     restarts: int = 0
     requests: Counter[str] = field(default_factory=Counter)  # by decision kind
-    history: deque[CounterSample] = field(default_factory=deque)
+    history: CounterHistory = field(default_factory=lambda: CounterHistory(1))
     breaker: Breaker = field(default_factory=Breaker)
     # The breaker state last logged: transitions are logged once each (see Registry._sync).
     logged_breaker: BreakerState = BreakerState.CLOSED
@@ -232,7 +257,7 @@ class Registry:
             source=source,
             declared_models=declared,
             declared_max_num_seqs=max_num_seqs,
-            history=deque(maxlen=self._history_len),
+            history=CounterHistory(self._history_len),
             breaker=Breaker(self._breaker),
         )
         self._records[wid] = record

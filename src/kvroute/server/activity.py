@@ -8,12 +8,11 @@ No prompt text is ever stored here.
 
 from __future__ import annotations
 
-from array import array
 from collections import deque
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
-from itertools import chain
 from typing import Any
+
+from kvroute.rings import PairRing
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,48 +37,13 @@ class RoutedRequest:
         return asdict(self)
 
 
-class SampleRing:
-    """The last ``size`` ``(time, value)`` pairs, oldest first, in two arrays of doubles allocated
-    up front.  A deque of tuples costs about 110 bytes a sample, allocated as samples arrive: a
-    router's memory then grows for as long as the ring fills (a soak saw it as steady RSS growth);
-    this one holds 16 bytes a sample and does not grow."""
-
-    __slots__ = ("_full", "_next", "_times", "_values")
-
-    def __init__(self, size: int) -> None:
-        self._times = array("d", bytes(8 * size))
-        self._values = array("d", bytes(8 * size))
-        self._next = 0
-        self._full = False
-
-    def append(self, time: float, value: float) -> None:
-        """Add a sample, forgetting the oldest once ``size`` are held."""
-        i = self._next
-        self._times[i] = time
-        self._values[i] = value
-        i += 1
-        if i == len(self._times):
-            i = 0
-            self._full = True
-        self._next = i
-
-    def __len__(self) -> int:
-        return len(self._times) if self._full else self._next
-
-    def __iter__(self) -> Iterator[tuple[float, float]]:
-        n = self._next
-        order = chain(range(n, len(self._times)), range(n)) if self._full else range(n)
-        times, values = self._times, self._values
-        return ((times[i], values[i]) for i in order)
-
-
 class Activity:
     """Bounded rings: recent requests (with their decision), (time, ttfb) samples, and the queue's
     history (``queue``)."""
 
     def __init__(self, *, max_requests: int = 200, max_ttfb_samples: int = 20_000) -> None:
         self.requests: deque[RoutedRequest] = deque(maxlen=max_requests)
-        self.ttfb = SampleRing(max_ttfb_samples)
+        self.ttfb = PairRing(max_ttfb_samples)  # (time, ttfb)
         self.queue = QueueActivity()
 
     def record(self, request: RoutedRequest) -> None:

@@ -114,7 +114,7 @@ def build_snapshot(view: FleetView, now: float, *, span_s: float = 3600.0,
 
 
 def _earliest(records: list[WorkerRecord], ttfb: list[tuple[float, float]]) -> float | None:
-    times = [r.history[0].time for r in records if r.history]
+    times = [r.history.first().time for r in records if len(r.history)]
     if ttfb:
         times.append(ttfb[0][0])
     return min(times, default=None)
