@@ -124,6 +124,21 @@ def test_health_from_probes_and_from_failed_requests():
     assert not s.healthy
 
 
+def test_each_error_is_cleared_by_its_own_kind_of_success():
+    registry, _, _ = make()
+    record = registry.add("http://a:1")
+    registry.mark_failure("a:1", "midstream stream_idle_timeout")
+    registry.apply_probe("a:1", ok())
+    assert record.last_error == "midstream stream_idle_timeout"  # /health answering says nothing of it
+    registry.mark_success("a:1")
+    assert record.last_error is None
+    registry.apply_probe("a:1", ProbeResult(reachable=True, healthy=False, error="/health answered 503"))
+    registry.mark_success("a:1")
+    assert record.last_error == "/health answered 503"  # a served request does not make /health answer
+    registry.apply_probe("a:1", ok())
+    assert record.last_error is None
+
+
 def test_draining_and_request_counts():
     registry, _, _ = make()
     record = registry.add("http://a:1")

@@ -118,6 +118,9 @@ class WorkerRecord:
     model_cards: tuple[Mapping[str, Any], ...] = ()
     last_probe: float | None = None
     last_error: str | None = None
+    # Whether ``last_error`` is the probe's: a /health that answers clears only its own error,
+    # never a request's failure (that one stays until a request to the worker succeeds).
+    error_from_probe: bool = False
     consecutive_failures: int = 0
     restarts: int = 0
     requests: Counter[str] = field(default_factory=Counter)  # by decision kind
@@ -349,7 +352,7 @@ class Registry:
         record = self._records.get(worker_id)
         if record is None:
             return
-        record.last_error = reason
+        record.last_error, record.error_from_probe = reason, False
         if unreachable and record.state.healthy:
             record.state.healthy = False
             log.warning("worker %s unhealthy: unreachable (%s)", worker_id, reason)
@@ -363,7 +366,7 @@ class Registry:
             detail = malformed_outlier({r.id: r.breaker for r in self._records.values()}, worker_id, ready)
             if detail is not None:
                 breaker.eject(now, "malformed", detail)
-                record.last_error = f"ejected: {detail}"
+                record.last_error, record.error_from_probe = f"ejected: {detail}", False
         self._sync(record)
 
     def mark_success(self, worker_id: str, *, ttft_s: float | None = None, predicted_s: float = 0.0,
@@ -378,6 +381,8 @@ class Registry:
         if read_gap_s is not None:
             old = record.read_gap_s
             record.read_gap_s = read_gap_s if old is None else old + (read_gap_s - old) * _GAP_ALPHA
+        if not record.error_from_probe:
+            record.last_error = None
         breaker = record.breaker
         was_closed = breaker.state is BreakerState.CLOSED
         breaker.succeeded()
@@ -393,7 +398,7 @@ class Registry:
         detail = latency_outlier({r.id: r.breaker for r in self._records.values()}, worker_id, ready)
         if detail is not None:
             breaker.eject(self._clock(), "latency", detail)
-            record.last_error = f"ejected: {detail}"
+            record.last_error, record.error_from_probe = f"ejected: {detail}", False
             self._sync(record)
 
     def _sync(self, record: WorkerRecord) -> None:
@@ -418,7 +423,7 @@ class Registry:
         if record.breaker.tick(now):
             self._sync(record)
         if not result.reachable or not result.healthy:
-            record.last_error = result.error
+            record.last_error, record.error_from_probe = result.error, True
             record.consecutive_failures += 1
             if state.healthy and (not result.reachable
                                   or record.consecutive_failures >= self._failure_threshold):
@@ -426,7 +431,8 @@ class Registry:
                 log.warning("worker %s unhealthy: %s", worker_id, result.error or "/health failed")
         else:
             record.consecutive_failures = 0
-            record.last_error = None
+            if record.error_from_probe:
+                record.last_error, record.error_from_probe = None, False
             if not state.healthy:
                 state.healthy = True
                 log.info("worker %s healthy again", worker_id)
