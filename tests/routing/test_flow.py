@@ -10,15 +10,8 @@ from routing_helpers import Clock
 
 from kvroute.routing.config import ModelPolicy, RoutingConfig
 from kvroute.routing.dispatch import Dispatcher, InFlight
-from kvroute.routing.flow import (
-    FlowSettings,
-    ShedReason,
-    Ticket,
-    TicketState,
-    admissible,
-    cache_order,
-    fifo_order,
-)
+from kvroute.routing.flow import FlowSettings, ShedReason, Ticket, TicketState
+from kvroute.routing.flow_queue import admissible, cache_order, fifo_order
 from kvroute.routing.key import RoutingKey
 from kvroute.routing.scheduler import Scheduler
 from kvroute.routing.settings import PlacementSettings
@@ -303,8 +296,8 @@ def test_sessions_are_remembered_only_for_session_admission(flow_control: bool) 
         flight = send(d, key(session=f"s{i}"), ws)
         clock.now += 1.0
         d.finished(flight, ok=True)
-    assert all(not q.sessions for q in d.flow._queues.values())
+    assert all(not m.door.book for m in d.flow._models.values())
     for switch in (True, "auto"):
         d = dispatcher(clock, flow_control=True, flow_session_admission=switch)
         flight = send(d, key(session="kept"), ws)
-        assert "kept" in d.flow._queues[MODEL].sessions
+        assert "kept" in d.flow._models[MODEL].door.book

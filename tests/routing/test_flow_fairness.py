@@ -13,7 +13,8 @@ from routing_helpers import Clock
 
 from kvroute.routing.config import ModelPolicy, RoutingConfig
 from kvroute.routing.dispatch import Dispatcher, InFlight
-from kvroute.routing.flow import FlowSettings, ShedReason, Ticket, TicketState, tenant_weights
+from kvroute.routing.fair_share import tenant_weights
+from kvroute.routing.flow import FlowSettings, ShedReason, Ticket, TicketState
 from kvroute.routing.key import RoutingKey
 from kvroute.routing.scheduler import Scheduler
 from kvroute.routing.worker import WorkerState
@@ -209,7 +210,7 @@ def test_idle_tenants_are_forgotten() -> None:
         f.arrive(tenant=f"t{i}")
         if f.running:
             f.finish_oldest()
-    band = f.d.flow._queues[MODEL].bands[0]
+    band = f.d.flow._models[MODEL].fair.classes[0]
     assert len(band.finish) <= 200
     tokens = f.d.flow.tenant_tokens
     assert len(tokens) == 33 and tokens[(MODEL, "other")] == (3000 - 32) * 200  # labels bounded
@@ -249,7 +250,7 @@ def test_no_request_waits_more_than_a_bounded_multiple_of_the_median() -> None:
         if long in f.served:
             break
     assert long in f.served
-    median = statistics.median(f.d.flow._queues[MODEL].waits)  # what the threshold is made of
+    median = statistics.median(f.d.flow._models[MODEL].queue.waits)  # what the threshold is made of
     shorts = [t.waited_s for t in f.served if t.key.est_prompt_tokens == 10 and t.waited_s > 0]
     assert 3.0 <= median <= 5.0 and median == pytest.approx(statistics.median(shorts[-256:]), abs=1)
     assert long.waited_s <= factor * median + 1.0

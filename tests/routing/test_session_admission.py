@@ -4,12 +4,15 @@ the dispatcher (order among held first turns, the bounded door wait).  Pure: an 
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from routing_helpers import Clock
 from test_flow import MODEL, dispatcher, fleet, key, send
 
 from kvroute.routing.config import ModelPolicy
-from kvroute.routing.flow import TicketState
+from kvroute.routing.flow import Ticket, TicketState
+from kvroute.routing.flow_queue import ModelQueue
 from kvroute.routing.key import RoutingKey
 from kvroute.routing.session_admission import RULES, SessionBook
 
@@ -146,9 +149,9 @@ def test_a_held_first_turn_is_admitted_after_the_door_wait() -> None:
 
 # --- found in review: the door's bookkeeping ----------------------------------------------------
 
-def test_the_door_shuts_in_one_step_however_many_wait_at_it() -> None:
+def test_the_door_shuts_in_one_step_however_many_wait_at_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """Hundreds of new sessions held at a full door: one pass over the queue asks for its next
-    request a bounded number of times (it used to hold them back one ``_next`` scan each, a
+    request a bounded number of times (it used to hold them back one ``next`` scan each, a
     quadratic pass on every answer), and a continuing session's turn behind them still goes."""
     clock = Clock(1000.0)
     d = dispatcher(clock, flow_session_admission=True, flow_kv_fill=10.0, flow_max_queued=1000)
@@ -160,14 +163,14 @@ def test_the_door_shuts_in_one_step_however_many_wait_at_it() -> None:
     d.finished(a, ok=True)
     turn_a = d.admit(key(950, session="a"), workers)  # a's next turn: served, not at the door
     calls = 0
-    original = d.flow._next
+    original = ModelQueue.next
 
-    def counting(*args: object) -> object:
+    def counting(self: ModelQueue, *args: Any) -> Ticket | None:
         nonlocal calls
         calls += 1
-        return original(*args)  # type: ignore[arg-type]
+        return original(self, *args)
 
-    d.flow._next = counting  # type: ignore[method-assign]
+    monkeypatch.setattr(ModelQueue, "next", counting)
     d.flow.pump(clock.now)
     assert calls <= 3
     assert turn_a.state is TicketState.GRANTED and all(t.queued for t in held)
@@ -206,7 +209,7 @@ def test_sessions_let_in_count_until_they_are_sent_across_passes() -> None:
     d.finished(b, ok=True)  # another pass while c is still on its way
     assert second.queued
     d.claim(first)
-    assert d.flow._queues[MODEL].opened == 0
+    assert d.flow._models[MODEL].door.opened == 0
 
 
 def test_the_session_book_stays_bounded_where_the_door_is_never_asked() -> None:
@@ -219,7 +222,7 @@ def test_the_session_book_stays_bounded_where_the_door_is_never_asked() -> None:
         flight = send(d, key(100, session=f"s{i}"), workers)
         d.finished(flight, ok=True)
         clock.now += 1.0
-    assert len(d.flow._queues[MODEL].sessions) <= 2048
+    assert len(d.flow._models[MODEL].door.book) <= 2048
     assert d.flow.session_counts(d.now())[MODEL] == (5, 0)  # the last 5 s
 
 
@@ -235,5 +238,5 @@ def test_a_request_granted_as_it_arrives_adds_no_wait_sample() -> None:
     d.finished(a, ok=True)
     turn_a = d.admit(key(950, session="a"), workers)
     assert turn_a.state is TicketState.GRANTED
-    assert list(d.flow._queues[MODEL].waits) == []
+    assert list(d.flow._models[MODEL].queue.waits) == []
     assert d.flow.admitted[(MODEL, "at_once", "normal")] == 1  # a and b were sent past the gate

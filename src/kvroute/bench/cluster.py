@@ -51,7 +51,7 @@ from kvroute.fleet.kv_events import apply_batch
 from kvroute.routing.config import ModelPolicy, RoutingConfig
 from kvroute.routing.decision import Decision
 from kvroute.routing.dispatch import Dispatcher, InFlight
-from kvroute.routing.flow import FlowSettings, Ticket, TicketState
+from kvroute.routing.flow import Ticket, TicketState
 from kvroute.routing.key import RoutingKey
 from kvroute.routing.scheduler import Scheduler
 from kvroute.routing.token_chains import TokenChains, with_tokens
@@ -300,8 +300,7 @@ class VirtualCluster:
             self._shed(ticket, loop, rec)
         elif ticket.queued:
             self._waiting[ticket.seq] = ticket
-            ttl = self.scheduler.policy_for(key.model).block(FlowSettings).flow_queue_ttl_s
-            self._at(self.now + ttl, lambda: self._expire(ticket))
+            self._at(ticket.deadline, lambda: self._expire(ticket))  # the dispatcher's clock is ours
         else:
             self._route(loop, req, rec, body, key, arrived)
 

@@ -4,8 +4,9 @@ Everything the router computes about a request's life goes through here, in this
 
 * ``admit``: flow control's gate (routing/flow.py) — go now, or wait in the model's queue until a
   replica frees up (``claim`` when woken, just before routing), or be shed past its limits;
-  ``withdraw`` when the client left while waiting, ``expire`` at the queue's TTL, ``shed_all`` at
-  shutdown;
+  ``withdraw`` when the client left while waiting, ``expire`` when the edge's timer for the
+  ticket's ``deadline`` fires (``expires_in``: the queue TTL is flow control's, the edges only arm
+  a timer for it), ``shed_all`` at shutdown;
 * ``route``: the scheduler's decision;
 * ``sent``: the request leaves for its worker — ownership and session binding are recorded
   (``Scheduler.commit``), the worker's in-flight count goes up, and the facts for other router
@@ -34,12 +35,12 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from kvroute.routing.decision import Decision
-from kvroute.routing.flow import FlowControl, FlowSettings, Prediction, Ticket
+from kvroute.routing.flow import FlowControl, FlowSettings
+from kvroute.routing.flow_queue import Prediction, Ticket
 from kvroute.routing.key import RoutingKey
 from kvroute.routing.loadbook import LoadBook
 from kvroute.routing.saturation import Saturation, SaturationSettings, read_fleet
 from kvroute.routing.scheduler import Scheduler
-from kvroute.routing.session_admission import footprint
 from kvroute.routing.sync_record import SyncRecord
 from kvroute.routing.worker import WorkerState
 
@@ -186,8 +187,15 @@ class Dispatcher:
         """The client of a queued (or woken, unclaimed) ticket went away: no trace of it remains."""
         self.flow.withdraw(ticket, self._timer())
 
+    def expires_in(self, ticket: Ticket) -> float:
+        """Seconds from now until a queued ticket's deadline (its queue TTL, which flow control
+        set when it queued it): how long an edge whose timer runs on another clock than the
+        dispatcher's arms it for, to call ``expire`` then.  An edge on the dispatcher's clock
+        arms it at ``ticket.deadline`` itself."""
+        return max(0.0, ticket.deadline - self._timer())
+
     def expire(self, ticket: Ticket) -> bool:
-        """The ticket's queue TTL passed: shed it if it still waits (True)."""
+        """The ticket's deadline passed (the edge's timer fired): shed it if it still waits (True)."""
         return self.flow.expire(ticket, self._timer())
 
     def shed_all(self) -> list[Ticket]:
@@ -218,7 +226,7 @@ class Dispatcher:
         now = self._timer()
         self._observe(now)
         self.flow.pump(now)
-        return InFlight(state, decision, now, model=key.model, tokens=tokens, charged=footprint(key),
+        return InFlight(state, decision, now, model=key.model, tokens=tokens, charged=key.footprint,
                         session_id=key.session_id, tenant=key.tenant, priority=key.priority), records
 
     def side_sent(self, state: WorkerState) -> None:

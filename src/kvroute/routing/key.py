@@ -41,6 +41,12 @@ class RoutingKey:
     token_block: int = 0
 
     @property
+    def footprint(self) -> int:
+        """KV tokens the request holds while it runs: its prompt and at most ``max_tokens`` of
+        output (what flow control reserves and charges a tenant for)."""
+        return self.est_prompt_tokens + self.max_tokens
+
+    @property
     def cache_scope(self) -> bytes:
         """Bytes that seed the block-hash chain: model and salt, never shared across either."""
         return f"{self.model}\x00{self.cache_salt or ''}".encode()

@@ -19,26 +19,26 @@ counts in the working set, from its last request and what the fleet already held
   session, forgotten ``flow_session_idle_s`` after its last request (the first version; kept for
   reference).
 
-New sessions pass the door in their own line (``FlowControl.pump``): highest class first, then
-oldest first, none past another.
+The door itself (:class:`SessionDoor`) is flow control's part that asks the book: which queued
+requests it holds (a new session's, its prefix not resident anywhere), whether the oldest of them
+fits, and the sessions let in whose first request has not been sent yet (they count in the working
+set meanwhile).  New sessions pass the door in their own line: highest class first, then oldest
+first, none past another.
 
 Pure: no clock (``now`` is passed in), no I/O.  ``FlowControl`` (routing/flow.py) owns one
-``SessionBook`` per model and asks it at the door.
+``SessionDoor`` per model.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from kvroute.routing.flow_queue import Ticket, by_arrival
 from kvroute.routing.key import RoutingKey
-
-
-def footprint(key: RoutingKey) -> int:
-    """KV tokens a request holds while it runs: its prompt and at most ``max_tokens`` of output."""
-    return key.est_prompt_tokens + key.max_tokens
+from kvroute.routing.worker import WorkerState
 
 
 @dataclass(slots=True)
@@ -58,12 +58,12 @@ class ServedSession:
 
 def unique_tokens(key: RoutingKey, shared: int) -> int:
     """What the session adds to the cache: its footprint less the prefix other sessions hold."""
-    return max(0, footprint(key) - shared)
+    return max(0, key.footprint - shared)
 
 
 def footprint_tokens(key: RoutingKey, shared: int) -> int:
     """Its whole footprint, shared prefix included."""
-    return footprint(key)
+    return key.footprint
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,3 +193,61 @@ class SessionBook:
         r = RULES[rule]
         shared = max(0, key.est_prompt_tokens - prefill_tokens)
         return max(r.tokens(key, shared), self.expected(r))
+
+
+@dataclass(slots=True)
+class SessionDoor:
+    """Session admission at one model's gate.  ``on`` (every method's switch) is whether it applies
+    now: ``flow_session_admission`` true, or "auto" while the fleet thrashes."""
+
+    book: SessionBook = field(default_factory=SessionBook)
+    opened: int = 0  # working-set tokens of new sessions let in at the door and not yet sent
+
+    def is_new(self, key: RoutingKey, on: bool) -> bool:
+        """Whether session admission applies to ``key``: on, and a session the fleet does not
+        serve yet."""
+        return on and key.session_id is not None and key.session_id not in self.book
+
+    def holds(self, t: Ticket, on: bool) -> bool:
+        """Whether the door holds ``t``: a new session's request whose prefix is not resident."""
+        return not t.resident and self.is_new(t.key, on)
+
+    def line(self, tickets: Iterable[Ticket], on: bool) -> deque[Ticket]:
+        """The requests the door holds, in the order they pass it (highest class, then oldest)."""
+        return deque(sorted((t for t in tickets if self.holds(t, on)), key=by_arrival))
+
+    def waiting(self, tickets: Iterable[Ticket], on: bool) -> int:
+        """How many new sessions have a request held at the door."""
+        return len({t.key.session_id for t in tickets if self.holds(t, on)})
+
+    def fits(self, t: Ticket, workers: Sequence[WorkerState], now: float, on: bool, *,
+             fill: float, rule: str, idle_s: float, door_s: float) -> bool:
+        """Whether ``t`` may pass as far as session admission goes.  A request of a session the
+        fleet serves, or whose prefix is still resident (a session forgotten while quiet), always
+        fits; a new session's first request fits while the working set has room for it within
+        ``fill`` (``flow_session_fill``) of the fleet's KV cache, or once it has waited ``door_s``
+        (``flow_session_door_s``; 0: never) — always, when the door is off, the request has no
+        session or the KV sizes are unknown.  Sessions let in and not sent yet count in the
+        working set."""
+        if not self.is_new(t.key, on) or t.resident:
+            return True
+        if door_s and now - t.arrived >= door_s:
+            return True
+        fleet = 0
+        for w in workers:
+            if w.ready and w.serves(t.key.model):
+                if w.kv_tokens is None:
+                    return True
+                fleet += w.kv_tokens
+        return self.book.fits(t.key, t.prefill_tokens, fleet, fill, rule, now, idle_s, self.opened)
+
+    def let_in(self, t: Ticket, rule: str) -> None:
+        """``t`` passes the door: what its session adds counts in the working set until it is sent."""
+        t.door_tokens = self.book.need(t.key, t.prefill_tokens, rule)
+        self.opened += t.door_tokens
+
+    def claimed(self, t: Ticket) -> None:
+        """``t``, let in, is being sent (or was withdrawn): from its send on its session counts in
+        the book, no longer through ``opened``."""
+        self.opened -= t.door_tokens
+        t.door_tokens = 0

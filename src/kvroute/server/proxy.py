@@ -27,7 +27,7 @@ from kvroute.api.errors import error_body
 from kvroute.router_settings import Settings
 from kvroute.routing.decision import Decision
 from kvroute.routing.dispatch import InFlight
-from kvroute.routing.flow import FlowSettings, Ticket, TicketState
+from kvroute.routing.flow import Ticket, TicketState
 from kvroute.routing.key import RoutingKey
 from kvroute.routing.worker import WorkerState
 from kvroute.server.activity import RoutedRequest
@@ -557,9 +557,8 @@ class Proxy:
                     woken.set_result(None)
 
             ticket.on_decided = decided
-            ttl = r.scheduler.policy_for(key.model).block(FlowSettings).flow_queue_ttl_s
             try:
-                await asyncio.wait_for(woken, ttl)
+                await asyncio.wait_for(woken, dispatch.expires_in(ticket))
             except TimeoutError:
                 dispatch.expire(ticket)
             except asyncio.CancelledError:
