@@ -3,6 +3,7 @@ aging bound, caps, TTL, Retry-After, withdrawal and shutdown.  Pure: an injected
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -185,6 +186,24 @@ def test_ttl_expiry_sheds_and_calls_back() -> None:
     assert d.expire(t) and told == [t] and t.reason is ShedReason.TTL
     assert d.flow.depth()[MODEL] == (0, 0)
     assert not d.expire(t)  # once
+
+
+@pytest.mark.parametrize("ttl_s", [60.0, 2.5])
+def test_the_deadline_is_flow_controls_and_the_edge_arms_it(ttl_s: float) -> None:
+    """The queue TTL is one rule: flow control sets a queued ticket's deadline (``flow_queue_ttl_s``
+    after it arrived, on the dispatcher's clock); an edge on another clock asks how long is left.
+    A request granted at once has none."""
+    clock = Clock(1000.0)
+    d = dispatcher(clock, flow_queue_ttl_s=ttl_s)
+    workers = fleet(1, seqs=1)
+    at_once = d.admit(key(text="a"), workers)
+    send(d, key(text="a"), workers)
+    queued = d.admit(key(text="b"), workers)
+    assert at_once.deadline == math.inf and queued.deadline == 1000.0 + ttl_s
+    clock.now += 1.0
+    assert d.expires_in(queued) == ttl_s - 1.0
+    clock.now += ttl_s
+    assert d.expires_in(queued) == 0.0  # past it: the edge's timer fires at once
 
 
 def test_retry_after_follows_the_drain_rate() -> None:

@@ -14,7 +14,8 @@ from kvroute.routing.config import ModelPolicy
 from kvroute.routing.flow import Ticket, TicketState
 from kvroute.routing.flow_queue import ModelQueue
 from kvroute.routing.key import RoutingKey
-from kvroute.routing.session_admission import RULES, SessionBook
+from kvroute.routing.session_admission import RULES, SessionBook, SessionDoor
+from kvroute.routing.worker import WorkerState
 
 
 def turn(session: str, tokens: int, max_tokens: int = 0) -> RoutingKey:
@@ -228,7 +229,9 @@ def test_the_session_book_stays_bounded_where_the_door_is_never_asked() -> None:
 
 def test_a_request_granted_as_it_arrives_adds_no_wait_sample() -> None:
     """A request that joins a queue held at the door and is granted by the same pass did not
-    wait: it is counted at once and its 0 s does not pull the aging threshold down."""
+    wait: it is counted once, as admitted at once (no 'after_wait' count taken back), its 0 s does
+    not pull the aging threshold down, and its edge routes it with no callback and no
+    reservation left to claim."""
     clock = Clock(1000.0)
     d = dispatcher(clock, flow_session_admission=True, flow_kv_fill=10.0)
     workers = fleet(2, seqs=8, kv_tokens=1000)
@@ -236,7 +239,79 @@ def test_a_request_granted_as_it_arrives_adds_no_wait_sample() -> None:
     send(d, key(900, session="b"), workers)
     assert d.admit(key(500, session="new"), workers).queued
     d.finished(a, ok=True)
-    turn_a = d.admit(key(950, session="a"), workers)
-    assert turn_a.state is TicketState.GRANTED
+    told: list[Ticket] = []
+    turn_a = d.admit(key(950, session="a"), workers, told.append)
+    assert turn_a.state is TicketState.GRANTED and not turn_a.holds and not told
     assert list(d.flow._models[MODEL].queue.waits) == []
-    assert d.flow.admitted[(MODEL, "at_once", "normal")] == 1  # a and b were sent past the gate
+    assert d.flow._models[MODEL].queue.reserved == 0
+    assert d.flow.admitted == {(MODEL, "at_once", "normal"): 1}  # a and b were sent past the gate
+
+
+# --- the door on its own ------------------------------------------------------------------------
+
+def door_ticket(session: str | None, tokens: int = 1000, *, resident: bool = False, arrived: float = 0.0,
+                priority: int = 0, seq: int = 0) -> Ticket:
+    k = RoutingKey(MODEL, b"x", session, tokens, 0, priority=priority)
+    return Ticket(k, arrived, TicketState.QUEUED, prefill_tokens=tokens, resident=resident, seq=seq)
+
+
+def served_door(*sessions: str) -> SessionDoor:
+    door = SessionDoor()
+    for sid in sessions:
+        door.book.sent(turn(sid, 1000), prefill_tokens=1000, rule="unique")
+    return door
+
+
+@pytest.mark.parametrize("session, resident, on, new, held", [
+    ("new", False, True, True, True),
+    ("new", True, True, True, False),     # its prefix is resident: not held
+    ("new", False, False, False, False),  # the door is off
+    ("served", False, True, False, False),
+    (None, False, True, False, False),    # no session: nothing to admit
+])
+def test_what_the_door_holds(session: str | None, resident: bool, on: bool, new: bool, held: bool) -> None:
+    door = served_door("served")
+    t = door_ticket(session, resident=resident)
+    assert door.is_new(t.key, on) is new
+    assert door.holds(t, on) is held
+
+
+def test_the_door_line_is_highest_class_then_oldest_and_counts_sessions() -> None:
+    door = served_door("served")
+    tickets = [door_ticket("b", arrived=2.0, seq=1), door_ticket("a", arrived=1.0, seq=2),
+               door_ticket("c", arrived=3.0, priority=1, seq=3), door_ticket("served", seq=4),
+               door_ticket("a", arrived=4.0, seq=5)]
+    assert [t.seq for t in door.line(tickets, True)] == [3, 2, 1, 5]
+    assert door.waiting(tickets, True) == 3
+    assert not door.line(tickets, False) and door.waiting(tickets, False) == 0
+
+
+def kv_fleet(*kv: int | None) -> list[WorkerState]:
+    return [WorkerState(f"w{i}", "u", frozenset({MODEL}), kv_tokens=k) for i, k in enumerate(kv)]
+
+
+@pytest.mark.parametrize("session, workers, now, door_s, opened, expected", [
+    # the fleet serves one session of 1000 tokens; the new one needs 1000
+    ("new", kv_fleet(1000, 1000), 0.0, 0.0, 0, True),       # 1000 + 1000 <= 2000
+    ("new", kv_fleet(1000, 999), 0.0, 0.0, 0, False),
+    ("new", kv_fleet(1000, 1000), 0.0, 0.0, 1, False),      # one let in, not sent, counts
+    ("new", kv_fleet(1000, None), 0.0, 0.0, 0, True),       # a KV size unknown: it opens
+    ("new", kv_fleet(1000, 999), 15.0, 15.0, 0, True),      # held the bounded wait
+    ("new", kv_fleet(1000, 999), 14.0, 15.0, 0, False),
+    ("served", kv_fleet(10), 0.0, 0.0, 0, True),            # a served session always fits
+])
+def test_the_door_fits(session: str, workers: list[WorkerState], now: float, door_s: float, opened: int,
+                       expected: bool) -> None:
+    door = served_door("served")
+    door.opened = opened
+    assert door.fits(door_ticket(session), workers, now, True, fill=1.0, rule="unique", idle_s=60.0,
+                     door_s=door_s) is expected
+
+
+def test_a_session_let_in_counts_as_opened_until_claimed() -> None:
+    door = served_door("served")
+    t = door_ticket("new", 800)
+    door.let_in(t, "unique")
+    assert t.door_tokens == 800 and door.opened == 800
+    door.claimed(t)
+    assert t.door_tokens == 0 and door.opened == 0
