@@ -45,6 +45,11 @@ def tenant_weights(text: str) -> dict[str, float]:
     return out
 
 
+def tenant_weight(text: str, tenant: str) -> float:
+    """``tenant``'s weight by ``flow_tenant_weights`` ``text``: 1 for a tenant it does not name."""
+    return tenant_weights(text).get(tenant, 1.0)
+
+
 @dataclass(slots=True)
 class ClassShare:
     """SFQ between the tenants of one priority class: ``finish`` is each tenant's virtual finish

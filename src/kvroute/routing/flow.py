@@ -8,7 +8,7 @@ request is *admitted* only while some replica is *admissible* for it; otherwise 
 model's queue and is decided — the whole pipeline, afresh — once a replica frees up.  Past the
 queue's caps, or at its deadline (``flow_queue_ttl_s`` after it arrived), it is *shed*: the edge
 answers with the API's own overload error and a ``Retry-After`` from the predicted drain
-(:meth:`FlowControl.retry_after`).
+(``ModelQueue.retry_after``).
 
 This module is the gate; it composes four parts, each a rule of its own, per model:
 
@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from kvroute.routing.fair_share import FairShare, tenant_weights
+from kvroute.routing.fair_share import FairShare, tenant_weight, tenant_weights
 from kvroute.routing.flow_counters import CLASSES, TENANT_LABELS, FlowCounters, class_name
 from kvroute.routing.flow_queue import (
     DEFAULT_TENANT,
@@ -131,8 +131,6 @@ class FlowSettings:
             raise ValueError(f"flow_order must be one of {', '.join(ORDERS)}")
 
 
-
-
 @dataclass(slots=True)
 class ModelFlow:
     """One model's parts: its queue, its tenants' fair share and its session door."""
@@ -180,10 +178,10 @@ class FlowControl:
 
     # --- the switches -----------------------------------------------------------------------------
 
-    def gate_on(self, model: str) -> bool:
+    def _gate_on(self, model: str, s: FlowSettings) -> bool:
         """Whether ``model``'s requests pass the gate: ``flow_control`` true, or "auto" while the
         fleet is saturated."""
-        return switch_on(self._settings(model).flow_control, self._saturated(model))
+        return switch_on(s.flow_control, self._saturated(model))
 
     def _door_on(self, model: str, s: FlowSettings) -> bool:
         """Whether the session door applies to ``model`` now: ``flow_session_admission`` true, or
@@ -207,7 +205,7 @@ class FlowControl:
         s = self._settings(model)
         self._seq += 1
         ticket = Ticket(key, now, seq=self._seq)
-        if not switch_on(s.flow_control, self._saturated(model)):
+        if not self._gate_on(model, s):
             return ticket
         m = self._model(model)
         q = m.queue
@@ -278,7 +276,7 @@ class FlowControl:
         reserved and charged to its tenant's share)."""
         q = m.queue
         s = self._settings(model)
-        if not self.gate_on(model):
+        if not self._gate_on(model, s):
             # The gate opened (the fleet is no longer saturated): whoever waits goes now.
             flush = sorted(q.tickets, key=by_arrival)
             for t in flush:
@@ -330,8 +328,7 @@ class FlowControl:
         """Charge a grant to its tenant's fair share: its footprint over the tenant's weight."""
         tenant, priority = t.tenant, t.priority
         tickets = m.queue.tickets
-        m.fair.charge(priority, tenant, t.key.footprint,
-                      tenant_weights(s.flow_tenant_weights).get(tenant, 1.0),
+        m.fair.charge(priority, tenant, t.key.footprint, tenant_weight(s.flow_tenant_weights, tenant),
                       busy=any(other.priority == priority for other in tickets),
                       waiting=lambda: {other.tenant for other in tickets})
 
@@ -416,23 +413,10 @@ class FlowControl:
         tenant = tenant or DEFAULT_TENANT
         m = self._models.get(model)
         if used is not None and m is not None:
-            m.fair.settle(priority, tenant, used - charged,
-                          tenant_weights(s.flow_tenant_weights).get(tenant, 1.0))
+            m.fair.settle(priority, tenant, used - charged, tenant_weight(s.flow_tenant_weights, tenant))
         self.counters.count_served(model, tenant, charged if used is None else used)
 
     # --- figures ----------------------------------------------------------------------------------
-
-    def retry_after(self, model: str, now: float) -> int:
-        """Seconds after which a shed request may find room: the queue's length over the rate at
-        which the model's requests recently finished (whole seconds, at least 1, at most the TTL)."""
-        m = self._models.get(model)
-        q = m.queue if m is not None else ModelQueue()
-        return q.retry_after(now, self._settings(model).flow_queue_ttl_s)
-
-    def drain_rate(self, model: str, now: float) -> float:
-        """Requests of ``model`` finished per second, over the last (at most 64) completions."""
-        m = self._models.get(model)
-        return 0.0 if m is None else m.queue.drain_rate(now)
 
     def depth(self) -> dict[str, tuple[int, int]]:
         """Queued requests and queued estimated prompt tokens, by model."""
