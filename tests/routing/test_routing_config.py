@@ -127,6 +127,8 @@ def test_groups_are_registered_explicitly_and_defaults_come_from_them() -> None:
     with pytest.raises(ValueError, match="unknown routing setting 'canary'"):
         ModelPolicy(canary=False)  # the routing core alone does not carry the guard's blocks
     assert model_settings(canary=False).replace(sticky=False).canary is False
+    # A changed guard setting shows (the defaults fixed at import lacked the guard's).
+    assert repr(model_settings(canary=False, sticky=False)) == "ModelPolicy(sticky=False, canary=False)"
 
 
 def test_model_settings_stay_frozen() -> None:
