@@ -23,9 +23,11 @@ from kvroute.api.model_aliases import AliasError, ModelAliases, parse_alias
 from kvroute.api.requests import RequestOptions
 from kvroute.fleet.breaker import BreakerSettings
 from kvroute.fleet.discovery import parse_source
-from kvroute.fleet.guard import blocks as _guard_blocks  # noqa: F401  (registers the guard's settings)
+from kvroute.fleet.guard.blocks import GUARD
 from kvroute.fleet.kv_event_sources import KvEventSettings
-from kvroute.routing.config import ModelPolicy, RoutingConfig, setting_infos
+from kvroute.routing.config import ModelPolicy, RoutingConfig, blocks_of, defaults
+from kvroute.routing.policies import routing_groups
+from kvroute.routing.settings import SettingsGroup
 from kvroute.sync.trust import MIN_SECRET_BYTES
 
 _TRUE = frozenset(("1", "true", "yes", "on"))
@@ -36,6 +38,19 @@ LOG_FORMATS = ("text", "json")
 
 class SettingsError(ValueError):
     """A setting is missing, misspelt or of the wrong type; the message names it."""
+
+
+def settings_groups() -> tuple[SettingsGroup, ...]:
+    """Every per-model settings group a router carries, in the order help and docs list them: the
+    routing core's (placement with each policy's block, cache, overload), then the fleet guard's,
+    which sits above routing and so joins here.  The one place the groups are assembled."""
+    return (*routing_groups(), GUARD)
+
+
+def model_settings(**values: Any) -> ModelPolicy:
+    """One model's settings, carrying every group of ``settings_groups`` (ValueError names what
+    is wrong)."""
+    return ModelPolicy.carrying(blocks_of(settings_groups()), **values)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +73,7 @@ class ModelSettings(Mapping[str, Any]):
     settings block, docs/server.md), applied on top of ``policy`` and ``[routing]``."""
 
     def __init__(self, **values: Any) -> None:
-        known = {i.name for i in setting_infos()}
-        unknown = sorted(set(values) - known)
+        unknown = sorted(set(values) - set(defaults(settings_groups())))
         if unknown:
             raise SettingsError(f"unknown setting(s): {', '.join(unknown)}")
         self._values = dict(values)
@@ -90,7 +104,7 @@ class Settings:
     discover_empty_rounds: int = 2
     policy: str = "auto"
     models: Mapping[str, ModelSettings] = field(default_factory=dict)
-    # [routing]: RoutingConfig fields (index size, session expiry, ...) and ModelPolicy tunables
+    # [routing]: RoutingConfig fields (index size, session expiry, ...) and per-model settings
     # (slack_steps, stay_tokens, ...) that apply to every model.
     routing: Mapping[str, Any] = field(default_factory=dict)
     # [requests]: RequestOptions fields (session_sources, extra_session_headers, ...).
@@ -353,15 +367,15 @@ class Settings:
     def routing_config(self) -> RoutingConfig:
         """The scheduler's configuration: ``policy`` and ``[routing]`` for every model, then each
         ``[models.NAME]`` table on top."""
-        policy_fields = {i.name for i in setting_infos()}
+        model_fields = set(defaults(settings_groups()))
         config_fields = {f.name for f in dataclasses.fields(RoutingConfig)} - {"default", "models"}
-        unknown = sorted(set(self.routing) - policy_fields - config_fields)
+        unknown = sorted(set(self.routing) - model_fields - config_fields)
         if unknown:
             raise SettingsError(f"unknown setting(s) in [routing]: {', '.join(unknown)}")
         shared: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v
-                                  for k, v in self.routing.items() if k in policy_fields}
+                                  for k, v in self.routing.items() if k in model_fields}
         try:
-            default = ModelPolicy(**{**shared, "policy": shared.get("policy", self.policy)})
+            default = model_settings(**{**shared, "policy": shared.get("policy", self.policy)})
         except (TypeError, ValueError) as exc:
             raise SettingsError(f"routing settings: {exc}") from None
         models = {}
@@ -540,13 +554,13 @@ def _model(name: str, value: Any) -> ModelSettings:
         return value
     if not isinstance(value, Mapping):
         raise SettingsError(f"models.{name} must be a table")
-    defaults = {i.name: i.default for i in setting_infos()}
-    unknown = sorted(set(value) - set(defaults))
+    known = defaults(settings_groups())
+    unknown = sorted(set(value) - set(known))
     if unknown:
         raise SettingsError(f"unknown setting(s) in models.{name}: {', '.join(unknown)}")
     values: dict[str, Any] = {}
     for key, v in value.items():
-        default = defaults[key]
+        default = known[key]
         if isinstance(v, list):
             v = tuple(v)
         elif key == "overflow" and v != "auto":

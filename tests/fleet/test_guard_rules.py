@@ -15,7 +15,6 @@ from kvroute.fleet.guard.doctor_hold import (
     new_findings,
 )
 from kvroute.fleet.guard.drift import DriftAlarms, DriftChange, DriftReading, DriftSettings
-from kvroute.routing.config import ModelPolicy
 from kvroute.routing.learning import WorkerLearning
 from kvroute.routing.worker import WorkerState
 
@@ -107,10 +106,11 @@ def test_turned_off_it_clears_and_stays_quiet() -> None:
 @pytest.mark.parametrize("bad", [{"guard_drift_below": 0.7, "guard_drift_recover": 0.6},
                                  {"guard_drift_recover": 1.5}, {"guard_drift_for_s": -1.0},
                                  {"guard_drift_min_tokens": -5}])
-def test_drift_settings_are_validated_through_the_model_policy(bad: dict[str, float]) -> None:
-    import kvroute.fleet.guard.blocks  # noqa: F401  (registers the guard's blocks)
+def test_drift_settings_are_validated_through_the_model_settings(bad: dict[str, float]) -> None:
+    from kvroute.router_settings import model_settings
+
     with pytest.raises(ValueError):
-        ModelPolicy(**bad)
+        model_settings(**bad)
 
 
 def test_the_learning_counts_predicted_tokens_and_forgets_realisation_at_a_new_epoch() -> None:

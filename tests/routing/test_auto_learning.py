@@ -88,3 +88,26 @@ def test_auto_spreads_a_burst_by_backlog(make_scheduler: MakeScheduler) -> None:
     s, ws = make_scheduler("auto", inflight_tokens=0.0), fleet(4)
     chosen = [send(s, key(text(i, 40_000)), ws) for i in range(8)]
     assert sorted(chosen.count(w.id) for w in ws) == [2, 2, 2, 2]
+
+
+def test_a_models_own_learning_settings_are_honoured_everywhere(clock: Clock) -> None:
+    """A model whose [models.NAME] learning settings differ from the default's: its workers learn
+    with its weights and sample counts, drain and report at its rate, also for facts from
+    another router instance."""
+    from kvroute.routing.config import ModelPolicy, RoutingConfig
+    from kvroute.routing.sync_record import PrefixRecord
+
+    own = ModelPolicy(policy="auto", prefill_s_per_token=1e-3, learn_min_samples=1, learn_alpha=1.0,
+                      learn_prefill_speed=False)
+    s = Scheduler(RoutingConfig(models={"big": own}), clock=clock)
+    ws = fleet(1, model="big")
+    send(s, key(text(1, 16_000), model="big"), ws)
+    assert s.prefill_s_per_token("w0") == 1e-3
+    assert s.stats()["workers"]["w0"]["prefill_s_per_token"] == 1e-3
+    s.on_finished("w0", prompt_tokens=4000, cached_tokens=0, ttft_s=2.0)
+    learned = s.learned("w0")
+    assert learned is not None and learned.rate is not None  # one sample is enough for this model
+    # Another instance's request: 1000 prefill tokens sent 0.5 s ago, drained at 1e-3 s a token.
+    backlog = learned.drain(clock(), 1e-3)
+    s.apply_remote(PrefixRecord("w0", 1.0, clock() - 0.5, (1, 2, 3), 1000))
+    assert learned.drain(clock(), 1e-3) == pytest.approx(backlog + 500)

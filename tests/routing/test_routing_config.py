@@ -1,4 +1,5 @@
-"""Policy settings: validation, seed 1's slack steps, seed 2's overflow threshold."""
+"""Per-model settings: validation, seed 1's slack steps, seed 2's overflow threshold, the groups
+they are registered and listed in."""
 
 from __future__ import annotations
 
@@ -76,13 +77,16 @@ def test_cli_help_and_docs_name_every_setting_and_policy() -> None:
     from typer.testing import CliRunner
 
     from kvroute.cli import app
+    from kvroute.router_settings import settings_groups
     from kvroute.routing.config import policy_names, setting_infos, settings_markdown
 
     out = CliRunner().invoke(app, ["serve", "--help-settings"], env={"COLUMNS": "200"}).output
     help_text = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "200"}).output
     docs = (Path(__file__).resolve().parents[2] / "docs" / "server.md").read_text()
-    assert settings_markdown() in docs  # regenerate the table in docs/server.md when this fails
-    for info in setting_infos():
+    # Regenerate the tables in docs/server.md when this fails (scripts/ has no generator: the
+    # region between the two markers there is settings_markdown(settings_groups())).
+    assert settings_markdown(settings_groups()) in docs
+    for info in setting_infos(settings_groups()):
         assert info.name in out, info.name
     for name in policy_names():
         assert name in out and name in help_text, name
@@ -101,3 +105,47 @@ def test_serve_set_reads_values_as_toml_and_names_bad_settings() -> None:
         _routing_overrides(["stay_tokens"])
     result = CliRunner().invoke(app, ["serve", "--worker", "http://127.0.0.1:9", "--set", "colour=1"])
     assert result.exit_code == 2 and "colour" in result.output
+
+
+def test_groups_are_registered_explicitly_and_defaults_come_from_them() -> None:
+    import kvroute.fleet.guard.blocks  # noqa: F401  (importing it registers nothing)
+    from kvroute.router_settings import model_settings, settings_groups
+    from kvroute.routing.config import defaults, setting_infos
+
+    routing = defaults()
+    everything = defaults(settings_groups())
+    assert "canary" not in routing and "guard_drift_below" not in routing
+    assert everything["canary"] is True and everything["guard_drift_below"] == 0.3
+    assert routing.items() <= everything.items()
+    assert [g.name for g in settings_groups()] == ["placement", "cache", "overload", "guard"]
+    # Each group lists its few most-tuned settings first.
+    names = [i.name for i in setting_infos(settings_groups())]
+    assert names[:4] == ["policy", "sticky", "overflow", "max_num_seqs"]
+    assert names.index("flow_control") < names.index("flow_kv_fill")
+    with pytest.raises(ValueError, match="guard_drift_recover"):
+        model_settings(guard_drift_recover=1.5)
+    with pytest.raises(ValueError, match="unknown routing setting 'canary'"):
+        ModelPolicy(canary=False)  # the routing core alone does not carry the guard's blocks
+    assert model_settings(canary=False).replace(sticky=False).canary is False
+    # A changed guard setting shows (the defaults fixed at import lacked the guard's).
+    assert repr(model_settings(canary=False, sticky=False)) == "ModelPolicy(sticky=False, canary=False)"
+
+
+def test_model_settings_stay_frozen() -> None:
+    from dataclasses import dataclass
+
+    from kvroute.routing.settings import setting
+
+    @dataclass(frozen=True, slots=True)
+    class Elsewhere:
+        colour: str = setting("blue", "a block this model does not carry")
+
+    p = ModelPolicy(stay_tokens=64.0)
+    before, digest = p.as_dict(), hash(p)
+    assert p.block(Elsewhere).colour == "blue" and p.block(Elsewhere) is p.block(Elsewhere)
+    assert p.as_dict() == before and hash(p) == digest and "colour" not in before
+    with pytest.raises(AttributeError):
+        p.colour  # noqa: B018
+    with pytest.raises(AttributeError, match="immutable"):
+        p.stay_tokens = 1.0
+    assert repr(p) == "ModelPolicy(stay_tokens=64.0)"

@@ -46,13 +46,10 @@ POLICY = Policy("kv-first", filters.BASE, (kv_headroom, scorers.engine_load), pi
 
 @pytest.fixture
 def registered(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The example registered for one test (the registry is process-wide)."""
-    monkeypatch.setattr(policies, "BLOCKS", list(policies.BLOCKS))
-    monkeypatch.setattr("kvroute.routing.config.BLOCKS", policies.BLOCKS)
+    """The example registered for one test (the registry is process-wide; the settings groups
+    are computed from it when asked, so the policy's block leaves with it)."""
     monkeypatch.setitem(policies.POLICIES, POLICY.name, POLICY)
-    policies.BLOCKS.append(KvFirstSettings)
     yield
-    del policies.POLICIES[POLICY.name]
 
 
 @pytest.mark.parametrize(("usage", "loads", "expected"), [

@@ -1,54 +1,59 @@
 """Routing settings as plain, validated data: one ``ModelPolicy`` per model plus index-wide limits.
 
-A ``ModelPolicy`` is one instance of every registered settings block (routing/settings.py): the
-placement rules every policy shares, the learned figures, and each policy's own block (``auto``'s
-cost weights).  It reads flat (``policy.stay_tokens``) so that configuration files, the virtual-time
-cluster's sweeps and the dashboard name a setting the same way, whichever block declares it.
+A ``ModelPolicy`` holds one instance of every settings block a model carries (routing/settings.py):
+the placement rules every policy shares, the learned figures, flow control's, each policy's own
+block (``auto``'s cost weights) and, built by ``router_settings``, the fleet guard's.  It reads flat
+(``settings.stay_tokens``) so that configuration files, the virtual-time cluster's sweeps and the
+dashboard name a setting the same way, whichever block declares it.
+
+The listing functions take the settings groups to list (``router_settings.settings_groups()`` for
+everything a router carries); without them they list the routing core's (``routing_groups()``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from kvroute.routing.policies import BLOCKS, POLICIES
-from kvroute.routing.settings import B, PlacementSettings, help_of
+from kvroute.routing.policies import POLICIES, routing_groups
+from kvroute.routing.settings import B, PlacementSettings, SettingsGroup, help_of
 
 
 @dataclass(frozen=True, slots=True)
 class SettingInfo:
-    """One per-model setting: its name, the block that declares it, default and help."""
+    """One per-model setting: its name, its group, the block that declares it, default and help."""
 
     name: str
+    group: SettingsGroup
     block: type
     default: Any
     help: str
 
 
-def setting_infos() -> list[SettingInfo]:
-    """Every per-model setting of every registered block, in declaration order."""
-    return [SettingInfo(f.name, kind, f.default, help_of(f))
-            for kind in BLOCKS for f in dataclasses.fields(kind)]
+def setting_infos(groups: Sequence[SettingsGroup] | None = None) -> list[SettingInfo]:
+    """Every per-model setting of ``groups`` (the routing core's when None), group by group: the
+    group's ``first`` names, then its blocks' other fields in declaration order."""
+    infos: list[SettingInfo] = []
+    for group in routing_groups() if groups is None else groups:
+        fields = {f.name: (kind, f) for kind in group.blocks for f in dataclasses.fields(kind)}
+        order = [*group.first, *(n for n in fields if n not in group.first)]
+        infos += [SettingInfo(n, group, fields[n][0], fields[n][1].default, help_of(fields[n][1]))
+                  for n in order]
+    return infos
 
 
-_index_cache: tuple[int, dict[str, type]] = (0, {})
+def defaults(groups: Sequence[SettingsGroup] | None = None) -> dict[str, Any]:
+    """Every per-model setting of ``groups`` (the routing core's when None) with its default."""
+    return {i.name: i.default for i in setting_infos(groups)}
 
 
-def _field_index() -> dict[str, type]:
-    global _index_cache
-    if _index_cache[0] != len(BLOCKS):
-        index: dict[str, type] = {}
-        for kind in BLOCKS:
-            for f in dataclasses.fields(kind):
-                if f.name in index:
-                    raise TypeError(f"setting {f.name!r} is declared by both {index[f.name].__name__} "
-                                    f"and {kind.__name__}")
-                index[f.name] = kind
-        _index_cache = (len(BLOCKS), index)
-    return _index_cache[1]
+def blocks_of(groups: Iterable[SettingsGroup]) -> tuple[type, ...]:
+    """The settings blocks of ``groups``, in order."""
+    return tuple(dict.fromkeys(kind for group in groups for kind in group.blocks))
 
 
 def policy_names() -> tuple[str, ...]:
@@ -61,28 +66,31 @@ def policies_help() -> str:
     return "; ".join(f"{p.name}: {p.summary}" if p.summary else p.name for p in POLICIES.values())
 
 
-def settings_markdown() -> str:
-    """The per-model routing settings as the Markdown table docs/server.md shows (a test keeps the
-    page equal to this)."""
-    rows = ["| setting | default | declared by | meaning |", "|---|---|---|---|"]
-    for i in setting_infos():
+def settings_markdown(groups: Sequence[SettingsGroup] | None = None) -> str:
+    """The per-model settings as docs/server.md shows them: one table per group under its title
+    (a test keeps the page equal to this)."""
+    rows: list[str] = []
+    group: SettingsGroup | None = None
+    for i in setting_infos(groups):
+        if i.group is not group:
+            group = i.group
+            rows += [*([""] if rows else []), f"#### {group.title}", "",
+                     "| setting | default | declared by | meaning |", "|---|---|---|---|"]
         default = "none" if i.default is None else (
             f"`{list(i.default)}`" if isinstance(i.default, tuple) else f"`{i.default!r}`".replace("'", '"'))
         rows.append(f"| `{i.name}` | {default} | `{i.block.__name__}` | {i.help} |")
     return "\n".join(rows) + "\n"
 
 
-def settings_help(width: int = 100) -> str:
-    """Every per-model routing setting with its default and what it does, under a heading per
-    settings block (its docstring's first line), wrapped at ``width`` (``kvroute serve
-    --help-settings``)."""
+def settings_help(width: int = 100, groups: Sequence[SettingsGroup] | None = None) -> str:
+    """Every per-model setting with its default and what it does, under a heading per group, wrapped
+    at ``width`` (``kvroute serve --help-settings``)."""
     lines: list[str] = []
-    block: type | None = None
-    for i in setting_infos():
-        if i.block is not block:
-            block = i.block
-            title = (block.__doc__ or block.__name__).strip().splitlines()[0].replace("``", "")
-            heading = textwrap.fill(title, width=width)
+    group: SettingsGroup | None = None
+    for i in setting_infos(groups):
+        if i.group is not group:
+            group = i.group
+            heading = textwrap.fill(f"{group.title}:", width=width)
             lines += ["", heading] if lines else [heading]
         lines.append(textwrap.fill(f"{i.name} = {_toml_value(i.default)}: {i.help}", width=width,
                                    initial_indent="  ", subsequent_indent="      ", break_on_hyphens=False))
@@ -102,20 +110,61 @@ def _toml_value(value: Any) -> str:
     return repr(value)
 
 
-class ModelPolicy:
-    """How requests for one model are routed: one validated instance of every settings block.
+@functools.lru_cache(maxsize=32)
+def _field_index(kinds: tuple[type, ...]) -> dict[str, type]:
+    """Which of ``kinds`` declares each setting name (a name declared twice is a mistake)."""
+    index: dict[str, type] = {}
+    for kind in kinds:
+        for f in dataclasses.fields(kind):
+            if f.name in index:
+                raise TypeError(f"setting {f.name!r} is declared by both {index[f.name].__name__} "
+                                f"and {kind.__name__}")
+            index[f.name] = kind
+    return index
 
-    ``ModelPolicy(policy="session", overflow=4)`` sets fields by name whatever block declares
-    them; unknown names and invalid values raise ValueError naming them.  ``block(AutoSettings)``
-    is what a stage reads; ``policy.stay_tokens`` reads any field flat.
+
+_DEFAULT_BLOCKS: dict[type, Any] = {}
+
+
+def _defaults_of(kind: type[Any]) -> Any:
+    """The default instance of a block (blocks are frozen: one is shared)."""
+    found = _DEFAULT_BLOCKS.get(kind)
+    if found is None:
+        found = _DEFAULT_BLOCKS[kind] = kind()
+    return found
+
+
+class ModelPolicy:
+    """How requests for one model are routed: one validated instance of every settings block it
+    carries, built once; immutable.
+
+    ``ModelPolicy(policy="session", overflow=4)`` carries the routing core's blocks and sets fields
+    by name whatever block declares them; ``ModelPolicy.carrying(blocks, ...)`` carries ``blocks``
+    too (the fleet guard's, from ``router_settings``).  Unknown names and invalid values raise
+    ValueError naming them.  ``block(AutoSettings)`` is what a stage reads (a block the model does
+    not carry reads as its defaults); ``settings.stay_tokens`` reads any carried field flat.
     """
 
-    __slots__ = ("_blocks", "placement")
+    __slots__ = ("_blocks", "_extra", "_index", "placement")
     _blocks: dict[type, Any]
+    _extra: tuple[type, ...]
+    _index: dict[str, type]
     placement: PlacementSettings
 
     def __init__(self, **settings: Any) -> None:
-        index = _field_index()
+        self._build((), settings)
+
+    @classmethod
+    def carrying(cls, blocks: Iterable[type], **settings: Any) -> ModelPolicy:
+        """Settings that carry ``blocks`` beside the routing core's (validated like the constructor)."""
+        made = cls.__new__(cls)
+        made._build(tuple(blocks), settings)
+        return made
+
+    def _build(self, extra: tuple[type, ...], settings: dict[str, Any]) -> None:
+        # The routing core's blocks are read when built, so a policy registered since joins.
+        kinds = tuple(dict.fromkeys((*blocks_of(routing_groups()), *extra)))
+        index = _field_index(kinds)
         grouped: dict[type, dict[str, Any]] = {}
         for name, value in settings.items():
             kind = index.get(name)
@@ -125,47 +174,47 @@ class ModelPolicy:
             _check_kind(_fields_of(kind)[name], value)
             grouped.setdefault(kind, {})[name] = value
         blocks: dict[type, Any] = {}
-        for kind in BLOCKS:
+        for kind in kinds:
             try:
-                blocks[kind] = kind(**grouped.get(kind, {}))
+                blocks[kind] = kind(**grouped[kind]) if kind in grouped else _defaults_of(kind)
             except TypeError as exc:
                 raise ValueError(str(exc)) from None
         placement: PlacementSettings = blocks[PlacementSettings]
         if placement.policy not in POLICIES:
             raise ValueError(f"unknown policy {placement.policy!r}; expected one of {', '.join(POLICIES)}")
         object.__setattr__(self, "_blocks", blocks)
+        object.__setattr__(self, "_extra", extra)
+        object.__setattr__(self, "_index", index)
         object.__setattr__(self, "placement", placement)
 
     def block(self, kind: type[B]) -> B:
-        """This model's settings block ``kind`` (its defaults for a block registered later)."""
+        """This model's settings block ``kind`` (its defaults for a block the model does not carry)."""
         found = self._blocks.get(kind)
-        if found is None:
-            found = self._blocks[kind] = kind()
-        return found
+        return cast(B, found if found is not None else _defaults_of(kind))
 
     def __getattr__(self, name: str) -> Any:
-        kind = _field_index().get(name)
+        # Only setting names read flat; a private name is missing only before _build (copy, pickle).
+        kind = None if name.startswith("_") else self._index.get(name)
         if kind is None:
             raise AttributeError(name)
-        return getattr(self.block(kind), name)
+        return getattr(self._blocks[kind], name)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("ModelPolicy is immutable; use replace()")
 
     def items(self) -> Iterator[tuple[str, Any]]:
-        """(name, value) of every setting."""
-        for kind in BLOCKS:
-            block: Any = self.block(kind)
+        """(name, value) of every setting carried."""
+        for kind, block in self._blocks.items():
             for f in dataclasses.fields(kind):
                 yield f.name, getattr(block, f.name)
 
     def as_dict(self) -> dict[str, Any]:
-        """Every setting by name."""
+        """Every setting carried, by name."""
         return dict(self.items())
 
     def replace(self, **changes: Any) -> ModelPolicy:
-        """A copy with some settings changed (validated)."""
-        return ModelPolicy(**{**self.as_dict(), **changes})
+        """A copy with some settings changed (validated), carrying the same blocks."""
+        return type(self).carrying(self._extra, **{**self.as_dict(), **changes})
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, ModelPolicy) and self.as_dict() == other.as_dict()
@@ -174,7 +223,8 @@ class ModelPolicy:
         return hash(tuple(self.items()))
 
     def __repr__(self) -> str:
-        changed = ", ".join(f"{k}={v!r}" for k, v in self.items() if v != _DEFAULTS.get(k, v))
+        default = {f.name: f.default for kind in self._blocks for f in dataclasses.fields(kind)}
+        changed = ", ".join(f"{k}={v!r}" for k, v in self.items() if v != default[k])
         return f"ModelPolicy({changed})"
 
     def overflow_threshold(self, worker_max_num_seqs: int | None) -> int:
@@ -184,9 +234,6 @@ class ModelPolicy:
     def slack_for(self, est_tokens: int) -> int:
         """The placement block's prompt-size slack."""
         return self.placement.slack_for(est_tokens)
-
-
-_DEFAULTS: dict[str, Any] = {i.name: i.default for i in setting_infos()}
 
 
 def _fields_of(kind: type) -> dict[str, dataclasses.Field[Any]]:
@@ -209,7 +256,7 @@ def _check_kind(f: dataclasses.Field[Any], value: Any) -> None:
 
 @dataclass(frozen=True, slots=True)
 class RoutingConfig:
-    """Index, session-table and hashing limits shared by every model, plus per-model policies.
+    """Index, session-table and hashing limits shared by every model, plus per-model settings.
 
     ``window_bytes`` is the indexed window: every block in it is indexed.  With ``hash_beyond_window``
     the rest of the prompt (up to ``max_hash_bytes``) is hashed too, and a bounded sample of its
@@ -254,12 +301,12 @@ class RoutingConfig:
             raise ValueError("anchors_per_octave and tail_blocks must be at least 1")
         if not isinstance(self.default, ModelPolicy):
             raise ValueError("default must be a ModelPolicy")
-        for model, pol in self.models.items():
-            if not isinstance(pol, ModelPolicy):
+        for model, settings in self.models.items():
+            if not isinstance(settings, ModelPolicy):
                 raise ValueError(f"models[{model!r}] must be a ModelPolicy")
 
     def policy_for(self, model: str) -> ModelPolicy:
-        """The policy for ``model``, falling back to the default."""
+        """The settings for ``model``, falling back to the default."""
         return self.models.get(model, self.default)
 
     @property

@@ -61,6 +61,9 @@ class Scheduler:
         self._sessions = SessionTable(self.config.session_ttl_s, self.config.session_max)
         self._picker = PickerState(rng=random.Random(self.config.seed))
         self._learning: dict[str, WorkerLearning] = {}
+        # The learning settings each worker's figures are kept under: its model's (the model of the
+        # last request sent there; the default model's before any).
+        self._learning_as: dict[str, LearningSettings] = {}
         self._counts: dict[str, dict[str, int]] = {}
         self._memo_key: RoutingKey | None = None
         self._memo_hashes: tuple[int, ...] = ()
@@ -319,9 +322,10 @@ class Scheduler:
         if key.cacheable and key.token_hashes:
             self.exact.speculate(worker, key.token_hashes, now, decision.predicted_ttft_s)
         if key.cacheable:
-            learned = self._learn(worker)
+            settings = cfg.block(LearningSettings)
+            learned = self._learn(worker, settings)
             est = key.est_prompt_tokens
-            spt = learned.drain_rate(cfg.block(LearningSettings))
+            spt = learned.drain_rate(settings)
             # The index's own prediction (not the discounted one): realisation compares the engine's
             # report with it, and must not feed back on itself.
             indexed = decision.held_tokens
@@ -341,7 +345,7 @@ class Scheduler:
                     record.prefill_tokens:
                 learned = self._learn(record.worker_id)
                 now = self._clock()
-                spt = learned.drain_rate(self.config.default.block(LearningSettings))
+                spt = learned.drain_rate(self._learning_settings(record.worker_id))
                 left = record.prefill_tokens - max(0.0, now - record.time) / spt
                 if left > 0:
                     learned.add_backlog(now, spt, left)
@@ -392,6 +396,7 @@ class Scheduler:
         self.exact.detach(worker_id)
         self._sessions.drop_worker(worker_id)
         self._learning.pop(worker_id, None)
+        self._learning_as.pop(worker_id, None)
         self._counts.pop(worker_id, None)
 
     def on_finished(self, worker_id: str, *, prompt_tokens: int | None = None,
@@ -407,15 +412,32 @@ class Scheduler:
     def prefill_s_per_token(self, worker_id: str) -> float:
         """Seconds per uncached token ``worker_id`` prefills at, as learnt from the engine's reports
         (the configured figure until enough samples arrived)."""
-        settings = self.config.default.block(LearningSettings)
+        settings = self._learning_settings(worker_id)
         learned = self._learning.get(worker_id)
         return learned.drain_rate(settings) if learned is not None else settings.prefill_s_per_token
 
-    def _learn(self, worker_id: str) -> WorkerLearning:
+    def _learning_settings(self, worker_id: str) -> LearningSettings:
+        """The learning settings ``worker_id``'s figures are kept under: those of the model of the
+        last request sent there (a worker serving two models with different ones follows the
+        latest), the default model's before any."""
+        found = self._learning_as.get(worker_id)
+        return found if found is not None else self.config.default.block(LearningSettings)
+
+    def _learn(self, worker_id: str, settings: LearningSettings | None = None) -> WorkerLearning:
+        """``worker_id``'s learned figures, learnt as its learning settings say; ``settings``: those
+        of the model of a request sent there now, which the figures' weights then follow."""
         learned = self._learning.get(worker_id)
+        if settings is None:
+            settings = self._learning_settings(worker_id)
+        elif self._learning_as.get(worker_id) is not settings:
+            self._learning_as[worker_id] = settings
+            if learned is not None:
+                fresh = WorkerLearning.from_settings(settings)
+                learned.alpha, learned.min_samples = fresh.alpha, fresh.min_samples
+                learned.floor_min_tokens, learned.floor_pull = fresh.floor_min_tokens, fresh.floor_pull
+                learned.floor_relax = fresh.floor_relax
         if learned is None:
-            learned = self._learning[worker_id] = WorkerLearning.from_settings(
-                self.config.default.block(LearningSettings))
+            learned = self._learning[worker_id] = WorkerLearning.from_settings(settings)
         return learned
 
     # --- introspection -------------------------------------------------------------------------
@@ -427,7 +449,6 @@ class Scheduler:
     def stats(self) -> dict[str, Any]:
         """Index and session-table sizes, and per worker: decisions by kind, bound sessions and
         learned figures (for metrics and the dashboard)."""
-        settings = self.config.default.block(LearningSettings)
         now = self._clock()
         workers: dict[str, dict[str, Any]] = {}
         for wid in sorted(set(self._counts) | set(self._learning)):
@@ -437,7 +458,7 @@ class Scheduler:
             entry["sessions"] = self._sessions.bound(wid)
             entry["cache_mode"] = self.exact.mode(wid, now)
             if learned is not None:
-                spt = learned.drain_rate(settings)
+                spt = learned.drain_rate(self._learning_settings(wid))
                 entry["prefill_s_per_token"] = spt
                 entry["learned_s_per_token"] = learned.rate
                 entry["fastest_s_per_token"] = learned.fastest

@@ -3,7 +3,10 @@
 A *block* is a frozen dataclass whose fields are one part's settings (the placement rules every
 policy shares, the learned figures, the ``auto`` cost, a new scorer's weight).  Each field says in
 its metadata what it does (``setting(default, "help")``), and the block validates itself in
-``__post_init__``.  ``ModelPolicy`` (routing/config.py) is the set of every registered block; the
+``__post_init__``.  Blocks are registered in *groups*, by what a user tunes (``SettingsGroup``:
+placement, cache, overload, guard), listed explicitly: the routing core's in routing/policies/,
+and with the fleet guard's, every group a router carries, in ``router_settings.settings_groups``.
+``ModelPolicy`` (routing/config.py) holds one instance of every block a model carries; the
 configuration loader, the per-model overrides, the CLI help and the dashboard all read the blocks'
 fields, so a new setting is declared once, where it is used.
 """
@@ -22,8 +25,8 @@ B = TypeVar("B")
 
 
 def setting(default: Any, help: str) -> Any:
-    """A block field with its documentation (shown by ``kvroute serve --help-routing`` and
-    docs/server.md's generated table)."""
+    """A block field with its documentation (shown by ``kvroute serve --help-settings`` and
+    docs/server.md's generated tables)."""
     if isinstance(default, list | dict | set):
         raise TypeError("settings must have immutable defaults")
     return field(default=default, metadata={"help": help})
@@ -35,9 +38,39 @@ def help_of(f: dataclasses.Field[Any]) -> str:
 
 
 class Blocks(Protocol):
-    """What a stage reads its settings from: ``policy.block(AutoSettings).stay_tokens``."""
+    """What a stage reads its settings from: ``settings.block(AutoSettings).stay_tokens``."""
 
     def block(self, kind: type[B]) -> B: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SettingsGroup:
+    """Settings a user tunes together, listed under one heading (``kvroute serve
+    --help-settings``, docs/server.md): ``first`` names the few most users tune, listed first; the
+    other fields of ``blocks`` follow in declaration order.  Every block is a frozen dataclass,
+    so one instance can be shared (the defaults of a block a model does not carry)."""
+
+    name: str
+    title: str
+    blocks: tuple[type, ...]
+    first: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        names: set[str] = set()
+        for kind in self.blocks:
+            params = getattr(kind, "__dataclass_params__", None)
+            if params is None or not params.frozen:
+                raise TypeError(f"settings block {kind.__name__} must be a frozen dataclass")
+            names.update(f.name for f in dataclasses.fields(kind))
+        missing = [n for n in self.first if n not in names]
+        if missing:
+            raise TypeError(f"group {self.name!r} lists {', '.join(missing)} first, which none of its "
+                            "blocks declares")
+
+    def joined(self, blocks: tuple[type, ...]) -> SettingsGroup:
+        """This group with ``blocks`` added after its own (a policy's block joins placement)."""
+        more = tuple(b for b in blocks if b not in self.blocks)
+        return self if not more else SettingsGroup(self.name, self.title, self.blocks + more, self.first)
 
 
 def check_non_negative(block: object, *names: str) -> None:

@@ -14,10 +14,7 @@ import typer
 
 from kvroute.event_loop import run_event_loop
 from kvroute.log_setup import setup_logging
-
-# Imported before the help below is built: it registers the fleet guard's settings blocks, which
-# sit above routing and join its table there.
-from kvroute.router_settings import Settings
+from kvroute.router_settings import Settings, settings_groups
 from kvroute.routing.config import policies_help, policy_names, settings_help
 from kvroute.startup import check_port_free, fail, host_port, listen_error
 
@@ -34,12 +31,20 @@ _FLEET, _LISTEN, _ROUTING, _KEYS, _LOGS = ("Fleet", "Listening", "Routing", "Key
                                            "Logs and tracing")
 
 
+# What --help-settings cannot list: the settings of the router process itself.
+_TOP_LEVEL = ("Listener: host, port, max_connections and the client limits and timeouts are top-level "
+              "settings, like the fleet's (workers, discovery, retries, the sick-replica deadlines) and "
+              "the keys: not per model, not in [routing]; kvroute serve --help shows their flags, "
+              "docs/server.md (Configuration) lists them all.")
+
+
 def _show_settings(value: bool) -> None:
     if value:
         width = max(40, min(shutil.get_terminal_size().columns, 100) - 1)
         policies = "\n".join(textwrap.fill(part.strip(), width=width, initial_indent="  ",
                                            subsequent_indent="      ") for part in policies_help().split(";"))
-        typer.echo(f"Policies (policy, --policy):\n{policies}\n\n{settings_help(width)}")
+        settings, top_level = settings_help(width, settings_groups()), textwrap.fill(_TOP_LEVEL, width=width)
+        typer.echo(f"Policies (policy, --policy):\n{policies}\n\n{settings}\n\n{top_level}")
         raise typer.Exit()
 
 

@@ -1,8 +1,8 @@
-"""The fleet guard's per-model settings blocks, registered into every model's policy on import.
+"""The fleet guard's per-model settings, as one settings group.
 
-The routing core cannot import them (it sits below the guard), so whatever reads or lists routing
-settings imports this module first: ``router_settings`` (configuration, ``--set``) and
-``server/cli`` (``kvroute serve --help``).  A new guard part adds its block here.
+The routing core cannot import them (it sits below the guard): ``router_settings.settings_groups``
+adds this group to the routing core's, and every model a router configures carries it.  A new
+guard part adds its block here.
 """
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from __future__ import annotations
 from kvroute.fleet.guard.canary_watch import CanarySettings
 from kvroute.fleet.guard.doctor_hold import DoctorGuardSettings
 from kvroute.fleet.guard.drift import DriftSettings
-from kvroute.routing.policies import register_blocks
+from kvroute.routing.settings import SettingsGroup
 
-GUARD_BLOCKS: tuple[type, ...] = (DoctorGuardSettings, DriftSettings, CanarySettings)
-
-register_blocks(*GUARD_BLOCKS)
+GUARD = SettingsGroup(
+    "guard", "Guard: checks that hold a faulty replica out (docs/fleet-guard.md)",
+    (DoctorGuardSettings, DriftSettings, CanarySettings),
+    first=("guard_doctor_action", "canary", "guard_drift"))
