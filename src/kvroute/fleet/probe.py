@@ -108,7 +108,7 @@ class Prober:
         if record is None:
             return None
         url = record.state.url
-        inflight = record.state.inflight + record.state.peer_inflight
+        inflight = record.state.total_inflight
         session = self._client()
         try:
             health, metrics, models, info = await asyncio.gather(

@@ -289,7 +289,7 @@ class Dispatcher:
         state.running, state.waiting, state.kv_usage = running, waiting, kv_usage
         if kv_tokens is not None:
             state.kv_tokens = kv_tokens
-        seen = state.inflight + state.peer_inflight
+        seen = state.total_inflight
         state.scraped_inflight = seen if inflight_before is None else max(seen, inflight_before)
         self.book.touch(state)
         now = self._timer()

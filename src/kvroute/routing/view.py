@@ -62,7 +62,7 @@ class Candidate:
     @classmethod
     def of(cls, worker: WorkerState) -> Candidate:
         """Load figures of ``worker`` as the scheduler reads them."""
-        load = worker.inflight + worker.peer_inflight
+        load = worker.total_inflight
         running, waiting = worker.running, worker.waiting
         if running is None and waiting is None:
             return cls(worker, load, load, load)
