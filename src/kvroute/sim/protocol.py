@@ -243,10 +243,3 @@ class Reply:
             out += _sse({"id": self.id, "object": obj, "created": self.created, "model": self.model,
                          "choices": [], "usage": self.usage(completion_tokens, cached_tokens)})
         return out + b"data: [DONE]\n\n"
-
-    def stream_error(self, status: int, message: str) -> bytes:
-        """An error after the stream started (vLLM sends it as a data event)."""
-        if self.api == "messages":
-            return _event("error", {"type": "error", "error": {"type": "api_error", "message": message}})
-        return _sse({"error": {"message": message, "type": "InternalServerError", "param": None,
-                               "code": status}}) + b"data: [DONE]\n\n"
