@@ -61,11 +61,6 @@ class RouterSpec:
             suffix += " " + " ".join(f"+{name}={value}" for name, value in self.settings)
         return f"{self.family} {self.policy}{suffix}"
 
-    @property
-    def cache_aware(self) -> bool:
-        """Whether the policy looks at the prompt to find cached prefixes."""
-        return (self.family == KVROUTE and self.policy in ("auto", "prefix")) or self.policy == "cache_aware"
-
     def setting_args(self) -> tuple[str, ...]:
         """The settings as command-line arguments of the family's router."""
         if self.family == KVROUTE:

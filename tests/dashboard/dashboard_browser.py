@@ -23,16 +23,6 @@ async def wait_loaded(page: Page, *, timeout_ms: float = 15_000) -> None:
     await page.wait_for_selector("body[data-loaded='true']", timeout=timeout_ms)
 
 
-async def canvas_ink(page: Page, selector: str) -> int:
-    """How many pixels of the canvas at ``selector`` are not transparent."""
-    return int(await page.eval_on_selector(selector, """c => {
-        const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
-        let n = 0;
-        for (let i = 3; i < d.length; i += 4) if (d[i] !== 0) n++;
-        return n;
-    }"""))
-
-
 async def open_dashboard(url: str, screenshot: Path, *, width: int = 1440, height: int = 900,
                          query: str = "", check: Any = None) -> None:
     """Open ``url``/dashboard, wait for data, run ``await check(page)`` if given, and save a

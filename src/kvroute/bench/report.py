@@ -170,11 +170,6 @@ def _rich(header: list[str], rows: list[list[str]], caption: str) -> Table:
     return table
 
 
-def rich_table(result: BenchResult) -> Table:
-    """The table for the terminal, one row per step."""
-    return _rich(*table_rows(result), title(result))
-
-
 def terminal_table(result: BenchResult, width: int) -> Table:
     """The table for a terminal ``width`` columns wide: one row per step if that fits, else the
     figures as rows (``figure_rows``)."""
