@@ -59,6 +59,7 @@ from kvroute.routing.worker import WorkerState
 from kvroute.sim.answers import filler
 from kvroute.sim.engine import EngineConfig, EngineModel, EngineStep, EventKind, SimRequest
 from kvroute.sim.presets import build_config
+from kvroute.sim.protocol import GenerationRequest
 from kvroute.sim.protocol import parse_generation_request as sim_request
 from kvroute.sim.tokenizer import token_ids
 
@@ -283,17 +284,18 @@ class VirtualCluster:
     def _send(self, loop: int, req: PlannedRequest, rec: RequestRecord) -> None:
         body = req.openai_body(self.model)
         key: RoutingKey = route_key("chat", body, req.headers())
+        # The engine's own rendering, made once: the prompt it prefills and, in exact mode, the
+        # tokens its /tokenize would answer over HTTP.
+        rendered = sim_request("chat", body, self.model)
         arrived = self.now
         exact = self.scheduler.exact_worker(key.model, self.workers) if key.cache_salt is None else None
         if exact is not None:
-            # What the engine's /tokenize answers over HTTP: the engine's own rendering.
             block = self.scheduler.exact.block_size(exact.id)
             assert block is not None
-            key = with_tokens(key, token_ids(sim_request("chat", body, self.model).prompt), block,
-                              self._chains)
+            key = with_tokens(key, token_ids(rendered.prompt), block, self._chains)
 
         def decided(ticket: Ticket) -> None:  # granted or shed from the queue, as over HTTP
-            self._at(self.now, lambda: self._woken(ticket, loop, req, rec, body, key, arrived))
+            self._at(self.now, lambda: self._woken(ticket, loop, req, rec, rendered, key, arrived))
 
         ticket = self.dispatch.admit(key, self.workers, decided)
         if ticket.state is TicketState.SHED:
@@ -302,10 +304,10 @@ class VirtualCluster:
             self._waiting[ticket.seq] = ticket
             self._at(ticket.deadline, lambda: self._expire(ticket))  # the dispatcher's clock is ours
         else:
-            self._route(loop, req, rec, body, key, arrived)
+            self._route(loop, req, rec, rendered, key, arrived)
 
     def _woken(self, ticket: Ticket, loop: int, req: PlannedRequest, rec: RequestRecord,
-               body: dict[str, Any], key: RoutingKey, arrived: float) -> None:
+               rendered: GenerationRequest, key: RoutingKey, arrived: float) -> None:
         if self._waiting.pop(ticket.seq, None) is None:
             return  # withdrawn when the step was cut off
         rec.queue_s = ticket.waited_s
@@ -313,7 +315,7 @@ class VirtualCluster:
             self._shed(ticket, loop, rec)
             return
         self.dispatch.claim(ticket)
-        self._route(loop, req, rec, body, key, arrived)
+        self._route(loop, req, rec, rendered, key, arrived)
 
     def _expire(self, ticket: Ticket) -> None:
         self.dispatch.expire(ticket)  # a no-op once it left the queue
@@ -324,7 +326,7 @@ class VirtualCluster:
         rec.shed, rec.retry_after_s = True, float(ticket.retry_after_s)
         self._at(self.now + ticket.retry_after_s, lambda: self._after(loop, failed=True))
 
-    def _route(self, loop: int, req: PlannedRequest, rec: RequestRecord, body: dict[str, Any],
+    def _route(self, loop: int, req: PlannedRequest, rec: RequestRecord, rendered: GenerationRequest,
                key: RoutingKey, arrived: float) -> None:
         assert self._step is not None
         step_start = self._step.start
@@ -337,10 +339,9 @@ class VirtualCluster:
         flight, _ = self.dispatch.sent(key, decision, self.workers[e])
         rec.worker = decision.worker_id
         rec.predicted_cached = decision.held_tokens
-        g = sim_request("chat", body, self.model)
-        limit = g.max_tokens if g.max_tokens is not None else req.max_tokens
+        limit = rendered.max_tokens if rendered.max_tokens is not None else req.max_tokens
         rid = f"r{next(self._rid)}"
-        sim = SimRequest(rid, g.prompt, filler(g.prompt, limit), limit, g.cache_salt)
+        sim = SimRequest(rid, rendered.prompt, filler(rendered.prompt, limit), limit, rendered.cache_salt)
         live = _Live(rec, loop, e, arrived, step_start, sim, flight)
         self._live[rid] = live
         self._at(self.now + self._overhead, lambda: self._arrive(live))
