@@ -22,6 +22,7 @@ import array
 import asyncio
 import contextlib
 import dataclasses
+import enum
 import fcntl
 import ipaddress
 import logging
@@ -40,6 +41,7 @@ from urllib.parse import unquote
 import httptools
 
 from kvroute.api.errors import ApiStyle, error_body
+from kvroute.router_settings import Settings
 
 if TYPE_CHECKING:
     from kvroute.server.routes import Route
@@ -140,22 +142,38 @@ class RateLimitedLog:
 
 @dataclass(frozen=True, slots=True)
 class FrontLimits:
-    """What the listening side accepts from a client (settings of the same names, see
-    docs/server.md).  ``max_connections``: open client connections; at the cap the oldest idle
-    connection is closed for a new one, else the request arriving slowest is answered 408 and
-    closed, and when every connection is serving the new one gets 503.  ``body_timeout_s`` is the
-    time a whole body may take; after ``body_min_rate_grace_s`` it must also keep arriving at
-    ``body_min_rate_bytes_s`` on average (0: no minimum rate)."""
+    """What the listening side accepts from a client: the settings of the same names (see
+    docs/server.md), which hold their defaults (``from_settings``).  ``max_connections``: open
+    client connections; at the cap the oldest idle connection is closed for a new one, else the
+    request arriving slowest is answered 408 and closed, and when every connection is serving the
+    new one gets 503.  ``body_timeout_s`` is the time a whole body may take; after
+    ``body_min_rate_grace_s`` it must also keep arriving at ``body_min_rate_bytes_s`` on average
+    (0: no minimum rate)."""
 
-    max_body_bytes: int = 32 * 1024 * 1024
-    max_header_bytes: int = 64 * 1024
-    max_headers: int = 128
-    header_timeout_s: float = 10.0
-    body_timeout_s: float = 60.0
-    body_min_rate_bytes_s: float = 1024.0
-    body_min_rate_grace_s: float = 10.0
-    keepalive_timeout_s: float = 60.0
-    max_connections: int = 1024
+    max_body_bytes: int
+    max_header_bytes: int
+    max_headers: int
+    header_timeout_s: float
+    body_timeout_s: float
+    body_min_rate_bytes_s: float
+    body_min_rate_grace_s: float
+    keepalive_timeout_s: float
+    max_connections: int
+
+    @classmethod
+    def from_settings(cls, settings: Settings | None = None, open_files: int | None = None) -> FrontLimits:
+        """The limits ``settings`` give (the defaults: ``Settings()``).  ``max_connections = 0``
+        derives the cap from ``open_files`` (``connections_allowed``; by default this process's
+        open-file limit now)."""
+        s = settings if settings is not None else Settings()
+        if open_files is None:
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            open_files = int(soft) if soft != resource.RLIM_INFINITY else 1 << 20
+        return cls(max_body_bytes=s.max_body_bytes, max_header_bytes=s.max_header_bytes,
+                   max_headers=s.max_headers, header_timeout_s=s.header_timeout_s,
+                   body_timeout_s=s.body_timeout_s, body_min_rate_bytes_s=s.body_min_rate_bytes_s,
+                   body_min_rate_grace_s=s.body_min_rate_grace_s, keepalive_timeout_s=s.keepalive_timeout_s,
+                   max_connections=s.max_connections or connections_allowed(open_files))
 
 
 @dataclass(slots=True)
@@ -176,6 +194,15 @@ class FrontRequest:
     reject: tuple[int, str] | None = field(default=None)
 
 
+class Cut(enum.Enum):
+    """How the shutdown ended a response still running when its timeout expired (what a
+    ``Cutter`` did); the value is how the log says it."""
+
+    ANSWERED_503 = "answered 503"  # nothing had been sent: the API's 503 instead
+    STREAM_ENDED = "stream ended with an error event"  # in the route's API format
+    TRUNCATED = "truncated (a plain body under way cannot carry an error)"  # the connection closed
+
+
 @dataclass(slots=True)
 class ShutdownReport:
     """What ``FrontServer.close`` had to cut when its timeout expired."""
@@ -189,6 +216,16 @@ class ShutdownReport:
     def cut(self) -> int:
         """Requests that did not complete normally."""
         return self.streams_ended + self.answered_503 + self.truncated
+
+    def add(self, how: Cut, path: str, *, queued: bool = False) -> None:
+        """Count one response cut ``how`` (``queued``: a request waiting behind the one served)."""
+        if how is Cut.ANSWERED_503:
+            self.answered_503 += 1
+        elif how is Cut.STREAM_ENDED:
+            self.streams_ended += 1
+        else:
+            self.truncated += 1
+        self.details.append(f"{how.value}{' (queued)' if queued else ''}: {path}")
 
 
 class ResponseWriter:
@@ -284,13 +321,15 @@ class ResponseWriter:
                 data, self._held = self._held + data, b""
             self._conn.write(data)
 
-    def end(self) -> None:
-        """The streamed body is complete."""
+    def end(self, data: bytes = b"") -> None:
+        """The streamed body is complete; ``data``: its last bytes, sent in the same write as the
+        end (and a head still held back)."""
         if not self.finished:
             self.finished = True
-            tail = b"0\r\n\r\n" if self._chunked else b""
-            if self._held or tail:
-                data, self._held = self._held + tail, b""
+            if self._chunked:
+                data = (b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data)) if data else b"0\r\n\r\n"
+            if self._held or data:
+                data, self._held = self._held + data, b""
                 self._conn.write(data)
 
     def abort(self) -> None:
@@ -309,8 +348,8 @@ class ResponseWriter:
 
 
 Handler = Callable[[FrontRequest, ResponseWriter], Awaitable[None]]
-# Ends a response still running when the shutdown timeout expires; says how (for the log).
-Cutter = Callable[[ResponseWriter], str]
+# Ends a response still running when the shutdown timeout expires; says how.
+Cutter = Callable[[ResponseWriter], Cut]
 
 
 class _LimitBroken(Exception):
@@ -946,23 +985,18 @@ class _FrontConnection(asyncio.Protocol):
             if writer.unsent:
                 writer.restart()
                 writer.keep_alive = writer.keep_alive and bool(queued)
-            how = cutter(writer) if cutter is not None else "cut"
-            if how.startswith("answered 503"):
-                report.answered_503 += 1
-            elif how.startswith("stream ended"):
-                report.streams_ended += 1
-            else:
-                report.truncated += 1
+            # Without a cutter nothing ends the response: closing the connection truncates it.
+            how = cutter(writer) if cutter is not None else Cut.TRUNCATED
+            report.add(how, writer.route.path if writer.route else "request")
+            if how is Cut.TRUNCATED:
                 queued = []  # the connection is gone with the truncated body
-            report.details.append(f"{how}: {writer.route.path if writer.route else 'request'}")
         if not self.lost:
             for i, request in enumerate(queued):
                 answer = ResponseWriter(self, keep_alive=i < len(queued) - 1)
                 self.http_minor = request.http_minor
                 error_response(answer, style_of_path(request.path), 503,
                                "the router shut down before this request was served", retry_after=True)
-                report.answered_503 += 1
-                report.details.append(f"answered 503 (queued): {request.path}")
+                report.add(Cut.ANSWERED_503, request.path, queued=True)
         self._dead = True
         self.close()
 
@@ -976,7 +1010,7 @@ class FrontServer:
                  max_body_bytes: int | None = None, cutter: Cutter | None = None,
                  internal_error: Callable[[str], None] | None = None) -> None:
         self.handler = handler
-        limits = limits or FrontLimits()
+        limits = limits or FrontLimits.from_settings()
         if max_body_bytes is not None:
             limits = dataclasses.replace(limits, max_body_bytes=max_body_bytes)
         self.limits = limits
