@@ -115,6 +115,17 @@ async def test_at_the_connection_cap_idle_connections_make_room(echo_engines, ro
     assert conv.statuses == [200]
     assert r.front.evicted >= 1
     assert (await read(idle[0][0])).closed
+    # They had sent nothing since connecting: evicted as "new"; one idle after an answer is "idle".
+    assert r.front.evictions["new"] == r.front.evicted
+    kept = await connect(r.url)
+    kept[1].write(HEALTH)
+    assert (await read(kept[0], count=1)).statuses == [200]
+    crowd = [await connect(r.url) for _ in range(4)]
+    await asyncio.sleep(0.1)
+    assert r.front.evictions["idle"] >= 1
+    assert (await read(kept[0])).closed
+    for _, w in [kept, *crowd]:
+        w.close()
     for _, w in idle:
         w.close()
     await asyncio.sleep(0.1)

@@ -61,7 +61,7 @@ from kvroute.server.front import (
     raise_open_file_limit,
     style_of_path,
 )
-from kvroute.server.metrics import FamiliesCollector, RouterMetrics
+from kvroute.server.metrics import FamiliesCollector, RouterMetrics, front_families
 from kvroute.server.model_names import AnswerRename
 from kvroute.server.proxy import JSON_HEADERS, Proxy, header_lines, stream_error_event
 from kvroute.server.routes import HTTP_ROUTES
@@ -643,6 +643,7 @@ async def start_router(settings: Settings, *, host: str = "127.0.0.1", port: int
     internal = internal_error_reporter(router)
     handler = front_handler(router, Proxy(router), Origin.from_url("unix:" + socket_path), internal)
     front = FrontServer(handler, limits=limits, cutter=shutdown_cutter, internal_error=internal)
+    router.metrics.prometheus.register(FamiliesCollector(front_families(front)))
     try:
         await web.UnixSite(runner, socket_path).start()
         bound_port = await front.start(host, port, reuse_port=reuse_port)

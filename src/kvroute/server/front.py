@@ -66,6 +66,12 @@ _FRAMING = frozenset((b"content-length", b"expect", b"upgrade", b"transfer-encod
 _LINGER_S = 2.0
 # Connections lingering at once; more are closed at once.
 _MAX_LINGERING = 256
+# Why a connection was closed to make room at the cap: idle after a request, new (nothing sent
+# since it connected), its request's head or body still arriving (answered 408).
+EVICTION_REASONS = ("idle", "new", "slow_head", "slow_body")
+# Why a body was answered 408: it took longer than body_timeout_s in all, or fell behind
+# body_min_rate_bytes_s after the grace.
+BODY_TIMEOUT_REASONS = ("total", "min_rate")
 # A chunk in progress may have consumed its size line (at most 16 hex digits) and CRLF before its
 # data is complete; framing beyond what each chunk needs counts as extensions or trailers.
 _CHUNK_SLACK = 20
@@ -836,18 +842,20 @@ class _FrontConnection(asyncio.Protocol):
             return self._body_start + self._rate_grace + self._size / self._min_rate
         return self._body_start + self._body_timeout
 
-    def evict(self) -> None:
+    def evict(self) -> str:
         """Close this connection to make room at the cap; a client whose request is still arriving
-        is told (408) why."""
+        is told (408) why.  Returns what it was doing (``EVICTION_REASONS``)."""
         if self._phase == _BETWEEN:
             self.close()
-            return
+            return "new"
+        reason = "slow_head" if self._phase == _HEAD else "slow_body"
         what = "headers" if self._phase == _HEAD else f"body ({self._size} bytes so far)"
         started = self._body_start if self._phase == _BODY and self._body_start else None
         since = f" after {time.monotonic() - started:.1f} s" if started is not None else ""
         self._fail(408, f"the request's {what} was still arriving{since} when the router needed its "
                         f"connection for another client ({self._limits.max_connections} open "
                         "connections); send it faster or retry", count=False)
+        return reason
 
     def _enqueue(self, request: FrontRequest) -> None:
         self._queue.append(request)
@@ -896,8 +904,10 @@ class _FrontConnection(asyncio.Protocol):
             return
         elapsed = now - self._body_start
         if elapsed >= self._body_timeout:
+            self._server.body_timeouts["total"] += 1
             self._fail(408, f"the request's body did not arrive within {self._body_timeout:g} s")
         else:
+            self._server.body_timeouts["min_rate"] += 1
             self._fail(408, f"the request's body arrived slower than {self._min_rate:g} bytes/s "
                             f"({self._size} bytes in {elapsed:.1f} s)")
 
@@ -1019,9 +1029,13 @@ class FrontServer:
         self._errors = RateLimitedLog(log)
         self.internal_error: Callable[[str], None] = internal_error or self._errors.error
         self.closing = False
-        # Counters for tests and benchmarks: connections refused at the cap, idle ones closed to
-        # make room, requests rejected by the parser or a limit, requests timed out.
-        self.refused = self.evicted = self.rejected = self.timed_out = 0
+        # Counters for tests and benchmarks: connections refused at the cap, requests rejected by
+        # the parser or a limit, requests timed out.
+        self.refused = self.rejected = self.timed_out = 0
+        # Connections closed to make room at the cap, by what they were doing, and bodies answered
+        # 408 for arriving too slowly, by the bound they broke (/metrics: kvroute_front_*).
+        self.evictions = dict.fromkeys(EVICTION_REASONS, 0)
+        self.body_timeouts = dict.fromkeys(BODY_TIMEOUT_REASONS, 0)
         # Connections closing after an error answer (see _FrontConnection.linger).
         self.lingering = 0
         self._server: asyncio.Server | None = None
@@ -1034,6 +1048,11 @@ class FrontServer:
     def connection_count(self) -> int:
         """Client connections open now."""
         return len(self._connections)
+
+    @property
+    def evicted(self) -> int:
+        """Connections closed to make room at the cap, all reasons."""
+        return sum(self.evictions.values())
 
     def _make_room(self) -> bool:
         """Close a connection to make room for a new one: the oldest one idle after a request (not
@@ -1053,7 +1072,7 @@ class FrontServer:
                 if conn.unread():
                     continue
                 del self._connections[conn]
-                self.evicted += 1
+                self.evictions["idle"] += 1
                 conn.close()
                 return True
             if conn.arriving and conn.lag <= lag:
@@ -1061,8 +1080,7 @@ class FrontServer:
         if slowest is None:
             return False
         del self._connections[slowest]
-        self.evicted += 1
-        slowest.evict()
+        self.evictions[slowest.evict()] += 1
         return True
 
     async def start(self, host: str, port: int, *, reuse_port: bool = False) -> int:
