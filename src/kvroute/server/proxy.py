@@ -585,6 +585,7 @@ class Exchange:
                     # Nothing has gone to the client yet: a stream's first byte is its first
                     # event, and until it arrives the worker can still be replaced.
                     await call.first_body
+                    assert self.flight is not None
                     r.dispatch.first_byte(self.flight)
             finally:
                 if self._timer is not None:
@@ -732,6 +733,8 @@ class Exchange:
                 call.resume()
 
     def _first_byte(self) -> None:
+        """The answer's first byte is being relayed: its time to first byte."""
+        assert self.flight is not None
         self._r.dispatch.first_byte(self.flight)
         self.first_at = time.perf_counter()
         self.ttfb = self.first_at - self.started
