@@ -10,7 +10,9 @@ bench_router_overhead.py), then prints the functions with the largest shares of 
 Two shares per function: *self*, the samples where it was the innermost frame (its own code and
 the C calls it makes), and *inclusive*, the samples where it was anywhere on the stack.  py-spy
 samples only while the router's thread runs (no ``--idle``), so the shares are of its CPU time.
-``--raw FILE`` keeps py-spy's collapsed stacks for a flame graph.
+``--raw FILE`` keeps py-spy's collapsed stacks for a flame graph.  ``--syscalls N`` counts the
+router's system calls instead (``strace -c``) over N requests, per request: each write to a
+socket is one, and on a small request they are the largest part of its CPU.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import subprocess
 import tempfile
 from collections import Counter
@@ -76,12 +79,16 @@ async def main(args: argparse.Namespace) -> None:
                           args.log_level, logs, env)
     url = f"http://127.0.0.1:{port}"
     raw = logs / "stacks.txt"
+    counts = ""
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
             for sim_url in sim_urls:
                 await wait_ready(http, sim_url, "/health")
             await wait_ready(http, url, "/ready")
             await load(http, "warmup", [url], 8, 400, args.max_tokens, 10**6, not args.plain)
+            if args.syscalls:
+                counts = await count_syscalls(http, url, router.pid, args, logs / "strace.txt")
+                return
             spy = subprocess.Popen(
                 ["py-spy", "record", "--format", "raw", "--rate", str(args.rate), "--duration",
                  str(args.seconds), "--pid", str(router.pid), "--output", str(raw)],
@@ -97,12 +104,34 @@ async def main(args: argparse.Namespace) -> None:
         for proc in (router, sim):
             proc.terminate()
             proc.wait(30)
+        if counts:
+            print(counts)
     text = raw.read_text()
     if args.raw:
         Path(args.raw).write_text(text)
     print(f"{'non-streaming' if args.plain else 'streaming'}, {args.concurrency} clients, {served} requests "
           f"in {args.seconds} s, {args.max_tokens} tokens each, router log level {args.log_level}")
     print(summarise(text, args.top))
+
+
+async def count_syscalls(http: aiohttp.ClientSession, url: str, pid: int, args: argparse.Namespace,
+                         out: Path) -> str:
+    """The router's system calls per request over ``args.syscalls`` requests (strace -c)."""
+    tracer = subprocess.Popen(["strace", "-c", "-f", "-q", "-p", str(pid), "-o", str(out)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    await asyncio.sleep(1.0)  # attached
+    await load(http, "router", [url], args.concurrency, args.syscalls, args.max_tokens, 0, not args.plain)
+    tracer.send_signal(signal.SIGINT)
+    tracer.wait(30)
+    lines = [f"{'non-streaming' if args.plain else 'streaming'}, {args.concurrency} clients, "
+             f"{args.syscalls} requests: system calls per request", "", "| calls per request | syscall |",
+             "|---:|---|"]
+    for line in out.read_text().splitlines():
+        fields = line.split()
+        # % time, seconds, usecs/call, calls, [errors,] syscall
+        if len(fields) >= 5 and fields[3].isdigit() and fields[-1] != "total":
+            lines.append(f"| {int(fields[3]) / args.syscalls:.2f} | {fields[-1]} |")
+    return "\n".join(lines)
 
 
 def parse_args() -> argparse.Namespace:
@@ -117,6 +146,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--log-level", default="info", help="router log level (default info, as the benchmark)")
     p.add_argument("--top", type=int, default=25, help="functions listed per table (default 25)")
     p.add_argument("--raw", help="also write py-spy's collapsed stacks here")
+    p.add_argument("--syscalls", type=int, default=0,
+                   help="count the router's system calls (strace -c) over this many requests instead")
     return p.parse_args()
 
 

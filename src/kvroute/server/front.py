@@ -377,6 +377,8 @@ class _FrontConnection(asyncio.Protocol):
         self._limits = server.limits
         self._parser = httptools.HttpRequestParser(self)
         self._transport: asyncio.Transport | None = None
+        # Asked once per connection, not per request: on Python 3.11 it costs a system call (getpid).
+        self._loop = asyncio.get_running_loop()
         self._queue: deque[FrontRequest] = deque()
         self._task: asyncio.Task[None] | None = None
         self._writer: ResponseWriter | None = None
@@ -939,7 +941,7 @@ class _FrontConnection(asyncio.Protocol):
         # While shutting down, the last request received is answered with connection: close.
         keep_alive = request.keep_alive and not (self._server.closing and not self._queue)
         self._writer = writer = ResponseWriter(self, keep_alive)
-        self._task = task = asyncio.get_running_loop().create_task(self._serve(request, writer))
+        self._task = task = self._loop.create_task(self._serve(request, writer))
         self._server._tasks.add(task)
         task.add_done_callback(self._served)
 

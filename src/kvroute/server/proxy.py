@@ -578,7 +578,7 @@ class Exchange:
                 # One timer per attempt (cheaper than asyncio.timeout on the hot path); on expiry
                 # the call fails with reason first_byte_timeout, handled like any failure.
                 self._deadline, self._extended = deadline, False
-                self._timer = asyncio.get_running_loop().call_later(deadline, self._first_byte_late)
+                self._timer = call.loop.call_later(deadline, self._first_byte_late)
             try:
                 head = await call.head
                 if head.event_stream and head.status < 500:
@@ -616,7 +616,7 @@ class Exchange:
             longer = self._last_chance()
             if longer is not None and longer > self._deadline:
                 later, self._deadline = longer - self._deadline, longer
-                self._timer = asyncio.get_running_loop().call_later(later, self._first_byte_late)
+                self._timer = asyncio.get_running_loop().call_later(later, self._first_byte_late)  # rare
                 return
         if self.call is not None:
             self.call.expire(self._deadline)
