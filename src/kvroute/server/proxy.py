@@ -304,6 +304,7 @@ class Exchange:
     no parameters but what changes between them."""
 
     __slots__ = (
+        "_answer_head",
         "_deadline",
         "_extended",
         "_max_event",
@@ -316,7 +317,6 @@ class Exchange:
         "_tail",
         "_timer",
         "_whole",
-        "answer_head",
         "attempts",
         "call",
         "decision",
@@ -376,7 +376,7 @@ class Exchange:
         # its first byte came and after how long, what is read and not yet written, an incomplete
         # event, the reads so far (their gaps are the stream's silences) and why it turned out
         # malformed.  A renamed plain answer is held whole (``_whole``) and answered with
-        # ``answer_head`` (status, headers, reason) once read, since renaming changes its length.
+        # ``_answer_head`` (status, headers, reason) once read, since renaming changes its length.
         self.sse = False
         self.usage: UsageSniffer | None = None
         self.first_at = 0.0
@@ -386,7 +386,7 @@ class Exchange:
         self._reads = 0
         self._problem: str | None = None
         self._whole: list[bytes] | None = None
-        self.answer_head: tuple[int, bytes, bytes] | None = None
+        self._answer_head: tuple[int, bytes, bytes] | None = None
         self._max_event = self._r.settings.max_event_bytes
 
     async def run(self) -> None:
@@ -683,7 +683,7 @@ class Exchange:
         if self.rename is not None and not sse:
             # Renaming changes a plain answer's length: it is sent whole, in one write, once read.
             self._whole = []
-            self.answer_head = (head.status, headers, head.reason)
+            self._answer_head = (head.status, headers, head.reason)
         else:
             # The head waits for the first bytes (a stream's first event is here already), so that
             # both leave in one write.
@@ -824,13 +824,13 @@ class Exchange:
         data = out[0] if len(out) == 1 else b"".join(out)
         out.clear()
         usage.feed(data)
-        if self._whole is not None and self.answer_head is not None:
+        if self._whole is not None and self._answer_head is not None:
             whole = b"".join(self._whole)
             if self.rename is not None:
                 whole = self.rename.document(whole)
             self._whole = None
             if not writer.started:  # else the shutdown cut has answered already
-                status, headers, reason = self.answer_head
+                status, headers, reason = self._answer_head
                 writer.respond(status, headers, whole, reason=reason)
             usage.feed(whole)
         if self._pending:
