@@ -24,6 +24,7 @@ import signal
 import subprocess
 import tempfile
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
@@ -39,10 +40,32 @@ def frame_name(frame: str) -> str:
     return f"{os.path.basename(path)}:{name}" if path else name
 
 
+# The router's parts, each a test on a sample's stack (innermost frame last); a sample counts for
+# the first part it matches.
+PARTS: list[tuple[str, Callable[[list[str]], bool]]] = [
+    ("writes to the client (system calls)", lambda f: f[-1] == "front.py:_FrontConnection.write"),
+    ("writes to the worker (system calls)", lambda f: f[-1] == "upstream.py:_Connection.start"),
+    ("decision log line", lambda f: any(n.endswith("._log") and n.startswith("proxy.py:") for n in f)),
+    ("saturation read (Dispatcher._observe)", lambda f: "dispatch.py:Dispatcher._observe" in f),
+    ("routing decision (Dispatcher.route)", lambda f: "dispatch.py:Dispatcher.route" in f),
+    ("dispatcher books (sent, finished, admit)",
+     lambda f: any(n in f for n in ("dispatch.py:Dispatcher.sent", "dispatch.py:Dispatcher.finished",
+                                    "dispatch.py:Dispatcher.admit"))),
+    ("request parsing (api/requests.py, orjson)", lambda f: "requests.py:parse_request" in f),
+    ("answer checks (answer_shape.py)", lambda f: any(n.startswith("answer_shape.py:") for n in f)),
+    ("listening side (front.py, reads and parsing)", lambda f: f[-1].startswith("front.py:")),
+    ("upstream connection (upstream.py)", lambda f: f[-1].startswith("upstream.py:")),
+    ("proxy (proxy.py)", lambda f: f[-1].startswith("proxy.py:")),
+    ("event loop (uvloop, not in a Python callback)", lambda f: f[-1] == "runners.py:Runner.run"),
+    ("everything else", lambda f: True),
+]
+
+
 def summarise(raw: str, top: int) -> str:
     """The ``top`` functions by self and by inclusive share of py-spy's collapsed stacks."""
     own: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
+    parts: Counter[str] = Counter()
     total = 0
     for line in raw.splitlines():
         stack, _, count = line.rpartition(" ")
@@ -52,11 +75,14 @@ def summarise(raw: str, top: int) -> str:
         total += n
         frames = [frame_name(f) for f in stack.split(";")]
         own[frames[-1]] += n
+        parts[next(name for name, test in PARTS if test(frames))] += n
         for name in set(frames):
             inclusive[name] += n
     if not total:
         return "no samples"
-    lines = [f"{total} samples", "", "| self % | function |", "|---:|---|"]
+    lines = [f"{total} samples", "", "| % | part |", "|---:|---|"]
+    lines += [f"| {100 * parts[name] / total:.1f} | {name} |" for name, _ in PARTS]
+    lines += ["", "| self % | function |", "|---:|---|"]
     lines += [f"| {100 * n / total:.1f} | `{name}` |" for name, n in own.most_common(top)]
     lines += ["", "| inclusive % | function |", "|---:|---|"]
     # The frames on every stack (the CLI, the event loop) say nothing.
@@ -146,10 +172,15 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--log-level", default="info", help="router log level (default info, as the benchmark)")
     p.add_argument("--top", type=int, default=25, help="functions listed per table (default 25)")
     p.add_argument("--raw", help="also write py-spy's collapsed stacks here")
+    p.add_argument("--summarise", metavar="RAW", help="only summarise collapsed stacks written by --raw")
     p.add_argument("--syscalls", type=int, default=0,
                    help="count the router's system calls (strace -c) over this many requests instead")
     return p.parse_args()
 
 
 if __name__ == "__main__":
-    asyncio.run(main(parse_args()))
+    arguments = parse_args()
+    if arguments.summarise:
+        print(summarise(Path(arguments.summarise).read_text(), arguments.top))
+    else:
+        asyncio.run(main(arguments))
