@@ -110,9 +110,14 @@ def raise_open_file_limit() -> int:
     if soft != resource.RLIM_INFINITY and soft < target:
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
         except (ValueError, OSError) as exc:
             log.warning("could not raise the open-file limit from %d to %d: %s", soft, target, exc)
+    return open_file_limit()
+
+
+def open_file_limit() -> int:
+    """This process's soft ``RLIMIT_NOFILE`` now (unlimited counts as 2**20)."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     return int(soft) if soft != resource.RLIM_INFINITY else 1 << 20
 
 
@@ -173,8 +178,7 @@ class FrontLimits:
         open-file limit now)."""
         s = settings if settings is not None else Settings()
         if open_files is None:
-            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-            open_files = int(soft) if soft != resource.RLIM_INFINITY else 1 << 20
+            open_files = open_file_limit()
         return cls(max_body_bytes=s.max_body_bytes, max_header_bytes=s.max_header_bytes,
                    max_headers=s.max_headers, header_timeout_s=s.header_timeout_s,
                    body_timeout_s=s.body_timeout_s, body_min_rate_bytes_s=s.body_min_rate_bytes_s,
