@@ -60,6 +60,7 @@ def relay_of(sink: _Sink) -> tuple[Callable[[bytes], None], Callable[[], None]]:
         stand_in = types.SimpleNamespace(router=router)
         exchange = proxy.Exchange(stand_in, None, sink, None, None, time.perf_counter())  # type: ignore[arg-type]
         exchange.sse, exchange.call, exchange.usage = True, sink, UsageSniffer(True)
+        exchange.flight = types.SimpleNamespace()  # what the dispatcher's first_byte is told
         return exchange._feed, exchange._flush
     args: list[Any] = [sink, True, UsageSniffer(True), time.perf_counter(), None, router]
     if "call" in inspect.signature(proxy._Relay.__init__).parameters:  # older checkouts have no call
