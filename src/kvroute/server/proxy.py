@@ -702,6 +702,7 @@ class Exchange:
         try:
             try:
                 await call.done
+                self._reads += 1  # the answer's end closes its last gap (read_gap_s)
                 problem = self._end_problem()
                 if problem is not None:
                     raise UpstreamError("malformed", problem)
