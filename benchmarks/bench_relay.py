@@ -1,4 +1,4 @@
-"""What relaying one event costs the proxy, in-process: ``_Relay.feed`` and ``flush`` (one event per
+"""What relaying one event costs the proxy, in-process: ``Exchange._feed`` and ``_flush`` (one event per
 read, as engines write them) with a writer that drops the bytes, for an OpenAI and an Anthropic
 event.  The best of several rounds, in microseconds per event.
 
@@ -16,6 +16,7 @@ import argparse
 import inspect
 import time
 import types
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -45,22 +46,35 @@ class _Sink:
     def observe(self, value: float) -> None:
         pass
 
+    completed = False  # as an upstream call: its answer is still arriving
+
     def fail(self, reason: str, detail: str) -> None:
         raise SystemExit(f"the relay rejected a well-formed event: {detail}")
 
 
-def per_event_us(event: bytes, events: int) -> float:
-    sink = _Sink()
+def relay_of(sink: _Sink) -> tuple[Callable[[bytes], None], Callable[[], None]]:
+    """The relay's per-chunk and per-read functions on a stream, over stand-ins."""
     router = types.SimpleNamespace(dispatch=sink, metrics=types.SimpleNamespace(ttfb=sink),
                                    settings=Settings())
+    if hasattr(proxy, "Exchange"):  # the request's life as one object
+        stand_in = types.SimpleNamespace(router=router)
+        exchange = proxy.Exchange(stand_in, None, sink, None, None, time.perf_counter())  # type: ignore[arg-type]
+        exchange.sse, exchange.call, exchange.usage = True, sink, UsageSniffer(True)
+        exchange.flight = types.SimpleNamespace()  # what the dispatcher's first_byte is told
+        return exchange._feed, exchange._flush
     args: list[Any] = [sink, True, UsageSniffer(True), time.perf_counter(), None, router]
     if "call" in inspect.signature(proxy._Relay.__init__).parameters:  # older checkouts have no call
         args.append(sink)
     relay = proxy._Relay(*args)
+    return relay.feed, relay.flush
+
+
+def per_event_us(event: bytes, events: int) -> float:
+    feed, flush = relay_of(_Sink())
     started = time.perf_counter()
     for _ in range(events):
-        relay.feed(event)
-        relay.flush()
+        feed(event)
+        flush()
     return (time.perf_counter() - started) / events * 1e6
 
 

@@ -185,7 +185,7 @@ def make_app() -> Callable[..., Any]:
                 state["handle"] = front_handler(router, Proxy(router), Origin.from_url("unix:/nonexistent"))
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
-                state["router"].closing = True
+                state["router"].shut_down()
                 await state["runner"].cleanup()
                 await send({"type": "lifespan.shutdown.complete"})
                 return

@@ -29,7 +29,8 @@ class EchoEngine:
     """``mode``: ok | error (500 before any byte) | hang (never answers) | stall (a stream's head,
     then nothing) | drop (cuts the stream after the first event, or a plain body halfway) |
     garbage (a stream written in one piece with a line of garbage after its first event; a plain
-    body that is not JSON) | late_body (a plain answer's head at once, its body ``delay_s`` later) |
+    body that is not JSON) | whole (a stream's events and its end written at once) | late_body (a
+    plain answer's head at once, its body ``delay_s`` later) |
     unhealthy (/health 503).  ``events`` and
     ``delay_s`` shape streams; ``reply`` is a plain answer's text; ``headers`` are added to every
     plain answer.  ``api_key``: like vLLM's ``--api-key``, /v1/* answers 401 without
@@ -218,6 +219,10 @@ class EchoEngine:
             first, *rest = self._events(request.path)
             await resp.write(first + b"\x00 not an event\n\n" + b"".join(rest))
             await resp.write_eof()
+            return resp
+        if self.mode == "whole":
+            self.served += 1
+            await resp.write_eof(b"".join(self._events(request.path)))  # the events and the end, one write
             return resp
         for i, event in enumerate(self._events(request.path)):
             if self.mode == "drop" and i == 1:

@@ -193,7 +193,7 @@ async def test_shutdown_answers_queued_requests_at_once(one_slot, http):
 
     waiting = asyncio.create_task(queued())
     await until(lambda: r.router.dispatch.flow.depth().get(MODEL, (0, 0))[0] == 1)
-    r.router.closing = True
+    r.router.shut_down()
     status, retry = await asyncio.wait_for(waiting, 5.0)
     assert status == 429 and retry is not None
     assert r.router.dispatch.flow.shed[(MODEL, "shutdown", "normal")] == 1

@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from kvroute.prometheus_text import parse_exposition
 from kvroute_dev.raw_http import HEALTH, Conversation, connect, exchange, post, read
 
 CHAT = orjson.dumps({"model": "echo", "messages": [{"role": "user", "content": "hi"}]})
@@ -39,6 +40,15 @@ def _message(body: bytes) -> str:
     else:
         assert set(error) == {"message", "type", "param", "code"}
     return str(error["message"])
+
+
+async def front_counters(url: str) -> dict[tuple[str, str], float]:
+    """The listening side's counters as /metrics shows them: (name, reason) -> value."""
+    conv = await exchange(url, b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n", count=1)
+    assert conv.statuses == [200]
+    names = ["kvroute_front_evictions_total", "kvroute_front_body_timeouts_total"]
+    return {(s.name, s.labels["reason"]): s.value
+            for s in parse_exposition(conv.answers[0].body.decode(), names)}
 
 
 async def _send_slowly(writer: asyncio.StreamWriter, first: bytes, block: bytes, blocks: int) -> None:
@@ -171,6 +181,10 @@ async def test_a_body_must_arrive_within_its_deadline_and_at_the_minimum_rate(ec
     assert conv.statuses == [408] and conv.closed
     assert "body did not arrive within 1.2 s" in _message(conv.answers[0].body)
     assert r.front.timed_out == 2 and engine.seen == []
+    counters = await front_counters(r.url)
+    assert counters[("kvroute_front_body_timeouts_total", "min_rate")] == 1
+    assert counters[("kvroute_front_body_timeouts_total", "total")] == 1
+    assert sum(n for (name, _), n in counters.items() if name == "kvroute_front_evictions_total") == 0
     conv = await exchange(r.url, post(b"/v1/chat/completions", CHAT), count=1)
     assert conv.statuses == [200]
 
@@ -216,6 +230,11 @@ async def test_slow_bodies_at_the_cap_lock_nobody_out(echo_engines, router):
     assert set(outcomes) <= {"[408]", "still dripping"}, outcomes
     assert 10 <= outcomes["[408]"] <= r.front.evicted
     assert r.front.refused == 0
+    # /metrics counts them by what they were doing: each dripper was sending its body.
+    counters = await front_counters(r.url)
+    assert counters[("kvroute_front_evictions_total", "slow_body")] >= outcomes["[408]"]
+    assert counters[("kvroute_front_evictions_total", "slow_body")] == r.front.evictions["slow_body"]
+    assert counters[("kvroute_front_body_timeouts_total", "min_rate")] == 0  # evicted, not timed out
 
 
 def _burst(url: str, count: int) -> list[str]:

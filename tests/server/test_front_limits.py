@@ -5,13 +5,14 @@ bounded close, and the router keeps serving."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import orjson
 
 from kvroute.api.requests import MAX_JSON_DEPTH
 from kvroute.router_settings import Settings
 from kvroute.server.app import observer_denied
-from kvroute.server.front import FrontRequest, FrontServer, ResponseWriter
+from kvroute.server.front import FrontLimits, FrontRequest, FrontServer, ResponseWriter, connections_allowed
 from kvroute_dev.raw_http import HEALTH, connect, exchange, post, read
 
 CHAT = orjson.dumps({"model": "echo", "messages": [{"role": "user", "content": "hi"}]})
@@ -115,6 +116,17 @@ async def test_at_the_connection_cap_idle_connections_make_room(echo_engines, ro
     assert conv.statuses == [200]
     assert r.front.evicted >= 1
     assert (await read(idle[0][0])).closed
+    # They had sent nothing since connecting: evicted as "new"; one idle after an answer is "idle".
+    assert r.front.evictions["new"] == r.front.evicted
+    kept = await connect(r.url)
+    kept[1].write(HEALTH)
+    assert (await read(kept[0], count=1)).statuses == [200]
+    crowd = [await connect(r.url) for _ in range(4)]
+    await asyncio.sleep(0.1)
+    assert r.front.evictions["idle"] >= 1
+    assert (await read(kept[0])).closed
+    for _, w in [kept, *crowd]:
+        w.close()
     for _, w in idle:
         w.close()
     await asyncio.sleep(0.1)
@@ -319,3 +331,21 @@ async def test_a_repeated_single_header_on_a_fleet_endpoint_is_a_clean_400(echo_
     assert conv.statuses == [400]
     assert "content-type header appears more than once" in str(_openai_error(conv.answers[0].body)["message"])
     assert "Traceback" not in caplog.text
+
+
+def test_the_listening_limits_take_their_defaults_from_the_settings():
+    limits = FrontLimits.from_settings(open_files=4096)
+    defaults = Settings()
+    for field in dataclasses.fields(FrontLimits):
+        if field.name != "max_connections":
+            assert getattr(limits, field.name) == getattr(defaults, field.name), field.name
+    # max_connections = 0 (the default) derives the cap from the open-file limit, as serve does.
+    assert defaults.max_connections == 0 and limits.max_connections == connections_allowed(4096)
+    s = Settings.from_dict({"max_connections": 300, "body_timeout_s": 5})
+    assert FrontLimits.from_settings(s).max_connections == 300
+    assert FrontLimits.from_settings(s).body_timeout_s == 5
+    assert FrontServer(_never_called).limits == FrontLimits.from_settings()
+
+
+async def _never_called(request: FrontRequest, writer: ResponseWriter) -> None:
+    raise AssertionError("no request is served")

@@ -50,6 +50,7 @@ from kvroute.server.context import ROUTER, Router, RouteSync
 from kvroute.server.discovery import DiscoveryWatch
 from kvroute.server.engine_tokens import EngineTokens
 from kvroute.server.front import (
+    Cut,
     FrontLimits,
     FrontRequest,
     FrontServer,
@@ -57,11 +58,10 @@ from kvroute.server.front import (
     RateLimitedLog,
     ResponseWriter,
     ShutdownReport,
-    connections_allowed,
     raise_open_file_limit,
     style_of_path,
 )
-from kvroute.server.metrics import FamiliesCollector, RouterMetrics
+from kvroute.server.metrics import FamiliesCollector, RouterMetrics, front_families
 from kvroute.server.model_names import AnswerRename
 from kvroute.server.proxy import JSON_HEADERS, Proxy, header_lines, stream_error_event
 from kvroute.server.routes import HTTP_ROUTES
@@ -276,7 +276,7 @@ def internal_error_reporter(router: Router) -> Callable[[str], None]:
     return report
 
 
-def shutdown_cutter(writer: ResponseWriter) -> str:
+def shutdown_cutter(writer: ResponseWriter) -> Cut:
     """Ends a response still running when the shutdown timeout expires: a request not yet
     answered gets 503, an event stream an error event in its API's format; a plain body already
     under way cannot carry an error, so its connection is closed.  Returns what it did."""
@@ -284,14 +284,14 @@ def shutdown_cutter(writer: ResponseWriter) -> str:
     if writer.unsent:
         _error(writer, route.style if route is not None else "openai", 503,
                "the router shut down before this request was answered", retry_after=True)
-        return "answered 503"
+        return Cut.ANSWERED_503
     if writer.sse and route is not None:
         writer.write(stream_error_event(route, "the router shut down before the response was complete; "
                                                "it is incomplete", 503))
         writer.end()
-        return "stream ended with an error event"
+        return Cut.STREAM_ENDED
     writer.abort()
-    return "truncated (a plain body under way cannot carry an error)"
+    return Cut.TRUNCATED
 
 
 # Headers aiohttp refuses to see twice (400, and a traceback in its log); host and content-length
@@ -478,7 +478,7 @@ async def _startup(app: web.Application) -> None:
 
 async def _shutdown(app: web.Application) -> None:
     # Runs after the listening sockets closed and before in-flight requests are awaited.
-    app[ROUTER].closing = True
+    app[ROUTER].shut_down()
 
 
 async def _cleanup(app: web.Application) -> None:
@@ -607,7 +607,7 @@ class RunningRouter:
         ``shutdown_timeout_s``), end what is left cleanly (``FrontServer.close``), then stop
         probing and close upstream connections.  Returns what had to be cut."""
         router = self.app[ROUTER]
-        router.closing = True
+        router.shut_down()
         report = await self.front.close(router.settings.shutdown_timeout_s)
         with contextlib.suppress(RuntimeError):  # closing twice is harmless
             await self.runner.cleanup()
@@ -639,16 +639,11 @@ async def start_router(settings: Settings, *, host: str = "127.0.0.1", port: int
     socket_path = os.path.join(app_dir.name, "app.sock")
     router = app[ROUTER]
     open_files = raise_open_file_limit()
-    limits = FrontLimits(
-        max_body_bytes=settings.max_body_bytes, max_header_bytes=settings.max_header_bytes,
-        max_headers=settings.max_headers, header_timeout_s=settings.header_timeout_s,
-        body_timeout_s=settings.body_timeout_s, body_min_rate_bytes_s=settings.body_min_rate_bytes_s,
-        body_min_rate_grace_s=settings.body_min_rate_grace_s,
-        keepalive_timeout_s=settings.keepalive_timeout_s,
-        max_connections=settings.max_connections or connections_allowed(open_files))
+    limits = FrontLimits.from_settings(settings, open_files)
     internal = internal_error_reporter(router)
     handler = front_handler(router, Proxy(router), Origin.from_url("unix:" + socket_path), internal)
     front = FrontServer(handler, limits=limits, cutter=shutdown_cutter, internal_error=internal)
+    router.metrics.prometheus.register(FamiliesCollector(front_families(front)))
     try:
         await web.UnixSite(runner, socket_path).start()
         bound_port = await front.start(host, port, reuse_port=reuse_port)

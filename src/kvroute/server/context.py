@@ -73,15 +73,15 @@ class Router:
 
     @property
     def closing(self) -> bool:
-        """The router is shutting down.  Setting it sheds every request waiting at flow control's
-        gate at once (each gets the API's overload answer), since no replica will free up for it."""
+        """The router is shutting down (``shut_down``): inference requests get 503, ``/ready`` too."""
         return self._closing
 
-    @closing.setter
-    def closing(self, value: bool) -> None:
-        self._closing = value
-        if value:
-            self.dispatch.shed_all()
+    def shut_down(self) -> None:
+        """Begin the shutdown: new inference requests are refused from now on, and every request
+        waiting at flow control's gate is shed at once (each gets the API's overload answer),
+        since no replica will free up for it.  Requests already routed finish."""
+        self._closing = True
+        self.dispatch.shed_all()
 
     @property
     def scheduler(self) -> Scheduler:

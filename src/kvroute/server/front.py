@@ -22,6 +22,7 @@ import array
 import asyncio
 import contextlib
 import dataclasses
+import enum
 import fcntl
 import ipaddress
 import logging
@@ -40,6 +41,7 @@ from urllib.parse import unquote
 import httptools
 
 from kvroute.api.errors import ApiStyle, error_body
+from kvroute.router_settings import Settings
 
 if TYPE_CHECKING:
     from kvroute.server.routes import Route
@@ -64,6 +66,12 @@ _FRAMING = frozenset((b"content-length", b"expect", b"upgrade", b"transfer-encod
 _LINGER_S = 2.0
 # Connections lingering at once; more are closed at once.
 _MAX_LINGERING = 256
+# Why a connection was closed to make room at the cap: idle after a request, new (nothing sent
+# since it connected), its request's head or body still arriving (answered 408).
+EVICTION_REASONS = ("idle", "new", "slow_head", "slow_body")
+# Why a body was answered 408: it took longer than body_timeout_s in all, or fell behind
+# body_min_rate_bytes_s after the grace.
+BODY_TIMEOUT_REASONS = ("total", "min_rate")
 # A chunk in progress may have consumed its size line (at most 16 hex digits) and CRLF before its
 # data is complete; framing beyond what each chunk needs counts as extensions or trailers.
 _CHUNK_SLACK = 20
@@ -102,9 +110,14 @@ def raise_open_file_limit() -> int:
     if soft != resource.RLIM_INFINITY and soft < target:
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
         except (ValueError, OSError) as exc:
             log.warning("could not raise the open-file limit from %d to %d: %s", soft, target, exc)
+    return open_file_limit()
+
+
+def open_file_limit() -> int:
+    """This process's soft ``RLIMIT_NOFILE`` now (unlimited counts as 2**20)."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     return int(soft) if soft != resource.RLIM_INFINITY else 1 << 20
 
 
@@ -140,22 +153,37 @@ class RateLimitedLog:
 
 @dataclass(frozen=True, slots=True)
 class FrontLimits:
-    """What the listening side accepts from a client (settings of the same names, see
-    docs/server.md).  ``max_connections``: open client connections; at the cap the oldest idle
-    connection is closed for a new one, else the request arriving slowest is answered 408 and
-    closed, and when every connection is serving the new one gets 503.  ``body_timeout_s`` is the
-    time a whole body may take; after ``body_min_rate_grace_s`` it must also keep arriving at
-    ``body_min_rate_bytes_s`` on average (0: no minimum rate)."""
+    """What the listening side accepts from a client: the settings of the same names (see
+    docs/server.md), which hold their defaults (``from_settings``).  ``max_connections``: open
+    client connections; at the cap the oldest idle connection is closed for a new one, else the
+    request arriving slowest is answered 408 and closed, and when every connection is serving the
+    new one gets 503.  ``body_timeout_s`` is the time a whole body may take; after
+    ``body_min_rate_grace_s`` it must also keep arriving at ``body_min_rate_bytes_s`` on average
+    (0: no minimum rate)."""
 
-    max_body_bytes: int = 32 * 1024 * 1024
-    max_header_bytes: int = 64 * 1024
-    max_headers: int = 128
-    header_timeout_s: float = 10.0
-    body_timeout_s: float = 60.0
-    body_min_rate_bytes_s: float = 1024.0
-    body_min_rate_grace_s: float = 10.0
-    keepalive_timeout_s: float = 60.0
-    max_connections: int = 1024
+    max_body_bytes: int
+    max_header_bytes: int
+    max_headers: int
+    header_timeout_s: float
+    body_timeout_s: float
+    body_min_rate_bytes_s: float
+    body_min_rate_grace_s: float
+    keepalive_timeout_s: float
+    max_connections: int
+
+    @classmethod
+    def from_settings(cls, settings: Settings | None = None, open_files: int | None = None) -> FrontLimits:
+        """The limits ``settings`` give (the defaults: ``Settings()``).  ``max_connections = 0``
+        derives the cap from ``open_files`` (``connections_allowed``; by default this process's
+        open-file limit now)."""
+        s = settings if settings is not None else Settings()
+        if open_files is None:
+            open_files = open_file_limit()
+        return cls(max_body_bytes=s.max_body_bytes, max_header_bytes=s.max_header_bytes,
+                   max_headers=s.max_headers, header_timeout_s=s.header_timeout_s,
+                   body_timeout_s=s.body_timeout_s, body_min_rate_bytes_s=s.body_min_rate_bytes_s,
+                   body_min_rate_grace_s=s.body_min_rate_grace_s, keepalive_timeout_s=s.keepalive_timeout_s,
+                   max_connections=s.max_connections or connections_allowed(open_files))
 
 
 @dataclass(slots=True)
@@ -176,6 +204,15 @@ class FrontRequest:
     reject: tuple[int, str] | None = field(default=None)
 
 
+class Cut(enum.Enum):
+    """How the shutdown ended a response still running when its timeout expired (what a
+    ``Cutter`` did); the value is how the log says it."""
+
+    ANSWERED_503 = "answered 503"  # nothing had been sent: the API's 503 instead
+    STREAM_ENDED = "stream ended with an error event"  # in the route's API format
+    TRUNCATED = "truncated (a plain body under way cannot carry an error)"  # the connection closed
+
+
 @dataclass(slots=True)
 class ShutdownReport:
     """What ``FrontServer.close`` had to cut when its timeout expired."""
@@ -189,6 +226,16 @@ class ShutdownReport:
     def cut(self) -> int:
         """Requests that did not complete normally."""
         return self.streams_ended + self.answered_503 + self.truncated
+
+    def add(self, how: Cut, path: str, *, queued: bool = False) -> None:
+        """Count one response cut ``how`` (``queued``: a request waiting behind the one served)."""
+        if how is Cut.ANSWERED_503:
+            self.answered_503 += 1
+        elif how is Cut.STREAM_ENDED:
+            self.streams_ended += 1
+        else:
+            self.truncated += 1
+        self.details.append(f"{how.value}{' (queued)' if queued else ''}: {path}")
 
 
 class ResponseWriter:
@@ -284,13 +331,15 @@ class ResponseWriter:
                 data, self._held = self._held + data, b""
             self._conn.write(data)
 
-    def end(self) -> None:
-        """The streamed body is complete."""
+    def end(self, data: bytes = b"") -> None:
+        """The streamed body is complete; ``data``: its last bytes, sent in the same write as the
+        end (and a head still held back)."""
         if not self.finished:
             self.finished = True
-            tail = b"0\r\n\r\n" if self._chunked else b""
-            if self._held or tail:
-                data, self._held = self._held + tail, b""
+            if self._chunked:
+                data = (b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data)) if data else b"0\r\n\r\n"
+            if self._held or data:
+                data, self._held = self._held + data, b""
                 self._conn.write(data)
 
     def abort(self) -> None:
@@ -309,8 +358,8 @@ class ResponseWriter:
 
 
 Handler = Callable[[FrontRequest, ResponseWriter], Awaitable[None]]
-# Ends a response still running when the shutdown timeout expires; says how (for the log).
-Cutter = Callable[[ResponseWriter], str]
+# Ends a response still running when the shutdown timeout expires; says how.
+Cutter = Callable[[ResponseWriter], Cut]
 
 
 class _LimitBroken(Exception):
@@ -332,6 +381,8 @@ class _FrontConnection(asyncio.Protocol):
         self._limits = server.limits
         self._parser = httptools.HttpRequestParser(self)
         self._transport: asyncio.Transport | None = None
+        # Asked once per connection, not per request: on Python 3.11 it costs a system call (getpid).
+        self._loop = asyncio.get_running_loop()
         self._queue: deque[FrontRequest] = deque()
         self._task: asyncio.Task[None] | None = None
         self._writer: ResponseWriter | None = None
@@ -797,18 +848,20 @@ class _FrontConnection(asyncio.Protocol):
             return self._body_start + self._rate_grace + self._size / self._min_rate
         return self._body_start + self._body_timeout
 
-    def evict(self) -> None:
+    def evict(self) -> str:
         """Close this connection to make room at the cap; a client whose request is still arriving
-        is told (408) why."""
+        is told (408) why.  Returns what it was doing (``EVICTION_REASONS``)."""
         if self._phase == _BETWEEN:
             self.close()
-            return
+            return "new"
+        reason = "slow_head" if self._phase == _HEAD else "slow_body"
         what = "headers" if self._phase == _HEAD else f"body ({self._size} bytes so far)"
         started = self._body_start if self._phase == _BODY and self._body_start else None
         since = f" after {time.monotonic() - started:.1f} s" if started is not None else ""
         self._fail(408, f"the request's {what} was still arriving{since} when the router needed its "
                         f"connection for another client ({self._limits.max_connections} open "
                         "connections); send it faster or retry", count=False)
+        return reason
 
     def _enqueue(self, request: FrontRequest) -> None:
         self._queue.append(request)
@@ -857,8 +910,10 @@ class _FrontConnection(asyncio.Protocol):
             return
         elapsed = now - self._body_start
         if elapsed >= self._body_timeout:
+            self._server.body_timeouts["total"] += 1
             self._fail(408, f"the request's body did not arrive within {self._body_timeout:g} s")
         else:
+            self._server.body_timeouts["min_rate"] += 1
             self._fail(408, f"the request's body arrived slower than {self._min_rate:g} bytes/s "
                             f"({self._size} bytes in {elapsed:.1f} s)")
 
@@ -890,7 +945,7 @@ class _FrontConnection(asyncio.Protocol):
         # While shutting down, the last request received is answered with connection: close.
         keep_alive = request.keep_alive and not (self._server.closing and not self._queue)
         self._writer = writer = ResponseWriter(self, keep_alive)
-        self._task = task = asyncio.get_running_loop().create_task(self._serve(request, writer))
+        self._task = task = self._loop.create_task(self._serve(request, writer))
         self._server._tasks.add(task)
         task.add_done_callback(self._served)
 
@@ -946,23 +1001,18 @@ class _FrontConnection(asyncio.Protocol):
             if writer.unsent:
                 writer.restart()
                 writer.keep_alive = writer.keep_alive and bool(queued)
-            how = cutter(writer) if cutter is not None else "cut"
-            if how.startswith("answered 503"):
-                report.answered_503 += 1
-            elif how.startswith("stream ended"):
-                report.streams_ended += 1
-            else:
-                report.truncated += 1
+            # Without a cutter nothing ends the response: closing the connection truncates it.
+            how = cutter(writer) if cutter is not None else Cut.TRUNCATED
+            report.add(how, writer.route.path if writer.route else "request")
+            if how is Cut.TRUNCATED:
                 queued = []  # the connection is gone with the truncated body
-            report.details.append(f"{how}: {writer.route.path if writer.route else 'request'}")
         if not self.lost:
             for i, request in enumerate(queued):
                 answer = ResponseWriter(self, keep_alive=i < len(queued) - 1)
                 self.http_minor = request.http_minor
                 error_response(answer, style_of_path(request.path), 503,
                                "the router shut down before this request was served", retry_after=True)
-                report.answered_503 += 1
-                report.details.append(f"answered 503 (queued): {request.path}")
+                report.add(Cut.ANSWERED_503, request.path, queued=True)
         self._dead = True
         self.close()
 
@@ -976,7 +1026,7 @@ class FrontServer:
                  max_body_bytes: int | None = None, cutter: Cutter | None = None,
                  internal_error: Callable[[str], None] | None = None) -> None:
         self.handler = handler
-        limits = limits or FrontLimits()
+        limits = limits or FrontLimits.from_settings()
         if max_body_bytes is not None:
             limits = dataclasses.replace(limits, max_body_bytes=max_body_bytes)
         self.limits = limits
@@ -985,9 +1035,13 @@ class FrontServer:
         self._errors = RateLimitedLog(log)
         self.internal_error: Callable[[str], None] = internal_error or self._errors.error
         self.closing = False
-        # Counters for tests and benchmarks: connections refused at the cap, idle ones closed to
-        # make room, requests rejected by the parser or a limit, requests timed out.
-        self.refused = self.evicted = self.rejected = self.timed_out = 0
+        # Counters for tests and benchmarks: connections refused at the cap, requests rejected by
+        # the parser or a limit, requests timed out.
+        self.refused = self.rejected = self.timed_out = 0
+        # Connections closed to make room at the cap, by what they were doing, and bodies answered
+        # 408 for arriving too slowly, by the bound they broke (/metrics: kvroute_front_*).
+        self.evictions = dict.fromkeys(EVICTION_REASONS, 0)
+        self.body_timeouts = dict.fromkeys(BODY_TIMEOUT_REASONS, 0)
         # Connections closing after an error answer (see _FrontConnection.linger).
         self.lingering = 0
         self._server: asyncio.Server | None = None
@@ -1000,6 +1054,11 @@ class FrontServer:
     def connection_count(self) -> int:
         """Client connections open now."""
         return len(self._connections)
+
+    @property
+    def evicted(self) -> int:
+        """Connections closed to make room at the cap, all reasons."""
+        return sum(self.evictions.values())
 
     def _make_room(self) -> bool:
         """Close a connection to make room for a new one: the oldest one idle after a request (not
@@ -1019,7 +1078,7 @@ class FrontServer:
                 if conn.unread():
                     continue
                 del self._connections[conn]
-                self.evicted += 1
+                self.evictions["idle"] += 1
                 conn.close()
                 return True
             if conn.arriving and conn.lag <= lag:
@@ -1027,8 +1086,7 @@ class FrontServer:
         if slowest is None:
             return False
         del self._connections[slowest]
-        self.evicted += 1
-        slowest.evict()
+        self.evictions[slowest.evict()] += 1
         return True
 
     async def start(self, host: str, port: int, *, reuse_port: bool = False) -> int:

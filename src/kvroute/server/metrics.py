@@ -20,6 +20,7 @@ from kvroute.fleet.breaker import STATE_VALUE
 from kvroute.fleet.metric_names import ROUTER_WORKER_PREFIX_HITS, ROUTER_WORKER_PREFIX_QUERIES
 from kvroute.fleet.registry import Registry
 from kvroute.routing.flow import TENANT_LABELS
+from kvroute.server.front import FrontServer
 
 TTFB_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
                 120.0)
@@ -277,6 +278,30 @@ def merge_expositions(parts: Sequence[tuple[str, str]]) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Fixed(out))
     return generate_latest(registry)
+
+
+def front_families(front: FrontServer) -> Callable[[], Iterator[Metric]]:
+    """The listening side's counters (server/front.py), read at scrape time: connections closed to
+    make room at the connection cap, and request bodies answered 408 for arriving too slowly."""
+
+    def families() -> Iterator[Metric]:
+        evictions = CounterMetricFamily(
+            "kvroute_front_evictions",
+            "Client connections closed to make room at max_connections, by what they were doing: idle "
+            "(after a request), new (nothing sent yet), slow_head or slow_body (a request still "
+            "arriving, answered 408)", labels=["reason"])
+        for reason, n in front.evictions.items():
+            evictions.add_metric([reason], n)
+        timeouts = CounterMetricFamily(
+            "kvroute_front_body_timeouts",
+            "Request bodies answered 408 for arriving too slowly, by the bound broken: total "
+            "(body_timeout_s) or min_rate (body_min_rate_bytes_s after body_min_rate_grace_s)",
+            labels=["reason"])
+        for reason, n in front.body_timeouts.items():
+            timeouts.add_metric([reason], n)
+        yield from (evictions, timeouts)
+
+    return families
 
 
 class FamiliesCollector(Collector):

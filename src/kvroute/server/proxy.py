@@ -11,19 +11,23 @@ than the stream idle deadline ends the stream with an error event in the route's
 client that goes away closes the upstream connection, which is how an engine learns to abort the
 request.  A worker's breaker hears of every attempt: a failure when it fails, a success only
 when its answer ended well.
+
+Each request's life is one ``Exchange`` (docs/design.md, "A request in the proxy"): its
+attempts, the answer being relayed, the usage read from it and its first-byte timer are its
+attributes, and its steps are its methods, in the order a request goes through them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvroute.api.errors import error_body
+from kvroute.fleet.registry import WorkerRecord
 from kvroute.router_settings import Settings
 from kvroute.routing.decision import Decision
 from kvroute.routing.dispatch import InFlight
@@ -74,34 +78,6 @@ class _HeldAnswer:
     headers: bytes
     body: bytes
 
-
-class _FirstByteTimer:
-    """An attempt's first-byte deadline.  When it expires with somewhere else to go, the call fails
-    (``first_byte_timeout``) and the request is retried there; when this attempt is the last chance,
-    ``last_chance()`` gives the longer deadline it gets instead (``first_byte_ceiling_s``): a
-    deadline exists to move a slow request, and with nowhere to move it, cutting it would only turn
-    a slow answer (a long prefill on a loaded replica) into a 502."""
-
-    __slots__ = ("_call", "_deadline", "_handle", "_last_chance")
-
-    def __init__(self, call: Call, deadline: float, last_chance: Callable[[], float | None]) -> None:
-        self._call = call
-        self._deadline = deadline
-        self._last_chance: Callable[[], float | None] | None = last_chance
-        self._handle = asyncio.get_running_loop().call_later(deadline, self._expired)
-
-    def _expired(self) -> None:
-        longer = self._last_chance() if self._last_chance is not None else None
-        self._last_chance = None  # extended once at most
-        if longer is not None and longer > self._deadline:
-            later, self._deadline = longer - self._deadline, longer
-            self._handle = asyncio.get_running_loop().call_later(later, self._expired)
-            return
-        self._call.expire(self._deadline)
-
-    def cancel(self) -> None:
-        """The first byte came, or the attempt ended otherwise."""
-        self._handle.cancel()
 
 
 def first_byte_deadline(settings: Settings, predicted_ttft_s: float, key: RoutingKey) -> float | None:
@@ -192,7 +168,7 @@ class _Opening:
     that is not the API's can still be replaced: a stream's first whole event, a plain body whole
     (or its first ``limit`` bytes)."""
 
-    __slots__ = ("_limit", "_ready", "_sse", "_tail", "doc", "enough", "parts", "size")
+    __slots__ = ("_limit", "_ready", "_sse", "_tail", "checked", "doc", "enough", "parts", "size")
 
     def __init__(self, sse: bool, limit: int) -> None:
         self._sse = sse
@@ -203,6 +179,7 @@ class _Opening:
         self.enough = False  # a whole event (a stream), or more than the limit, has been read
         self._ready: asyncio.Future[None] | None = None  # only made when it has to be waited for
         self.doc: object = None  # a plain body, parsed
+        self.checked = 0  # a stream: the bytes of whole events ``problem`` found well-formed
 
     @classmethod
     async def read(cls, call: Call, sse: bool, limit: int) -> _Opening:
@@ -263,157 +240,40 @@ class _Opening:
                 if not data.strip():
                     return "an event stream that ended without an event"
                 end, data = len(data) + 2, data.rstrip(b"\r\n") + b"\n\n"  # a last event, unterminated
+            else:
+                self.checked = end
             events = data[:end]
-            return sse_problem(events, self._limit) or first_event_problem(route, events)
+            problem = sse_problem(events, self._limit) or first_event_problem(route, events)
+            if problem is not None:
+                self.checked = 0
+            return problem
         if whole:
             self.doc, problem = body_answer(route, data)
             return problem
         return body_start_problem(route, data)
 
 
-class _Relay:
-    """Receives the worker's body chunk by chunk and passes it on: for a stream only whole events,
-    each checked for its framing (a malformed one fails the call), so that an error event can
-    follow cleanly; chunks read together leave in one write."""
-
-    __slots__ = (
-        "_call",
-        "_dispatch",
-        "_flight",
-        "_max_event",
-        "_metrics",
-        "_out",
-        "_rename",
-        "_respond",
-        "_sse",
-        "_started",
-        "_usage",
-        "_whole",
-        "_writer",
-        "first_at",
-        "pending",
-        "problem",
-        "reads",
-        "ttfb",
-    )
-
-    def __init__(self, writer: ResponseWriter, sse: bool, usage: UsageSniffer, started: float,
-                 flight: InFlight, router: Router, call: Call, rename: AnswerRename | None = None,
-                 respond: Callable[[bytes], None] | None = None) -> None:
-        self._writer = writer
-        self._sse = sse
-        self._usage = usage
-        self._started = started
-        self._flight = flight
-        self._dispatch = router.dispatch
-        self._metrics = router.metrics
-        self._rename = rename
-        self._max_event = router.settings.max_event_bytes
-        self._call = call
-        self._out: list[bytes] = []
-        # ``respond``: the answer is held whole, then answered with it (a renamed plain answer).
-        self._respond = respond
-        self._whole: list[bytes] | None = [] if respond is not None else None
-        self.pending = b""
-        self.ttfb: float | None = None
-        self.first_at = 0.0
-        self.reads = 0  # batches of chunks read together: the gaps between them are the silences
-        self.problem: str | None = None  # why the answer turned out malformed
-
-    def feed(self, chunk: bytes) -> None:
-        if self.problem is not None:
-            return
-        if self.ttfb is None:
-            self._dispatch.first_byte(self._flight)
-            self.first_at = time.perf_counter()
-            self.ttfb = self.first_at - self._started
-            self._metrics.ttfb.observe(self.ttfb)
-        if self._sse:
-            data = self.pending + chunk if self.pending else chunk
-            end = len(data) if data.endswith(b"\n\n") else _event_end(data)
-            if end == 0:
-                self.pending = data
-                if len(data) > self._max_event:
-                    self._reject(f"an event of more than {self._max_event} bytes (max_event_bytes)")
-                return
-            chunk = data[:end] if end < len(data) else data
-            problem = sse_problem(chunk, self._max_event)
-            if problem is not None:
-                self._reject(problem)
-                return
-            self.pending = data[end:]
-            if self._rename is not None:
-                chunk = self._rename.events(chunk)
-        elif self._whole is not None:
-            self._whole.append(chunk)
-            return
-        self._out.append(chunk)
-
-    def _reject(self, problem: str) -> None:
-        """A malformed event: nothing more of this answer goes out (the events before it do)."""
-        self.problem = problem
-        self.pending = b""
-        self._call.fail("malformed", problem)  # a no-op if the whole answer is already here
-
-    def end_problem(self) -> str | None:
-        """When the answer has ended: why it was malformed (a bad event, or the incomplete event
-        a stream ended with), or None."""
-        tail = self.pending.rstrip(b"\r\n")
-        if self.problem is None and self._sse and tail:
-            self.problem = sse_problem(tail + b"\n\n", self._max_event)
-        return self.problem
-
-    def flush(self) -> None:
-        self.reads += 1
-        out = self._out
-        if out:
-            data = out[0] if len(out) == 1 else b"".join(out)
-            out.clear()
-            self._writer.write(data)
-            self._usage.feed(data)
-
-    def finish(self) -> None:
-        """The worker's answer is complete: send what is still held (a renamed plain answer, the
-        rest of a stream)."""
-        self.flush()
-        if self._whole is not None and self._respond is not None:
-            data = b"".join(self._whole)
-            if self._rename is not None:
-                data = self._rename.document(data)
-            self._whole = None
-            if not self._writer.started:  # else the shutdown cut has answered already
-                self._respond(data)
-            self._usage.feed(data)
-        if self.pending:
-            rest = self.pending
-            self._writer.write(self._rename.events(rest) if self._rename is not None else rest)
-
-    def read_gap_s(self) -> float | None:
-        """The stream's mean time between two reads so far (None: too few reads to say)."""
-        if self.reads < 3:
-            return None
-        return (time.perf_counter() - self.first_at) / (self.reads - 1)
-
-
 class Proxy:
-    """Sends requests to workers chosen by the scheduler and relays their answers.
+    """Sends requests to workers chosen by the scheduler and relays their answers; each request's
+    life is an ``Exchange``.
 
     What a worker receives is the client's request but for its hop-by-hop headers; with keys of
     the router's own (``api_keys``) the client's key is not passed on, with ``worker_api_key`` the
     worker gets that one instead, and with tracing the trace context names the router's attempt."""
 
     def __init__(self, router: Router) -> None:
-        self._r = router
-        self._unknown_models = UnknownModelLog(log)
+        self.router = router
+        self.unknown_models = UnknownModelLog(log)
         settings = router.settings
         skip = HOP_BY_HOP
         if settings.api_keys or settings.worker_api_key:
             skip |= CLIENT_KEY_HEADERS
         if router.trails is not None and router.trails.tracing is not None:
             skip |= TRACE_HEADERS
-        self._skip = skip
+        # Request headers not passed on, and the key the worker gets instead of the client's.
+        self.skip = skip
         key = settings.worker_api_key
-        self._worker_key = b"" if key is None else b"authorization: Bearer " + key.encode("latin-1") + b"\r\n"
+        self.worker_key = b"" if key is None else b"authorization: Bearer " + key.encode("latin-1") + b"\r\n"
 
     async def forward(self, request: FrontRequest, writer: ResponseWriter, route: Route, key: RoutingKey,
                       started: float, rename: AnswerRename | None = None,
@@ -421,133 +281,149 @@ class Proxy:
         """Serve one parsed request: decide, send, retry before the first byte, relay.  ``rename``:
         an alias changed the model asked for (``key.model`` is the target); the answer names the
         asked one.  ``trail`` is told what happens (access log, trace spans) when either is on."""
-        r = self._r
-        pool = r.upstream
-        assert pool is not None, "the router's upstream pool starts with the app"
-        body = request.body
-        tail = (header_lines(request.headers, self._skip) + self._worker_key
-                + b"content-length: %d\r\n\r\n" % len(body) + body)
-        exclude: list[str] = []
-        failure: str | None = None
-        held: _HeldAnswer | None = None
-        decision: Decision | None = None
-        attempts = 0
-        dispatch = r.dispatch
-        ticket = dispatch.admit(key, r.registry.states())
+        await Exchange(self, request, writer, route, key, started, rename, trail).run()
+
+
+class Exchange:
+    """One request's life in the proxy, from the gate to the last byte of its answer.
+
+    ``run`` reads top to bottom as the request lives:
+
+    1. **the gate** (``_pass_gate``): flow control grants it at once (the common case: nothing is
+       made for waiting), queues it (``_wait``) or sheds it (``_overloaded``: the API's 429/529);
+    2. **attempts** (``_attempt``, up to ``retries + 1``): the scheduler decides a worker, the
+       request goes out (``_send``) and its answer's head, first byte (a stream's first event:
+       under the first-byte deadline, ``_first_byte_late``) and opening are checked; a failure,
+       a 5xx (kept in ``held``) or a malformed opening marks the worker and moves on;
+    3. **the relay** (``_relay``): the answer passes through as it arrives (``_feed`` and
+       ``_flush``, called by the upstream connection), a stream in whole events; a failure now
+       ends it with an error event (``_broken``);
+    4. **the end**: accounted once (``_finished``), or, if no worker answered, ``_give_up``.
+
+    Everything a step needs is an attribute here, set by the step before it, so the steps take
+    no parameters but what changes between them."""
+
+    __slots__ = (
+        "_answer_head",
+        "_deadline",
+        "_extended",
+        "_max_event",
+        "_out",
+        "_pending",
+        "_problem",
+        "_proxy",
+        "_r",
+        "_reads",
+        "_tail",
+        "_timer",
+        "_whole",
+        "attempts",
+        "call",
+        "decision",
+        "exclude",
+        "failure",
+        "first_at",
+        "flight",
+        "held",
+        "key",
+        "rename",
+        "request",
+        "route",
+        "sse",
+        "started",
+        "state",
+        "trail",
+        "ttfb",
+        "usage",
+        "waited",
+        "writer",
+    )
+
+    def __init__(self, proxy: Proxy, request: FrontRequest, writer: ResponseWriter, route: Route,
+                 key: RoutingKey, started: float, rename: AnswerRename | None = None,
+                 trail: RequestTrail | None = None) -> None:
+        self._proxy = proxy
+        self._r = proxy.router
+        # What arrived: the request as received (its body is forwarded as it is), where the answer
+        # goes, its route and routing key, when it arrived (perf_counter), the alias renaming its
+        # answer, and its access-log line and trace spans (None when both are off).
+        self.request = request
+        self.writer = writer
+        self.route = route
+        self.key = key
+        self.started = started
+        self.rename = rename
+        self.trail = trail
+        # The attempts: how many were made, the workers that failed, why the last one failed, the
+        # last 5xx answer (returned as it is if no worker takes over), the last decision, and what
+        # the decision line says of the wait at the gate.
+        self.attempts = 0
+        self.exclude: list[str] = []
+        self.failure: str | None = None
+        self.held: _HeldAnswer | None = None
+        self.decision: Decision | None = None
+        self.waited = ""
+        # The attempt under way: its worker, its place in the dispatcher's books, its upstream call
+        # and first-byte deadline (a timer only where the settings give a deadline).
+        self.state: WorkerState | None = None
+        self.flight: InFlight | None = None
+        self.call: Call | None = None
+        self._tail: bytes | None = None  # the request's headers and body as every worker gets them
+        self._timer: asyncio.TimerHandle | None = None
+        self._deadline = 0.0
+        self._extended = False
+        # The answer being relayed: whether it is an event stream, the usage read from it, when
+        # its first byte came and after how long, what is read and not yet written, an incomplete
+        # event, the reads so far (their gaps are the stream's silences) and why it turned out
+        # malformed.  A renamed plain answer is held whole (``_whole``) and answered with
+        # ``_answer_head`` (status, headers, reason) once read, since renaming changes its length.
+        self.sse = False
+        self.usage: UsageSniffer | None = None
+        self.first_at = 0.0
+        self.ttfb: float | None = None
+        self._out: list[bytes] = []
+        self._pending = b""
+        self._reads = 0
+        self._problem: str | None = None
+        self._whole: list[bytes] | None = None
+        self._answer_head: tuple[int, bytes, bytes] | None = None
+        self._max_event = self._r.settings.max_event_bytes
+
+    async def run(self) -> None:
+        """The request's whole life: the gate, the attempts, the relay, the accounting."""
+        if not await self._pass_gate():
+            return
+        retries = self._r.settings.retries
+        while self.attempts <= retries:
+            record = self._decide()
+            if record is None:
+                break
+            if await self._attempt(record):
+                return
+        self._give_up()
+
+    # --- 1. the gate ---
+
+    async def _pass_gate(self) -> bool:
+        """Flow control's gate: True when the request may be routed now (after waiting, if it
+        was queued); False when it was shed (answered here)."""
+        key = self.key
+        ticket = self._r.dispatch.admit(key, self._r.registry.states())
         if ticket.state is not TicketState.GRANTED:
             self._queue_changed(key.model)
-            if not await self._wait(ticket, writer, route, key, started, trail):
-                return
-            if trail is not None:
-                trail.queued(ticket.waited_s, ticket.why)
-        waited = waited_note(ticket)
-        while attempts <= r.settings.retries:
-            asked_ns = time.time_ns() if trail is not None else 0
-            decision = dispatch.route(key, r.registry.states(), exclude)
-            if trail is not None:
-                trail.decided(decision, key.model, asked_ns)
-            if decision.worker_id is None:
-                break
-            record = r.registry.get(decision.worker_id)
-            if record is None:  # cannot happen: decide only offers registered workers
-                break
-            state = record.state
-            attempts += 1
-            if failure is not None:
-                r.metrics.retries.labels(failure).inc()
-            call: Call | None = None
-            self._log(decision, key, attempts, waited)
-            r.registry.sending(record)  # a half-open breaker's trial: nothing else goes there
-            flight, records = dispatch.sent(key, decision, state)
-            deadline = first_byte_deadline(r.settings, decision.predicted_ttft_s, key)
-            opening: _Opening | None = None
-            try:
-                r.publish(records)
-                try:
-                    origin = pool.origin(state.url)
-                    traced = b"" if trail is None else trail.attempt(state.id, state.url, attempts)
-                    call = await pool.send(origin, b"POST " + origin.base_path + request.target
-                                           + b" HTTP/1.1\r\nhost: " + origin.host_header + b"\r\n"
-                                           + traced + tail)
-                    # One timer per attempt (cheaper than asyncio.timeout on the hot path); on expiry
-                    # the call fails with reason first_byte_timeout, handled like any failure below.
-                    timer = None if deadline is None else _FirstByteTimer(
-                        call, deadline, functools.partial(self._last_chance, key, state, exclude, attempts))
-                    try:
-                        head = await call.head
-                        if head.event_stream and head.status < 500:
-                            # Nothing has gone to the client yet: a stream's first byte is its first
-                            # event, and until it arrives the worker can still be replaced.
-                            await call.first_body
-                            dispatch.first_byte(flight)
-                    finally:
-                        if timer is not None:
-                            timer.cancel()
-                    # Once the body has started (a stream's first bytes are here) silence is bounded
-                    # by the stream idle deadline, not the first-byte one.
-                    call.limit_silence(stream_idle_deadline(r.settings, record.read_gap_s))
-                    if 200 <= head.status < 300:
-                        opening = await _Opening.read(
-                            call, head.event_stream,
-                            r.settings.max_event_bytes if head.event_stream else _MAX_HELD_BODY)
-                except UpstreamError as exc:
-                    failure = exc.reason
-                    r.registry.mark_failure(state.id, f"{failure}: {exc}", unreachable=exc.unreachable)
-                    r.metrics.failures.labels(failure).inc()
-                    exclude.append(state.id)
-                    if trail is not None:
-                        trail.attempt_failed(failure)
-                    continue
-                except BaseException:
-                    if call is not None:
-                        call.abort()
-                    raise
-                if head.status >= 500:
-                    failure = f"http_{head.status}"
-                    held = await self._hold(call, head, state)
-                    r.registry.mark_failure(state.id, failure)
-                    r.metrics.failures.labels("http_5xx").inc()
-                    exclude.append(state.id)
-                    if trail is not None:
-                        trail.attempt_failed(failure)
-                    continue
-                problem = None if opening is None else opening.problem(
-                    route, call.done.done() and call.done.exception() is None)
-                if problem is not None:
-                    # Nothing has gone out: another worker can still answer properly.
-                    call.abort()
-                    failure = "malformed"
-                    log.warning("worker %s answered %d with something that is not an answer: %s",
-                                state.id, head.status, problem)
-                    r.registry.mark_failure(state.id, f"malformed: {problem}", malformed=True)
-                    r.metrics.failures.labels(failure).inc()
-                    exclude.append(state.id)
-                    continue
-                await self._relay(request, writer, route, call, head, flight, key, started, attempts,
-                                  waited, rename, trail, opening)
-                return
-            finally:
-                dispatch.finished(flight, ok=False)  # a no-op once the relay accounted for it
-        self._give_up(writer, route, key, decision, held, failure, attempts, started, rename, trail)
+            if not await self._wait(ticket):
+                return False
+            if self.trail is not None:
+                self.trail.queued(ticket.waited_s, ticket.why)
+        self.waited = waited_note(ticket)
+        return True
 
-    def _last_chance(self, key: RoutingKey, state: WorkerState, exclude: list[str],
-                     attempts: int) -> float | None:
-        """The longest first-byte deadline when an attempt on ``state`` is the request's last chance
-        (no retry left, or no other worker could take it now), else None.  Asked only when a
-        deadline expires."""
-        r = self._r
-        if attempts <= r.settings.retries and any(
-                w.ready and w.serves(key.model) and w is not state and w.id not in exclude
-                for w in r.registry.states()):
-            return None
-        return first_byte_deadline(r.settings, math.inf, key)
-
-    async def _wait(self, ticket: Ticket, writer: ResponseWriter, route: Route, key: RoutingKey,
-                    started: float, trail: RequestTrail | None) -> bool:
+    async def _wait(self, ticket: Ticket) -> bool:
         """Hold a request flow control queued until a replica is admissible for it (True: route it
         now) or it is shed (answered here with the API's overload error, False).  A client that
         leaves while it waits withdraws it: nothing of it stays counted."""
         r = self._r
+        key = self.key
         dispatch = r.dispatch
         if ticket.queued:
             woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -572,7 +448,7 @@ class Proxy:
             r.metrics.queue_wait.labels(key.model).observe(ticket.waited_s)
             r.activity.queue.waited(key.model, time.time(), ticket.waited_s)
             return True
-        self._overloaded(ticket, writer, route, key, started, trail)
+        self._overloaded(ticket)
         return False
 
     def _queue_changed(self, model: str) -> None:
@@ -580,29 +456,184 @@ class Proxy:
         depth, tokens = self._r.dispatch.flow.depth().get(model, (0, 0))
         self._r.activity.queue.changed(model, time.time(), depth, tokens)
 
-    def _overloaded(self, ticket: Ticket, writer: ResponseWriter, route: Route, key: RoutingKey,
-                    started: float, trail: RequestTrail | None) -> None:
+    def _overloaded(self, ticket: Ticket) -> None:
         """The API's own overload answer: 429 with an ``error`` object on OpenAI routes, 529
         ``overloaded_error`` on Anthropic ones (what Claude Code retries), with ``Retry-After``
         from the queue's predicted drain."""
-        r = self._r
+        r, route, key, trail = self._r, self.route, self.key, self.trail
         reason = ticket.reason.value if ticket.reason is not None else "shed"
         status = 529 if route.style == "anthropic" else 429
         message = (f"the router's queue for model {key.model!r} is over its limit ({reason}); "
                    f"retry after {ticket.retry_after_s} s")
-        writer.respond(status, JSON_HEADERS + b"retry-after: %d\r\n" % ticket.retry_after_s,
-                       error_body(route.style, status, message, code=reason))
+        self.writer.respond(status, JSON_HEADERS + b"retry-after: %d\r\n" % ticket.retry_after_s,
+                            error_body(route.style, status, message, code=reason))
         r.activity.record(RoutedRequest(
             time=time.time(), route=route.name, model=key.model, worker=None, kind="shed",
             reason=f"[FLOW] shed: {reason} after {ticket.waited_s:.3f} s in the queue", matched_blocks=0,
-            total_blocks=0, attempts=0, status=status, ttfb_s=None, duration_s=time.perf_counter() - started,
+            total_blocks=0, attempts=0, status=status, ttfb_s=None,
+            duration_s=time.perf_counter() - self.started,
         ))
         if trail is not None:
             if ticket.waited_s:
                 trail.queued(ticket.waited_s, ticket.why)
-            trail.finished(status, key.model, None, time.perf_counter() - started)
+            trail.finished(status, key.model, None, time.perf_counter() - self.started)
 
-    async def _hold(self, call: Call, head: ResponseHead, state: WorkerState) -> _HeldAnswer:
+    # --- 2. attempts ---
+
+    def _decide(self) -> WorkerRecord | None:
+        """Ask the scheduler for a worker not tried yet; None: no worker can take the request."""
+        r, trail = self._r, self.trail
+        asked_ns = time.time_ns() if trail is not None else 0
+        decision = self.decision = r.dispatch.route(self.key, r.registry.states(), self.exclude)
+        if trail is not None:
+            trail.decided(decision, self.key.model, asked_ns)
+        if decision.worker_id is None:
+            return None
+        return r.registry.get(decision.worker_id)  # None cannot happen: decide offers registered workers
+
+    async def _attempt(self, record: WorkerRecord) -> bool:
+        """One attempt on the decided worker: True when its answer was relayed (well or not),
+        False when the attempt failed before anything reached the client (try another)."""
+        r = self._r
+        dispatch = r.dispatch
+        decision = self.decision
+        assert decision is not None
+        state = self.state = record.state
+        self.attempts += 1
+        if self.failure is not None:
+            r.metrics.retries.labels(self.failure).inc()
+        self._log(decision)
+        r.registry.sending(record)  # a half-open breaker's trial: nothing else goes there
+        flight, records = dispatch.sent(self.key, decision, state)
+        self.flight = flight
+        try:
+            r.publish(records)
+            try:
+                head, opening = await self._send(record)
+            except UpstreamError as exc:
+                self._attempt_failed(exc.reason, f"{exc.reason}: {exc}", exc.reason,
+                                     unreachable=exc.unreachable)
+                return False
+            if head.status >= 500:
+                failure = f"http_{head.status}"
+                self.held = await self._hold(head)
+                self._attempt_failed(failure, failure, "http_5xx")
+                return False
+            call = self.call
+            assert call is not None
+            problem = None if opening is None else opening.problem(
+                self.route, call.done.done() and call.done.exception() is None)
+            if problem is not None:
+                # Nothing has gone out: another worker can still answer properly.
+                call.abort()
+                log.warning("worker %s answered %d with something that is not an answer: %s",
+                            state.id, head.status, problem)
+                self.failure = "malformed"
+                r.registry.mark_failure(state.id, f"malformed: {problem}", malformed=True)
+                r.metrics.failures.labels("malformed").inc()
+                self.exclude.append(state.id)
+                return False
+            await self._relay(head, opening)
+            return True
+        finally:
+            dispatch.finished(flight, ok=False)  # a no-op once the relay accounted for it
+
+    def _attempt_failed(self, failure: str, mark: str, counted: str, *, unreachable: bool = False) -> None:
+        """The attempt failed before its answer could be relayed: the worker is marked (``mark``),
+        the failure counted (``counted``), and the next attempt goes elsewhere."""
+        r = self._r
+        state = self.state
+        assert state is not None
+        self.failure = failure
+        r.registry.mark_failure(state.id, mark, unreachable=unreachable)
+        r.metrics.failures.labels(counted).inc()
+        self.exclude.append(state.id)
+        if self.trail is not None:
+            self.trail.attempt_failed(failure)
+
+    async def _send(self, record: WorkerRecord) -> tuple[ResponseHead, _Opening | None]:
+        """Send the request to ``record``'s worker and wait for what decides whether its answer can
+        be relayed: the head, a stream's first event (under the first-byte deadline) and the start
+        of a 2xx answer (UpstreamError if the attempt fails before)."""
+        r, key, state = self._r, self.key, record.state
+        settings = r.settings
+        pool = r.upstream
+        assert pool is not None, "the router's upstream pool starts with the app"
+        tail = self._tail
+        if tail is None:
+            body = self.request.body  # forwarded as the client sent it
+            tail = self._tail = (header_lines(self.request.headers, self._proxy.skip) + self._proxy.worker_key
+                                 + b"content-length: %d\r\n\r\n" % len(body) + body)
+        origin = pool.origin(state.url)
+        traced = b"" if self.trail is None else self.trail.attempt(state.id, state.url, self.attempts)
+        self.call = None
+        call = self.call = await pool.send(origin, b"POST " + origin.base_path + self.request.target
+                                           + b" HTTP/1.1\r\nhost: " + origin.host_header + b"\r\n"
+                                           + traced + tail)
+        try:
+            assert self.decision is not None
+            deadline = first_byte_deadline(settings, self.decision.predicted_ttft_s, key)
+            if deadline is not None:
+                # One timer per attempt (cheaper than asyncio.timeout on the hot path); on expiry
+                # the call fails with reason first_byte_timeout, handled like any failure.
+                self._deadline, self._extended = deadline, False
+                self._timer = call.loop.call_later(deadline, self._first_byte_late)
+            try:
+                head = await call.head
+                if head.event_stream and head.status < 500:
+                    # Nothing has gone to the client yet: a stream's first byte is its first
+                    # event, and until it arrives the worker can still be replaced.
+                    await call.first_body
+                    assert self.flight is not None
+                    r.dispatch.first_byte(self.flight)
+            finally:
+                if self._timer is not None:
+                    self._timer.cancel()
+                    self._timer = None
+            # Once the body has started (a stream's first bytes are here) silence is bounded by the
+            # stream idle deadline, not the first-byte one.
+            call.limit_silence(stream_idle_deadline(settings, record.read_gap_s))
+            opening = None
+            if 200 <= head.status < 300:
+                limit = settings.max_event_bytes if head.event_stream else _MAX_HELD_BODY
+                opening = await _Opening.read(call, head.event_stream, limit)
+            return head, opening
+        except UpstreamError:
+            raise
+        except BaseException:
+            call.abort()
+            raise
+
+    def _first_byte_late(self) -> None:
+        """The attempt's first-byte deadline expired.  With somewhere else to go, the call fails
+        (``first_byte_timeout``) and the request is retried there; when this attempt is the last
+        chance, it gets the longer deadline instead, once (``first_byte_ceiling_s``): a deadline
+        exists to move a slow request, and with nowhere to move it, cutting it would only turn a
+        slow answer (a long prefill on a loaded replica) into a 502."""
+        if not self._extended:
+            self._extended = True
+            longer = self._last_chance()
+            if longer is not None and longer > self._deadline:
+                later, self._deadline = longer - self._deadline, longer
+                self._timer = asyncio.get_running_loop().call_later(later, self._first_byte_late)  # rare
+                return
+        if self.call is not None:
+            self.call.expire(self._deadline)
+
+    def _last_chance(self) -> float | None:
+        """The longest first-byte deadline when the attempt under way is the request's last chance
+        (no retry left, or no other worker could take it now), else None."""
+        r, state, exclude = self._r, self.state, self.exclude
+        if self.attempts <= r.settings.retries and any(
+                w.ready and w.serves(self.key.model) and w is not state and w.id not in exclude
+                for w in r.registry.states()):
+            return None
+        return first_byte_deadline(r.settings, math.inf, self.key)
+
+    async def _hold(self, head: ResponseHead) -> _HeldAnswer:
+        """Read a 5xx answer (its first 64 KiB) to return it as it is if no worker takes over."""
+        call, state = self.call, self.state
+        assert call is not None and state is not None
         parts: list[bytes] = []
         size = 0
 
@@ -622,12 +653,244 @@ class Proxy:
         return _HeldAnswer(state.id, head.status, head.reason, header_lines(head.headers),
                            b"".join(parts)[:_MAX_HELD_ERROR])
 
-    def _give_up(self, writer: ResponseWriter, route: Route, key: RoutingKey, decision: Decision | None,
-                 held: _HeldAnswer | None, failure: str | None, attempts: int, started: float,
-                 rename: AnswerRename | None, trail: RequestTrail | None) -> None:
+    def _log(self, decision: Decision) -> None:
+        if not decision_log.isEnabledFor(logging.INFO):
+            return
+        extra = self.waited
+        if self.attempts > 1:
+            extra += f" attempt={self.attempts}"
+        if self._r.settings.log_prompts:
+            extra += f" prompt_tail={self.key.prefix[-300:].decode('utf-8', 'replace')!r}"
+        decision_log.info("%s model=%s worker=%s%s", decision.reason, self.key.model, decision.worker_id,
+                          extra)
+
+    # --- 3. the relay ---
+
+    async def _relay(self, head: ResponseHead, opening: _Opening | None) -> None:
+        """Pass the worker's answer through as it arrives (``opening``: what was read of it to
+        check it); account for it when it ends."""
+        r, writer, call, flight = self._r, self.writer, self.call, self.flight
+        assert call is not None and flight is not None
+        state, decision = flight.state, flight.decision
+        r.metrics.requests.labels(state.id, self.key.model, decision.kind.value).inc()
+        r.metrics.prefix_blocks.observe(decision.matched_blocks)
+        r.registry.count_request(state.id, decision.kind.value)
+        headers = header_lines(head.headers)
+        if r.settings.worker_header:
+            headers += _WORKER_HEADER + b": " + state.id.encode() + b"\r\n"
+        sse = self.sse = head.event_stream
+        if self.rename is not None and not sse:
+            # Renaming changes a plain answer's length: it is sent whole, in one write, once read.
+            self._whole = []
+            self._answer_head = (head.status, headers, head.reason)
+        else:
+            # The head waits for the first bytes (a stream's first event is here already), so that
+            # both leave in one write.
+            writer.start(head.status, headers, length=None if sse else head.content_length,
+                         reason=head.reason, defer=True)
+        usage = self.usage = UsageSniffer(sse)
+        if opening is not None and opening.doc is not None:
+            usage.take(opening.doc)  # the plain body was parsed to check it
+        writer.on_pause(self._client_paused)
+        if opening is not None:
+            self._feed_opening(opening)
+        call.attach(self._feed, self._flush)
+        self._flush()
+        completed = False
+        outcome = head.status  # what the activity log records: 499 client gone, 502 broken
+        try:
+            try:
+                await call.done
+                self._reads += 1  # the answer's end closes its last gap (read_gap_s)
+                problem = self._end_problem()
+                if problem is not None:
+                    raise UpstreamError("malformed", problem)
+            except UpstreamError as exc:
+                outcome = 502
+                self._broken(exc)
+                return
+            self._finish()
+            completed = True
+        except asyncio.CancelledError:
+            outcome = 499
+            r.metrics.failures.labels("client_disconnect").inc()
+            raise
+        finally:
+            writer.on_pause(None)
+            call.abort()  # closing the connection is what makes the engine abort the request
+            if outcome < 500:  # whole, or its client left while it flowed: nothing against the worker
+                r.registry.mark_success(state.id, ttft_s=flight.ttft_s, predicted_s=decision.predicted_ttft_s,
+                                        read_gap_s=self._read_gap_s() if sse and completed else None)
+            self._finished(outcome, completed)
+
+    def _client_paused(self, paused: bool) -> None:
+        """The client stopped taking data quickly enough (or takes it again): so does the relay."""
+        call = self.call
+        if call is not None:
+            if paused:
+                call.pause()
+            else:
+                call.resume()
+
+    def _first_byte(self) -> None:
+        """The answer's first byte is being relayed: its time to first byte."""
+        assert self.flight is not None
+        self._r.dispatch.first_byte(self.flight)
+        self.first_at = time.perf_counter()
+        self.ttfb = self.first_at - self.started
+        self._r.metrics.ttfb.observe(self.ttfb)
+
+    def _feed_opening(self, opening: _Opening) -> None:
+        """Relay what was read to check the answer: a stream's events that were checked then are
+        not checked again."""
+        data = opening.data()
+        checked = opening.checked
+        if not checked:
+            self._feed(data)
+            return
+        self._first_byte()
+        events = data[:checked]
+        self._out.append(self.rename.events(events) if self.rename is not None else events)
+        if checked < len(data):
+            self._feed(data[checked:])
+
+    def _feed(self, chunk: bytes) -> None:
+        """A chunk of the worker's body (the upstream connection calls it): for a stream only whole
+        events, each checked for its framing (a malformed one fails the call), so that an error
+        event can follow cleanly; chunks read together leave in one write (``_flush``)."""
+        if self._problem is not None:
+            return
+        if self.ttfb is None:
+            self._first_byte()
+        if self.sse:
+            data = self._pending + chunk if self._pending else chunk
+            end = len(data) if data.endswith(b"\n\n") else _event_end(data)
+            if end == 0:
+                self._pending = data
+                if len(data) > self._max_event:
+                    self._reject(f"an event of more than {self._max_event} bytes (max_event_bytes)")
+                return
+            chunk = data[:end] if end < len(data) else data
+            problem = sse_problem(chunk, self._max_event)
+            if problem is not None:
+                self._reject(problem)
+                return
+            self._pending = data[end:]
+            if self.rename is not None:
+                chunk = self.rename.events(chunk)
+        elif self._whole is not None:
+            self._whole.append(chunk)
+            return
+        self._out.append(chunk)
+
+    def _reject(self, problem: str) -> None:
+        """A malformed event: nothing more of this answer goes out (the events before it do)."""
+        self._problem = problem
+        self._pending = b""
+        assert self.call is not None
+        self.call.fail("malformed", problem)  # a no-op if the whole answer is already here
+
+    def _flush(self) -> None:
+        """A batch of reads ended: write what they brought, in one write.  Once the answer is
+        complete its last bytes wait for ``_finish``, which sends them with the end of the
+        response, again in one write."""
+        self._reads += 1
+        call = self.call
+        if self._out and not (call is not None and call.completed):
+            self._write_out()
+
+    def _write_out(self) -> None:
+        out = self._out
+        if out:
+            data = out[0] if len(out) == 1 else b"".join(out)
+            out.clear()
+            self.writer.write(data)
+            assert self.usage is not None
+            self.usage.feed(data)
+
+    def _end_problem(self) -> str | None:
+        """When the answer has ended: why it was malformed (a bad event, or the incomplete event
+        a stream ended with), or None."""
+        tail = self._pending.rstrip(b"\r\n")
+        if self._problem is None and self.sse and tail:
+            self._problem = sse_problem(tail + b"\n\n", self._max_event)
+        return self._problem
+
+    def _finish(self) -> None:
+        """The worker's answer is complete: send what is still held (a renamed plain answer, the
+        rest of a stream) and end the response, in one write."""
+        writer, usage, out = self.writer, self.usage, self._out
+        assert usage is not None
+        data = out[0] if len(out) == 1 else b"".join(out)
+        out.clear()
+        usage.feed(data)
+        if self._whole is not None and self._answer_head is not None:
+            whole = b"".join(self._whole)
+            if self.rename is not None:
+                whole = self.rename.document(whole)
+            self._whole = None
+            if not writer.started:  # else the shutdown cut has answered already
+                status, headers, reason = self._answer_head
+                writer.respond(status, headers, whole, reason=reason)
+            usage.feed(whole)
+        if self._pending:
+            rest = self._pending
+            data += self.rename.events(rest) if self.rename is not None else rest
+        writer.end(data)
+
+    def _read_gap_s(self) -> float | None:
+        """The stream's mean time between two reads so far (None: too few reads to say)."""
+        if self._reads < 3:
+            return None
+        return (time.perf_counter() - self.first_at) / (self._reads - 1)
+
+    def _broken(self, exc: UpstreamError) -> None:
+        """The worker failed after the client got the first bytes: end the stream with an error
+        event (SSE) or cut the connection (a plain body cannot carry an error any more)."""
+        r, state, writer = self._r, self.state, self.writer
+        assert state is not None
+        reason = exc.reason
+        r.registry.mark_failure(state.id, f"midstream {reason}: {exc}", unreachable=exc.unreachable,
+                                malformed=reason == "malformed")
+        r.metrics.failures.labels(reason if reason in _NAMED_BREAKS else "midstream").inc()
+        log.warning("worker %s failed mid-response: %s (%s)", state.id, reason, exc)
+        if self.sse:
+            self._write_out()  # the whole events read before the failure
+            status = 504 if reason == "stream_idle_timeout" else 502
+            message = f"worker {state.id} failed mid-stream ({reason}: {exc}); the response is incomplete"
+            writer.write(stream_error_event(self.route, message, status))
+            writer.end()
+        else:
+            writer.abort()
+
+    # --- 4. the end ---
+
+    def _finished(self, status: int, completed: bool) -> None:
+        """Account for a relayed answer, once: the dispatcher's books (and what the engine said it
+        used), the activity log, the request's trail."""
+        r, key, flight, usage = self._r, self.key, self.flight, self.usage
+        assert flight is not None and usage is not None
+        state, decision = flight.state, flight.decision
+        ok = completed and status < 400
+        r.dispatch.finished(flight, ok=ok, prompt_tokens=usage.prompt_tokens if ok else None,
+                            cached_tokens=usage.cached_tokens if ok else None,
+                            output_tokens=usage.output_tokens if ok else None, streamed=self.sse)
+        duration = time.perf_counter() - self.started
+        r.activity.record(RoutedRequest(
+            time=time.time(), route=self.route.name, model=key.model, worker=state.id,
+            kind=decision.kind.value, reason=decision.reason + self.waited,
+            matched_blocks=decision.matched_blocks, total_blocks=decision.total_blocks,
+            attempts=self.attempts, status=status, ttfb_s=self.ttfb, duration_s=duration,
+        ))
+        if self.trail is not None:
+            self.trail.finished(status, key.model, state.id, duration, ttft_s=self.ttfb,
+                                usage=usage if ok else None, attempts=self.attempts)
+
+    def _give_up(self) -> None:
         """No worker answered well: the last 5xx as the worker sent it, else 502 or 503; a model
         no worker serves: 404 listing the served ones (logged, rate-limited)."""
-        r = self._r
+        r, writer, route, key, decision = self._r, self.writer, self.route, self.key, self.decision
+        held, attempts = self.held, self.attempts
         if held is not None:
             headers = held.headers
             if r.settings.worker_header:
@@ -639,9 +902,9 @@ class Proxy:
             # Asked only when no worker was chosen, so the hot path never pays for it.
             r.metrics.failures.labels("unknown_model").inc()
             status, worker = 404, None
-            asked = rename.asked if rename is not None else key.model
+            asked = self.rename.asked if self.rename is not None else key.model
             served = served_models(s.models for s in r.registry.states())
-            self._unknown_models.unknown(route.path, asked, key.model, served)
+            self._proxy.unknown_models.unknown(route.path, asked, key.model, served)
             message = unknown_model_message(asked, key.model, served)
             writer.respond(status, JSON_HEADERS,
                            error_body(route.style, 404, message, "model", "model_not_found"))
@@ -654,7 +917,7 @@ class Proxy:
                 r.metrics.failures.labels("no_worker").inc()
             else:
                 status = 502
-                message = f"every worker tried failed ({attempts} attempts, last: {failure})"
+                message = f"every worker tried failed ({attempts} attempts, last: {self.failure})"
             writer.respond(status, JSON_HEADERS + b"retry-after: 1\r\n",
                            error_body(route.style, status, message))
         r.activity.record(RoutedRequest(
@@ -662,115 +925,8 @@ class Proxy:
             kind=decision.kind.value if decision is not None else "no_worker",
             reason=decision.reason if decision is not None else "", matched_blocks=0,
             total_blocks=decision.total_blocks if decision is not None else 0, attempts=attempts,
-            status=status, ttfb_s=None, duration_s=time.perf_counter() - started,
+            status=status, ttfb_s=None, duration_s=time.perf_counter() - self.started,
         ))
-        if trail is not None:
-            trail.finished(status, key.model, worker, time.perf_counter() - started, attempts=attempts)
-
-    def _log(self, decision: Decision, key: RoutingKey, attempt: int, waited: str) -> None:
-        if not decision_log.isEnabledFor(logging.INFO):
-            return
-        extra = waited
-        if attempt > 1:
-            extra += f" attempt={attempt}"
-        if self._r.settings.log_prompts:
-            extra += f" prompt_tail={key.prefix[-300:].decode('utf-8', 'replace')!r}"
-        decision_log.info("%s model=%s worker=%s%s", decision.reason, key.model, decision.worker_id, extra)
-
-    async def _relay(self, request: FrontRequest, writer: ResponseWriter, route: Route, call: Call,
-                     head: ResponseHead, flight: InFlight, key: RoutingKey, started: float,
-                     attempts: int, waited: str, rename: AnswerRename | None,
-                     trail: RequestTrail | None, opening: _Opening | None) -> None:
-        """Pass the worker's answer through as it arrives (``opening``: what was read of it to
-        check it); account for it when it ends."""
-        r = self._r
-        state, decision = flight.state, flight.decision
-        r.metrics.requests.labels(state.id, key.model, decision.kind.value).inc()
-        r.metrics.prefix_blocks.observe(decision.matched_blocks)
-        r.registry.count_request(state.id, decision.kind.value)
-        headers = header_lines(head.headers)
-        if r.settings.worker_header:
-            headers += _WORKER_HEADER + b": " + state.id.encode() + b"\r\n"
-        sse = head.event_stream
-        respond = None
-        if rename is not None and not sse:
-            # Renaming changes a plain answer's length: it is sent whole, in one write, once read.
-            respond = functools.partial(writer.respond, head.status, headers, reason=head.reason)
-        else:
-            # A plain answer's head waits for its first bytes, so that a small answer leaves in one write.
-            writer.start(head.status, headers, length=None if sse else head.content_length,
-                         reason=head.reason, defer=not sse)
-        usage = UsageSniffer(sse)
-        if opening is not None and opening.doc is not None:
-            usage.take(opening.doc)  # the plain body was parsed to check it
-        relay = _Relay(writer, sse, usage, started, flight, r, call, rename, respond)
-        writer.on_pause(lambda paused: call.pause() if paused else call.resume())
-        if opening is not None:
-            relay.feed(opening.data())
-        call.attach(relay.feed, relay.flush)
-        relay.flush()
-        completed = False
-        outcome = head.status  # what the activity log records: 499 client gone, 502 broken
-        try:
-            try:
-                await call.done
-                relay.flush()
-                problem = relay.end_problem()
-                if problem is not None:
-                    raise UpstreamError("malformed", problem)
-            except UpstreamError as exc:
-                outcome = 502
-                self._broken(request, writer, route, state, exc, sse)
-                return
-            relay.finish()
-            writer.end()
-            completed = True
-        except asyncio.CancelledError:
-            outcome = 499
-            r.metrics.failures.labels("client_disconnect").inc()
-            raise
-        finally:
-            writer.on_pause(None)
-            call.abort()  # closing the connection is what makes the engine abort the request
-            if outcome < 500:  # whole, or its client left while it flowed: nothing against the worker
-                r.registry.mark_success(state.id, ttft_s=flight.ttft_s, predicted_s=decision.predicted_ttft_s,
-                                        read_gap_s=relay.read_gap_s() if sse and completed else None)
-            self._finished(route, key, flight, usage, outcome, relay.ttfb, sse, completed, attempts, started,
-                           waited, trail)
-
-    def _broken(self, request: FrontRequest, writer: ResponseWriter, route: Route, state: WorkerState,
-                exc: UpstreamError, sse: bool) -> None:
-        """The worker failed after the client got the first bytes: end the stream with an error
-        event (SSE) or cut the connection (a plain body cannot carry an error any more)."""
-        r = self._r
-        reason = exc.reason
-        r.registry.mark_failure(state.id, f"midstream {reason}: {exc}", unreachable=exc.unreachable,
-                                malformed=reason == "malformed")
-        r.metrics.failures.labels(reason if reason in _NAMED_BREAKS else "midstream").inc()
-        log.warning("worker %s failed mid-response: %s (%s)", state.id, reason, exc)
-        if sse:
-            status = 504 if reason == "stream_idle_timeout" else 502
-            message = f"worker {state.id} failed mid-stream ({reason}: {exc}); the response is incomplete"
-            writer.write(stream_error_event(route, message, status))
-            writer.end()
-        else:
-            writer.abort()
-
-    def _finished(self, route: Route, key: RoutingKey, flight: InFlight, usage: UsageSniffer, status: int,
-                  ttfb: float | None, sse: bool, completed: bool, attempts: int, started: float,
-                  waited: str, trail: RequestTrail | None) -> None:
-        r = self._r
-        state, decision = flight.state, flight.decision
-        ok = completed and status < 400
-        r.dispatch.finished(flight, ok=ok, prompt_tokens=usage.prompt_tokens if ok else None,
-                            cached_tokens=usage.cached_tokens if ok else None,
-                            output_tokens=usage.output_tokens if ok else None, streamed=sse)
-        r.activity.record(RoutedRequest(
-            time=time.time(), route=route.name, model=key.model, worker=state.id,
-            kind=decision.kind.value, reason=decision.reason + waited, matched_blocks=decision.matched_blocks,
-            total_blocks=decision.total_blocks, attempts=attempts, status=status,
-            ttfb_s=ttfb, duration_s=time.perf_counter() - started,
-        ))
-        if trail is not None:
-            trail.finished(status, key.model, state.id, time.perf_counter() - started, ttft_s=ttfb,
-                           usage=usage if ok else None, attempts=attempts)
+        if self.trail is not None:
+            self.trail.finished(status, key.model, worker, time.perf_counter() - self.started,
+                                attempts=attempts)

@@ -80,10 +80,12 @@ class Call:
     ``first_body`` resolves with the first body bytes (or the end of an empty body): for a stream,
     the first token, which the proxy's first-byte deadline waits for."""
 
-    __slots__ = ("_conn", "_early", "_flush", "_silence", "_sink", "completed", "done", "first_body", "head")
+    __slots__ = ("_conn", "_early", "_flush", "_silence", "_sink", "completed", "done", "first_body", "head",
+                 "loop")
 
     def __init__(self, conn: _Connection, loop: asyncio.AbstractEventLoop) -> None:
         self._conn = conn
+        self.loop = loop  # the event loop the answer arrives on (for timers around it)
         self.head: asyncio.Future[ResponseHead] = loop.create_future()
         self.done: asyncio.Future[None] = loop.create_future()
         self.first_body: asyncio.Future[None] = loop.create_future()
@@ -368,6 +370,9 @@ class UpstreamPool:
         # the same timer closes idle connections kept past keepalive_s.
         self._busy: set[_Connection] = set()
         self._sweeper: asyncio.TimerHandle | None = None
+        # The loop of the first request: asking for the running loop costs a system call on
+        # Python 3.11 (a getpid), and the pool's connections all live on one loop.
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def origin(self, url: str) -> Origin:
         """The parsed origin of a worker URL (cached)."""
@@ -389,7 +394,9 @@ class UpstreamPool:
         slots = self._origins.get(origin)
         if slots is None:
             slots = self._origins[origin] = _Slots()
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
         now = loop.time()
         while slots.idle:
             conn = slots.idle.pop()
