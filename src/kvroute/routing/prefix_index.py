@@ -168,23 +168,37 @@ class PrefixIndex:
                 break
         return found
 
-    def holders(self, hashes: Sequence[int], now: float) -> set[str]:
-        """Workers owning any of ``hashes`` under their current epoch (whatever the epoch a caller
-        knows them by): who might match, without naming the candidates first."""
-        out: set[str] = set()
+    def depths(self, hashes: Sequence[int], now: float) -> dict[int, int]:
+        """Deepest match of every slot owning any of ``hashes``: ``{slot: matched_blocks}``, what
+        ``match`` would say of each (one walk, for pruning a large fleet: the holders of a prompt
+        and their matches at once)."""
+        found: dict[int, int] = {}
         cutoff = int(now - self.max_age_s)
-        live, get = self._live, self._entries.get
-        for h in hashes:
-            entry = get(h)
+        get = self._entries.get
+        for depth in range(len(hashes), 0, -1):
+            entry = get(hashes[depth - 1])
             if entry is None:
                 continue
             if isinstance(entry, int):
                 slot = entry & _SLOT_MASK
-                if slot in live and entry >> _SLOT_BITS >= cutoff:
-                    out.add(live[slot])
-            else:
-                out.update(live[s] for s, t in entry.items() if s in live and t >= cutoff)
-        return out
+                if slot not in found and entry >> _SLOT_BITS >= cutoff:
+                    found[slot] = depth
+                continue
+            # A shared head is owned by many workers, most of them found deeper already.
+            for slot in entry.keys() - found.keys():
+                if entry[slot] >= cutoff:
+                    found[slot] = depth
+        return found
+
+    def holders(self, hashes: Sequence[int], now: float) -> set[str]:
+        """Workers owning any of ``hashes`` under their current epoch (whatever the epoch a caller
+        knows them by): who might match, without naming the candidates first."""
+        return set(self.named(self.depths(hashes, now)))
+
+    def named(self, depths: Mapping[int, int]) -> dict[str, int]:
+        """``depths`` (from ``depths``) by worker id, for the slots of current registrations."""
+        live = self._live
+        return {live[slot]: d for slot, d in depths.items() if slot in live}
 
     def owners(self, h: int, now: float) -> dict[str, float]:
         """Live owners of one block hash and when they recorded it (for tests and debugging)."""

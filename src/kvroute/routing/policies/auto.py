@@ -50,7 +50,7 @@ from kvroute.routing.explain import blocks, bound_kind, session_tag
 from kvroute.routing.learning import LearningSettings
 from kvroute.routing.saturation import SaturationSettings
 from kvroute.routing.settings import check_non_negative, setting
-from kvroute.routing.stages import Filter, Policy, Pruning, Scorer
+from kvroute.routing.stages import Filter, Key, Policy, Pruning, Scorer
 from kvroute.routing.view import Candidate, Signal, View
 
 
@@ -238,22 +238,40 @@ def explain(view: View, cands: list[Candidate], i: int) -> tuple[DecisionKind, s
     return DecisionKind.COLD, f"[AUTO] cold:{who} {c.worker.id} ({figures})"
 
 
-def _floor(view: View, busy: int) -> float | None:
-    """The least ``predicted_ttft`` of a worker holding none of the prompt at ``busy``: nothing
-    queued but its in-flight requests, the whole prompt to prefill.  Only with one prefill rate for
-    every worker (``learn_rate`` off)."""
+def _floor(view: View, busy: int) -> Key | None:
+    """The least scores of a worker holding none of the prompt at ``busy``: nothing queued but its
+    in-flight requests, the whole prompt to prefill (``predicted_ttft``), no match
+    (``deepest_match``), nothing in flight (``inflight``).  Only with one prefill rate for every
+    worker (``learn_rate`` off)."""
     learning = view.block(LearningSettings)
     if learning.learn_rate:
         return None
     s = view.block(AutoSettings)
     tokens = s.inflight_tokens * busy + (1.0 + s.prefill_penalty) * view.est_tokens
-    return learning.prefill_s_per_token * tokens
+    return (learning.prefill_s_per_token * tokens, 0.0, 0.0)
 
 
-PRUNING = Pruning("busy", lambda view: view.placement.slack_for(view.est_tokens), _floor)
-"""A new placement goes within the prompt-size slack of the least busy (``room_guard`` with room);
-a bound session's turn stays unless a worker beats the cost of staying.  Not used while the fleet
-is full (every worker is compared with the mean load)."""
+def _kept(view: View, cands: list[Candidate], least: int) -> list[bool] | None:
+    """Which of ``cands`` ``room_guard`` and ``balanced_sessions`` keep whatever the rest of the
+    fleet: every one for a bound session's turn (both let it through); for a placement, those within
+    the slack of ``least`` with at most ``session_spread`` active sessions — known only once one of
+    those within the slack has none, the fewest there can be."""
+    if view.bound_in(cands):
+        return [True] * len(cands)
+    limit = least + view.placement.slack_for(view.est_tokens)
+    spread = view.block(AutoSettings).session_spread
+    if view.session is None or spread is None:
+        return [c.busy <= limit for c in cands]
+    if all(c.active_sessions for c in cands if c.busy <= limit):
+        return None
+    return [c.busy <= limit and c.active_sessions <= spread for c in cands]
+
+
+PRUNING = Pruning("busy", lambda view: view.placement.slack_for(view.est_tokens), _floor, _kept)
+"""A new placement goes within the prompt-size slack of the least busy (``room_guard`` with room),
+to the cheapest of the workers holding part of the prompt and the least busy ones, unless a worker
+holding nothing could be cheaper still; a bound session's turn stays unless a worker beats the cost
+of staying.  Not used while the fleet is full (every worker is compared with the mean load)."""
 
 POLICY = Policy("auto", (*filters.BASE, room_guard, balanced_sessions),
                 (predicted_ttft, scorers.deepest_match, scorers.inflight), pickers.lowest, explain,
