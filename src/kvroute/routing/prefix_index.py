@@ -184,9 +184,13 @@ class PrefixIndex:
                 if slot not in found and entry >> _SLOT_BITS >= cutoff:
                     found[slot] = depth
                 continue
-            # A shared head is owned by many workers, most of them found deeper already.
-            for slot in entry.keys() - found.keys():
-                if entry[slot] >= cutoff:
+            if len(entry) > 8:  # a head shared by many workers, most of them found deeper already
+                for slot in entry.keys() - found.keys():
+                    if entry[slot] >= cutoff:
+                        found[slot] = depth
+                continue
+            for slot, t in entry.items():
+                if t >= cutoff and slot not in found:
                     found[slot] = depth
         return found
 

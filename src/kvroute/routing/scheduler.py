@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
 import xxhash
@@ -290,28 +290,23 @@ class Scheduler:
             if bound is not None:
                 return None
             return self._pruned(book.lowest(buckets, within, accept))
-        # A few of the least busy (the first is the least busy of all, where the slack counts from).
-        least_busy: dict[int, WorkerState] = {}
-        least: int | None = None
-        for figure, bucket in buckets.ascending():
-            for i, w in bucket.items():
-                if accept(w):
-                    least_busy[i] = w
-                    if least is None:
-                        least = figure
-                    if len(least_busy) >= _PRICED:
-                        break
-            beyond = least is not None and bound is None and figure >= least + within
-            if len(least_busy) >= _PRICED or beyond:
-                break
-        if least is None:
+        def accepted() -> Iterator[tuple[int, int, WorkerState]]:
+            for figure, bucket in buckets.ascending():
+                for i, w in bucket.items():
+                    if accept(w):
+                        yield figure, i, w
+
+        # The least busy of all (where the slack counts from), then a few more when needed.
+        ascending = accepted()
+        least, i, w = next(ascending, (None, 0, None))
+        if least is None or w is None:
             return None
         few: dict[int, WorkerState] = {}
         if bound is not None:
             few[book.position(bound)] = bound
-        else:
-            i = next(iter(least_busy))
-            few[i] = least_busy[i]
+        least_busy = {i: w}
+        if bound is None:
+            few[i] = w
         walk = self._index.depths(hashes, view.now)
         self._walk = (hashes, view.now, walk)
         held_by = self._index.named(walk).keys()
@@ -347,6 +342,13 @@ class Scheduler:
         price(few)
         lowest = floor(view, least)
         if best is None or lowest is None or lowest < best:
+            top = least + within
+            for figure, i, w in ascending:
+                if bound is None and figure > top:
+                    break
+                least_busy[i] = w
+                if len(least_busy) >= _PRICED:
+                    break
             price({i: w for i, w in least_busy.items() if i not in priced})
         if best is None or best[0] == math.inf:
             return None if bound is not None else self._pruned(book.lowest(buckets, within, accept))

@@ -42,7 +42,7 @@ gets a second replica only once its holder is that far above the mean.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvroute.routing import filters, pickers, scorers
 from kvroute.routing.decision import DecisionKind
@@ -102,6 +102,10 @@ class _Prices:
     trust: float
     per_session: float
     bound: str | None
+    # The candidates the cost was last computed for and their predictions (what the explainer
+    # compares), so that each is computed once per decision.
+    priced: list[Candidate] | None = None
+    predictions: list[float] = field(default_factory=list)
 
     @classmethod
     def of(cls, view: View) -> _Prices:
@@ -138,6 +142,12 @@ class _Prices:
         queue, held = self.queue_and_held(c)
         return c.s_per_token * (queue + self.est - held)
 
+    def predicted_all(self, cands: list[Candidate]) -> list[float]:
+        """``predicted`` of each of ``cands`` (computed by the cost already when it priced them)."""
+        if cands is self.priced:
+            return self.predictions
+        return [self.predicted(c) for c in cands]
+
 
 def expected_held_tokens(view: View, c: Candidate) -> float:
     """Prompt tokens ``c`` is expected to serve from cache (what the backlog adds the rest of)."""
@@ -150,6 +160,7 @@ def _costs(view: View, cands: list[Candidate]) -> list[float]:
     cap = view.placement.overflow if view.placement.overflow != "auto" else None
     full = view.fleet_full
     out: list[float] = []
+    predictions: list[float] = []
     for c in cands:
         if full:  # the fleet's cost: the prefill it adds, and decode interference
             uncached = est - p.held(c)
@@ -157,6 +168,7 @@ def _costs(view: View, cands: list[Candidate]) -> list[float]:
         else:
             queue, held = p.queue_and_held(c)
             uncached = est - held
+            predictions.append(c.s_per_token * (queue + est - held))  # as ``predicted`` computes it
             if p.per_session:
                 queue += p.sessions(c)
         cost = c.s_per_token * (queue + (1.0 + s.prefill_penalty) * uncached)
@@ -166,6 +178,8 @@ def _costs(view: View, cands: list[Candidate]) -> list[float]:
             else:
                 cost -= c.s_per_token * s.stay_tokens
         out.append(cost)
+    if not full:
+        p.priced, p.predictions = cands, predictions
     return out
 
 
@@ -216,14 +230,14 @@ balanced_sessions = Filter("balanced_sessions", _balanced_sessions,
 def explain(view: View, cands: list[Candidate], i: int) -> tuple[DecisionKind, str]:
     """Sticky, overflow, prefix hit or cold, with the predictions compared."""
     c = cands[i]
-    prices = view.derived(_Prices.of)
+    predictions = view.derived(_Prices.of).predicted_all(cands)
     alt: Candidate | None = None
     alt_s = math.inf
     for j, x in enumerate(cands):
-        if j != i and (p := prices.predicted(x)) < alt_s:
+        if j != i and (p := predictions[j]) < alt_s:
             alt, alt_s = x, p
     versus = f" vs {alt_s:.3f}s on {alt.worker.id}" if alt is not None else ""
-    figures = (f"predicted {prices.predicted(c):.3f}s{versus}; keeps {blocks(view, c)}, "
+    figures = (f"predicted {predictions[i]:.3f}s{versus}; keeps {blocks(view, c)}, "
                f"busy={c.busy}, ~{view.est_tokens} tokens")
     if view.fleet_full:
         figures += f"; fleet saturated: placed for the fleet, load bound {load_bound(view, cands)}"
