@@ -309,14 +309,14 @@ class Scheduler:
             few[i] = w
         walk = self._index.depths(hashes, view.now)
         self._walk = (hashes, view.now, walk)
-        held_by = self._index.named(walk).keys()
+        held_by: Collection[str] = self._index.named(walk).keys()
         if view.key.token_hashes:
-            held_by = held_by | self.exact.holders(view.key.token_hashes[0], view.now)
+            held_by = set(held_by) | self.exact.holders(view.key.token_hashes[0], view.now)
         for wid in held_by:
             w = book.named(wid)
             if w is not None and accept(w):
                 few[book.position(w)] = w
-        needs = policy.needs
+        needs, kept_of = policy.needs, rule.kept
         priced: dict[int, Candidate] = {}
         best: tuple[float, ...] | None = None
 
@@ -331,7 +331,7 @@ class Scheduler:
             for c in cands:
                 priced[book.position(c.worker)] = c
             # Which are surely kept is told from everything priced so far (the bound worker is).
-            kept = rule.kept(view, list(priced.values()), least)
+            kept = kept_of(view, list(priced.values()), least)
             if kept is None:
                 return
             scores = zip(*(scorer.score(view, cands) for scorer in policy.scorers), strict=True)
@@ -353,10 +353,10 @@ class Scheduler:
         if best is None or best[0] == math.inf:
             return None if bound is not None else self._pruned(book.lowest(buckets, within, accept))
         # Busier workers, while one holding nothing there could still beat the best so far.
-        top = math.inf if bound is not None else least + within
+        ceiling = math.inf if bound is not None else least + within
         for figure, bucket in buckets.ascending():
             low = floor(view, figure)
-            if figure > top or low is None or not low < best:
+            if figure > ceiling or low is None or not low < best:
                 break
             price({i: w for i, w in bucket.items() if i not in priced and accept(w)})
         self._filled = True
