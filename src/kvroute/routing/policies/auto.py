@@ -129,14 +129,6 @@ class _Prices:
         queue = backlog + s.inflight_tokens * c.busy + s.waiting_tokens * (c.worker.waiting or 0)
         return queue, self.held(c)
 
-    def sessions(self, c: Candidate) -> float:
-        """Token-equivalents of future load on ``c`` from the other sessions active there (0 for
-        a request without a session: it joins nobody's conversation)."""
-        if not self.per_session:
-            return 0.0
-        others = c.active_sessions - (1 if c.worker.id == self.bound else 0)
-        return self.per_session * others if others > 0 else 0.0
-
     def predicted(self, c: Candidate) -> float:
         """Predicted time to first token on ``c``, in seconds."""
         queue, held = self.queue_and_held(c)
@@ -161,22 +153,34 @@ def _costs(view: View, cands: list[Candidate]) -> list[float]:
     full = view.fleet_full
     out: list[float] = []
     predictions: list[float] = []
+    # ``_Prices.queue_and_held`` written out: this loop runs for every worker of every decision,
+    # and the terms must stay the very same floating-point operations.  The sessions term is the
+    # future load of the other sessions active there (none for a request without a session: it
+    # joins nobody's conversation).
+    backlog_weight, eviction_weight, trust = s.backlog_weight, s.eviction_weight, p.trust
+    inflight_tokens, waiting_tokens, per_session = s.inflight_tokens, s.waiting_tokens, p.per_session
+    weight, stay = 1.0 + s.prefill_penalty, s.stay_tokens
     for c in cands:
+        spt = c.s_per_token
         if full:  # the fleet's cost: the prefill it adds, and decode interference
             uncached = est - p.held(c)
-            queue = s.inflight_tokens * c.busy
+            queue = inflight_tokens * c.busy
         else:
-            queue, held = p.queue_and_held(c)
+            realisation = c.realisation
+            queue = backlog_weight * c.backlog_tokens * (1.0 + eviction_weight * (1.0 - realisation)) + \
+                inflight_tokens * c.busy + waiting_tokens * (c.worker.waiting or 0)
+            held = c.held_tokens if c.exact else c.held_tokens * (1.0 - trust * (1.0 - realisation))
             uncached = est - held
-            predictions.append(c.s_per_token * (queue + est - held))  # as ``predicted`` computes it
-            if p.per_session:
-                queue += p.sessions(c)
-        cost = c.s_per_token * (queue + (1.0 + s.prefill_penalty) * uncached)
+            predictions.append(spt * (queue + est - held))  # as ``predicted`` computes it
+            if per_session:
+                others = c.active_sessions - (1 if c.worker.id == bound else 0)
+                queue += per_session * others if others > 0 else 0.0
+        cost = spt * (queue + weight * uncached)
         if c.worker.id == bound:
             if cap is not None and c.load > cap:
                 cost = math.inf
             else:
-                cost -= c.s_per_token * s.stay_tokens
+                cost -= spt * stay
         out.append(cost)
     if not full:
         p.priced, p.predictions = cands, predictions
