@@ -249,10 +249,11 @@ class Scheduler:
     def _learned(self, cands: list[Candidate], settings: LearningSettings, now: float) -> None:
         """Signal.LEARNED: prefill rate, cache realisation and backlog of each candidate."""
         learning = self._learning
+        default = settings.prefill_s_per_token
         for c in cands:
             learned = learning.get(c.worker.id)
             if learned is None:
-                c.s_per_token = settings.prefill_s_per_token
+                c.s_per_token = default
                 continue
             c.s_per_token = learned.cost_rate(settings)
             c.realisation = learned.realised
