@@ -10,7 +10,9 @@ request's earlier turn), random loads and engine figures, then ``Dispatcher.rout
 
 * **new**: a new conversation — a session never seen, behind the system prompt one worker holds,
   with a user message no worker holds (different on every call);
-* **next**: a conversation's next turn — its session bound to the worker holding its earlier turn.
+* **next**: a conversation's next turn — its session bound to the worker holding its earlier turn;
+* **even**: a new conversation again, over the same workers all carrying one load (an idle fleet
+  is one): each of them is within the prompt-size slack of the least busy.
 
 ``parse`` is ``parse_request`` of the chat body that produces the next turn's key; ``commit``
 records it.  ``considered`` is how many workers the decisions looked at (``Decision.considered``).
@@ -19,6 +21,7 @@ records it.  ``considered`` is how many workers the decisions looked at (``Decis
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import gc
 import json
@@ -118,10 +121,12 @@ def bench_cell(policy: str, size: int, n_workers: int, reps: int) -> dict[str, A
         user = {"role": "user", "content": f"{i:08d}" + body["messages"][3]["content"]}
         k = parse_request("chat", {"model": "m", "messages": [system, user]}, {"x-session-id": f"new-{i}"})
         news.append(k)
+    # The same workers all carrying one load (as in an idle fleet): every one is within the slack.
+    even = [dataclasses.replace(w, inflight=2, running=2, waiting=0, kv_usage=0.5) for w in ws]
     out: dict[str, Any] = {"policy": policy, "prompt_bytes": size, "workers": n_workers}
-    for case, keys in (("new", news), ("next", nexts)):
+    for case, keys, fleet in (("new", news, ws), ("next", nexts, ws), ("even", news, even)):
         considered: list[int] = []
-        p50, p99 = _timed(functools.partial(_route_next, route, iter(keys), ws, considered), reps)
+        p50, p99 = _timed(functools.partial(_route_next, route, iter(keys), fleet, considered), reps)
         out[f"{case}_us_p50"], out[f"{case}_us_p99"] = p50, p99
         out[f"{case}_considered"] = statistics.median(considered)
     out["parse_us_p50"] = _timed(lambda: parse_request("chat", body, headers), reps)[0]
@@ -202,8 +207,8 @@ def main() -> None:
               f"{scheduler_memory(200_000, 10_000, 1000):.1f} MiB")
         return
     print("| prompt | workers | blocks | new p50 µs | new p99 µs | new considered | next p50 µs | "
-          "next p99 µs | next considered | parse p50 µs | commit p50 µs |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "next p99 µs | next considered | even p50 µs | even considered | parse p50 µs | commit p50 µs |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for label, size in sizes.items():
         for n in fleets:
             reps = max(50, reps_for[size] // (4 if args.quick else 1))
@@ -211,7 +216,8 @@ def main() -> None:
             rows.append(r)
             print(f"| {label} | {n} | {r['blocks']} | {r['new_us_p50']:.1f} | {r['new_us_p99']:.1f} | "
                   f"{r['new_considered']:g} | {r['next_us_p50']:.1f} | {r['next_us_p99']:.1f} | "
-                  f"{r['next_considered']:g} | {r['parse_us_p50']:.1f} | {r['commit_us_p50']:.1f} |",
+                  f"{r['next_considered']:g} | {r['even_us_p50']:.1f} | {r['even_considered']:g} | "
+                  f"{r['parse_us_p50']:.1f} | {r['commit_us_p50']:.1f} |",
                   flush=True)
     if args.with_memory:
         print(f"scheduler with 200k index blocks + 10k sessions over 1000 workers: "
