@@ -250,14 +250,19 @@ class Scheduler:
         """Signal.LEARNED: prefill rate, cache realisation and backlog of each candidate."""
         learning = self._learning
         default = settings.prefill_s_per_token
+        # ``WorkerLearning.cost_rate`` and ``drain_rate`` written out (this runs for every candidate).
+        learn_rate, learn_speed = settings.learn_rate, settings.learn_prefill_speed
         for c in cands:
             learned = learning.get(c.worker.id)
             if learned is None:
                 c.s_per_token = default
                 continue
-            c.s_per_token = learned.cost_rate(settings)
+            rate = (learned.rate if learn_rate else None) or default
+            fastest = learned.fastest if learn_speed else None
+            c.s_per_token = rate
             c.realisation = learned.realised
-            c.backlog_tokens = learned.drain(now, learned.drain_rate(settings), c.load)
+            c.backlog_tokens = learned.drain(now, fastest if fastest is not None and fastest < rate else rate,
+                                             c.load)
 
     def _prune(self, policy: Policy, rule: Pruning, view: View, hashes: tuple[int, ...],
                workers: Sequence[WorkerState], exclude: Collection[str],
