@@ -194,13 +194,9 @@ class PrefixIndex:
                     found[slot] = depth
         return found
 
-    def holders(self, hashes: Sequence[int], now: float) -> set[str]:
-        """Workers owning any of ``hashes`` under their current epoch (whatever the epoch a caller
-        knows them by): who might match, without naming the candidates first."""
-        return set(self.named(self.depths(hashes, now)))
-
     def named(self, depths: Mapping[int, int]) -> dict[str, int]:
-        """``depths`` (from ``depths``) by worker id, for the slots of current registrations."""
+        """``depths`` (from ``depths``) by worker id, for the slots of current registrations
+        (whatever the epoch a caller knows them by): who might match, and how deep."""
         live = self._live
         return {live[slot]: d for slot, d in depths.items() if slot in live}
 
