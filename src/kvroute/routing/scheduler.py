@@ -67,8 +67,9 @@ class Scheduler:
         self._learning: dict[str, WorkerLearning] = {}
         self._counts: dict[str, dict[str, int]] = {}
         self._memo_key: RoutingKey | None = None
-        # The pruning's walk of the approximate index for the decision under way: (hashes, time,
-        # {slot: deepest match}), and whether its candidates carry their signals already.
+        # The pruning's walk of the approximate index for the decision under way (reset when it
+        # ends): (hashes, time, {slot: deepest match}), and whether its candidates carry their
+        # signals already.
         self._walk: tuple[tuple[int, ...], float, dict[int, int]] | None = None
         self._filled = False
         self._memo_hashes: tuple[int, ...] = ()
@@ -96,6 +97,13 @@ class Scheduler:
         ``fleet_full``: the model's fleet is saturated (routing/saturation.py); with
         ``fleet_full_placement = "fleet"`` the policy then places for the fleet (``View.fleet_full``).
         """
+        try:
+            return self._decide(key, workers, exclude, book, fleet_full)
+        finally:  # the pruning's walk of the index holds for this decision only
+            self._walk, self._filled = None, False
+
+    def _decide(self, key: RoutingKey, workers: Sequence[WorkerState], exclude: Collection[str],
+                book: LoadBook | None, fleet_full: bool) -> Decision:
         now = self._clock()
         cfg = self.config.policy_for(key.model)
         placement = cfg.placement
@@ -112,7 +120,6 @@ class Scheduler:
                 view.bound = self._resident_home(key, workers, now)
         offered = len(workers)
         few = None
-        self._walk, self._filled = None, False
         # Placing for a full fleet compares every worker with the fleet's mean load: no pruning.
         if book is not None and policy.pruning is not None and offered > self.config.prune_above \
                 and not view.fleet_full:
@@ -296,6 +303,7 @@ class Scheduler:
             if bound is not None:
                 return None
             return self._pruned(book.lowest(buckets, within, accept))
+
         def accepted() -> Iterator[tuple[int, int, WorkerState]]:
             for figure, bucket in buckets.ascending():
                 for i, w in bucket.items():
