@@ -150,22 +150,24 @@ class PrefixIndex:
         want = len(slots)
         cutoff = int(now - self.max_age_s)
         get = self._entries.get
-        for depth in range(len(hashes), 0, -1):
-            entry = get(hashes[depth - 1])
-            if entry is None:
-                continue
-            if isinstance(entry, int):
-                slot = entry & _SLOT_MASK
-                if slot in slots and slot not in found and entry >> _SLOT_BITS >= cutoff:
-                    found[slot] = depth
+        depth = len(hashes)
+        # One pass from the deepest block, counting down (measured faster than indexing).
+        for h in reversed(hashes):
+            entry = get(h)
+            if entry is not None:
+                if isinstance(entry, int):
+                    slot = entry & _SLOT_MASK
+                    if slot in slots and slot not in found and entry >> _SLOT_BITS >= cutoff:
+                        found[slot] = depth
+                        if len(found) == want:
+                            break
+                else:
+                    for slot, t in entry.items():
+                        if slot in slots and slot not in found and t >= cutoff:
+                            found[slot] = depth
                     if len(found) == want:
                         break
-                continue
-            for slot, t in entry.items():
-                if slot in slots and slot not in found and t >= cutoff:
-                    found[slot] = depth
-            if len(found) == want:
-                break
+            depth -= 1
         return found
 
     def depths(self, hashes: Sequence[int], now: float) -> dict[int, int]:
@@ -175,23 +177,24 @@ class PrefixIndex:
         found: dict[int, int] = {}
         cutoff = int(now - self.max_age_s)
         get = self._entries.get
-        for depth in range(len(hashes), 0, -1):
-            entry = get(hashes[depth - 1])
+        depth = len(hashes)
+        for h in reversed(hashes):
+            entry = get(h)
             if entry is None:
-                continue
-            if isinstance(entry, int):
+                pass
+            elif isinstance(entry, int):
                 slot = entry & _SLOT_MASK
                 if slot not in found and entry >> _SLOT_BITS >= cutoff:
                     found[slot] = depth
-                continue
-            if len(entry) > 8:  # a head shared by many workers, most of them found deeper already
+            elif len(entry) > 8:  # a head shared by many workers, most of them found deeper already
                 for slot in entry.keys() - found.keys():
                     if entry[slot] >= cutoff:
                         found[slot] = depth
-                continue
-            for slot, t in entry.items():
-                if t >= cutoff and slot not in found:
-                    found[slot] = depth
+            else:
+                for slot, t in entry.items():
+                    if t >= cutoff and slot not in found:
+                        found[slot] = depth
+            depth -= 1
         return found
 
     def named(self, depths: Mapping[int, int]) -> dict[str, int]:
