@@ -37,7 +37,8 @@ from kvroute.routing.sync_record import PrefixRecord, SessionRecord, SyncRecord,
 from kvroute.routing.view import Candidate, Signal, View
 from kvroute.routing.worker import WorkerState
 
-# Workers priced first when pruning a large fleet (whole load buckets, so often a few more).
+# How many of the least busy workers the pruning of a large fleet prices, beyond the bound worker
+# and the prompt's holders, when those do not settle the decision.
 _PRICED = 8
 
 
