@@ -194,7 +194,7 @@ predicted_ttft = Scorer("predicted_ttft", _costs,
 
 def predicted_ttft_s(view: View, c: Candidate) -> float:
     """auto's predicted time to first token on ``c`` (what the proxy's first-byte deadline scales)."""
-    return _Prices.of(view).predicted(c)
+    return view.derived(_Prices.of).predicted(c)
 
 
 def load_bound(view: View, cands: list[Candidate]) -> int:
