@@ -5,25 +5,36 @@
     python benchmarks/bench_decision.py --json out.json
 
 Each cell: a warm index (every worker has served a few conversations, and one worker holds the
-request's earlier turn), random loads and engine figures, then ``decide()`` on a fresh
-``RoutingKey`` each time, so the block hashing is paid on every call, as in the server.
-``parse`` is ``parse_request`` of the chat body that produces that key; ``commit`` records it.
+request's earlier turn), random loads and engine figures, then ``Dispatcher.route`` on a fresh
+``RoutingKey`` each time, so the block hashing is paid on every call, as in the server.  Two cases:
+
+* **new**: a new conversation — a session never seen, behind the system prompt one worker holds,
+  with a user message no worker holds (different on every call);
+* **next**: a conversation's next turn — its session bound to the worker holding its earlier turn;
+* **even**: a new conversation again, over the same workers all carrying one load (an idle fleet
+  is one): each of them is within the prompt-size slack of the least busy.
+
+``parse`` is ``parse_request`` of the chat body that produces the next turn's key; ``commit``
+records it.  ``considered`` is how many workers the decisions looked at (``Decision.considered``).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import gc
 import json
 import random
 import statistics
 import time
 import tracemalloc
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from kvroute.api.requests import parse_request
 from kvroute.routing.config import ModelPolicy, RoutingConfig
+from kvroute.routing.decision import Decision
 
 try:  # the dispatch path (and its pruning of large fleets); absent before the routing core's second edition
     from kvroute.routing.dispatch import Dispatcher
@@ -56,19 +67,29 @@ def _fleet(n: int, rng: random.Random) -> list[WorkerState]:
     return ws
 
 
+# What a call's time is read from: the wall clock, or with ``--cpu-time`` this process's CPU time
+# (on a shared machine other jobs' load then does not count).
+_clock = time.perf_counter_ns
+
+
 def _timed(fn: Callable[[], object], reps: int) -> tuple[float, float]:
     """Median and p99 in microseconds."""
     samples = []
     gc.disable()
     try:
         for _ in range(reps):
-            t0 = time.perf_counter_ns()
+            t0 = _clock()
             fn()
-            samples.append((time.perf_counter_ns() - t0) / 1000)
+            samples.append((_clock() - t0) / 1000)
     finally:
         gc.enable()
     samples.sort()
     return statistics.median(samples), samples[min(len(samples) - 1, int(len(samples) * 0.99))]
+
+
+def _route_next(route: Callable[..., Decision], keys: Iterator[RoutingKey], ws: list[WorkerState],
+                considered: list[int]) -> None:
+    considered.append(route(next(keys), ws).considered)
 
 
 def bench_cell(policy: str, size: int, n_workers: int, reps: int) -> dict[str, Any]:
@@ -81,22 +102,38 @@ def bench_cell(policy: str, size: int, n_workers: int, reps: int) -> dict[str, A
     for j in range(min(4 * n_workers, 256)):
         k = RoutingKey(model="m", prefix=_text(j, 8192).encode(), est_prompt_tokens=2048)
         sched.commit(k, sched.decide(k, [ws[j % n_workers]]))
-    body = {"model": "m", "messages": [{"role": "system", "content": _text(-1, size // 2)},
-                                       {"role": "user", "content": _text(-2, size // 2)}]}
-    earlier = parse_request("chat", {**body, "messages": body["messages"][:1]}, {})
-    sched.commit(earlier, sched.decide(earlier, [ws[0]]))
+    system = {"role": "system", "content": _text(-1, size // 2)}
+    first = [system, {"role": "user", "content": _text(-3, 256)}]
+    body = {"model": "m", "messages": [*first, {"role": "assistant", "content": _text(-4, 256)},
+                                       {"role": "user", "content": _text(-2, size // 2 - 512)}]}
     headers = {"x-session-id": "bench"}
+    # The system prompt went to worker 0 first (another conversation, no session).
+    earlier = parse_request("chat", {"model": "m", "messages": [system]}, {})
+    sched.commit(earlier, sched.decide(earlier, [ws[0]]))
+    # The conversation's first turn: placed by the policy over the whole fleet, as in the server.
+    turn = parse_request("chat", {"model": "m", "messages": first}, headers)
+    sched.commit(turn, route(turn, ws))
     key = parse_request("chat", body, headers)
-    keys = [RoutingKey(model=key.model, prefix=key.prefix, session_id=key.session_id,
-                       est_prompt_tokens=key.est_prompt_tokens) for _ in range(reps)]
-    it = iter(keys)
-    decide = _timed(lambda: route(next(it), ws), reps)
-    parse = _timed(lambda: parse_request("chat", body, headers), reps)
+    nexts = [RoutingKey(model=key.model, prefix=key.prefix, session_id=key.session_id,
+                        est_prompt_tokens=key.est_prompt_tokens) for _ in range(reps)]
+    news = []
+    for i in range(reps):
+        user = {"role": "user", "content": f"{i:08d}" + body["messages"][3]["content"]}
+        k = parse_request("chat", {"model": "m", "messages": [system, user]}, {"x-session-id": f"new-{i}"})
+        news.append(k)
+    # The same workers all carrying one load (as in an idle fleet): every one is within the slack.
+    even = [dataclasses.replace(w, inflight=2, running=2, waiting=0, kv_usage=0.5) for w in ws]
+    out: dict[str, Any] = {"policy": policy, "prompt_bytes": size, "workers": n_workers}
+    for case, keys, fleet in (("new", news, ws), ("next", nexts, ws), ("even", news, even)):
+        considered: list[int] = []
+        p50, p99 = _timed(functools.partial(_route_next, route, iter(keys), fleet, considered), reps)
+        out[f"{case}_us_p50"], out[f"{case}_us_p99"] = p50, p99
+        out[f"{case}_considered"] = statistics.median(considered)
+    out["parse_us_p50"] = _timed(lambda: parse_request("chat", body, headers), reps)[0]
     decision = sched.decide(key, ws)
-    commit = _timed(lambda: sched.commit(key, decision), reps)
-    return {"policy": policy, "prompt_bytes": size, "workers": n_workers, "blocks": decision.total_blocks,
-            "decide_us_p50": decide[0], "decide_us_p99": decide[1], "parse_us_p50": parse[0],
-            "commit_us_p50": commit[0], "matched": decision.matched_blocks}
+    out["commit_us_p50"] = _timed(lambda: sched.commit(key, decision), reps)[0]
+    out["blocks"], out["matched"] = decision.total_blocks, decision.matched_blocks
+    return out
 
 
 def index_memory(n_blocks: int, owners: int) -> float:
@@ -152,25 +189,39 @@ def main() -> None:
     parser.add_argument("--sizes", default=",".join(SIZES), help="prompt sizes to run (of %(default)s)")
     parser.add_argument("--memory-only", action="store_true",
                         help="only the scheduler's memory at 200k index blocks + 10k sessions")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time calls by this process's CPU time, not the wall clock (a shared machine)")
+    parser.add_argument("--with-memory", action="store_true",
+                        help="also the scheduler's memory at 200k index blocks + 10k sessions")
     parser.add_argument("--workers", default=",".join(map(str, WORKERS)), help="fleet sizes to run")
     args = parser.parse_args()
     sizes = {label: SIZES[label] for label in args.sizes.split(",")}
     fleets = [int(n) for n in args.workers.split(",")]
+    if args.cpu_time:
+        global _clock
+        _clock = time.process_time_ns
     reps_for = {8 << 10: 2000, 32 << 10: 2000, 128 << 10: 500, 1 << 20: 100}
     rows = []
     if args.memory_only:
         print(f"scheduler with 200k index blocks + 10k sessions over 1000 workers: "
               f"{scheduler_memory(200_000, 10_000, 1000):.1f} MiB")
         return
-    print("| prompt | workers | blocks | decide p50 µs | decide p99 µs | parse p50 µs | commit p50 µs |")
-    print("|---|---|---|---|---|---|---|")
+    print("| prompt | workers | blocks | new p50 µs | new p99 µs | new considered | next p50 µs | "
+          "next p99 µs | next considered | even p50 µs | even considered | parse p50 µs | commit p50 µs |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for label, size in sizes.items():
         for n in fleets:
             reps = max(50, reps_for[size] // (4 if args.quick else 1))
             r = bench_cell(args.policy, size, n, reps)
             rows.append(r)
-            print(f"| {label} | {n} | {r['blocks']} | {r['decide_us_p50']:.1f} | {r['decide_us_p99']:.1f} | "
-                  f"{r['parse_us_p50']:.1f} | {r['commit_us_p50']:.1f} |", flush=True)
+            print(f"| {label} | {n} | {r['blocks']} | {r['new_us_p50']:.1f} | {r['new_us_p99']:.1f} | "
+                  f"{r['new_considered']:g} | {r['next_us_p50']:.1f} | {r['next_us_p99']:.1f} | "
+                  f"{r['next_considered']:g} | {r['even_us_p50']:.1f} | {r['even_considered']:g} | "
+                  f"{r['parse_us_p50']:.1f} | {r['commit_us_p50']:.1f} |",
+                  flush=True)
+    if args.with_memory:
+        print(f"scheduler with 200k index blocks + 10k sessions over 1000 workers: "
+              f"{scheduler_memory(200_000, 10_000, 1000):.1f} MiB")
     memory = {owners: index_memory(100_000, owners) for owners in (1, 4)}
     for owners, per_block in memory.items():
         print(f"index memory, {owners} owner(s) per block: {per_block:.0f} B/block = "

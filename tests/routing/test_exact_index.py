@@ -218,3 +218,31 @@ def test_a_block_stored_twice_stays_held_until_both_copies_are_evicted() -> None
 
 def held_by(index: ExactIndex, toks: list[int]) -> int:
     return index.match(token_block_hashes(toks, BS), ["a"], 0.0)["a"]
+
+
+def test_whether_a_match_is_read_here_is_one_predicate() -> None:
+    index = ExactIndex(stale_s=5.0)
+    assert not index.readable("a", 0.0, BS) and not index.readable("a", 0.0)  # no events at all
+    index.attach("a", [0, 1])
+    index.synced("a", 0, 0.0)
+    assert not index.readable("a", 0.0, BS)  # rank 1 is not synchronised yet
+    index.synced("a", 1, 0.0)
+    # Synchronised, nothing stored: its match is truly empty, but its block size is not told.
+    assert index.readable("a", 0.0, BS) and index.readable("a", 0.0, 2 * BS)
+    assert not index.readable("a", 0.0)
+    index.stored("a", 0, [1], None, tokens(1), BS, None, 1.0)
+    assert index.readable("a", 1.0, BS) and index.readable("a", 1.0)
+    assert not index.readable("a", 1.0, 2 * BS)  # another tokenization's blocks never match
+    index.expect("a", 2.0)
+    assert index.readable("a", 6.9, BS) and not index.readable("a", 7.1, BS)
+    assert index.mode("a", 7.1) == "approximate"
+
+
+def test_holders_count_speculative_entries() -> None:
+    index = ExactIndex(speculative_ttl_s=2.0)
+    live(index, "a", "b")
+    h = token_block_hashes(tokens(2), BS)
+    index.stored("b", 0, [7, 8], None, tokens(2), BS, None, 0.0)
+    index.speculate("a", h, 10.0)
+    assert index.holders(h[0], 11.0) == {"a", "b"}
+    assert index.holders(h[0], 12.5) == {"b"}

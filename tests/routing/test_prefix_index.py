@@ -189,3 +189,23 @@ def test_index_agrees_with_reference_model(operations: list[tuple], max_blocks: 
             assert deepest(index, h, stale, now) == {}
         assert len(index) == len(ref.entries)
         assert len(index) <= max_blocks
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 19), st.lists(st.integers(0, 7), min_size=1, max_size=6),
+                          st.integers(0, 3)), min_size=1, max_size=40),
+       st.lists(st.integers(0, 7), min_size=1, max_size=8))
+def test_one_walk_finds_every_holder_and_its_match(records: list[tuple[int, list[int], int]],
+                                                   prompt: list[int]) -> None:
+    """``depths`` (the pruning's single walk) says of every slot what ``match`` says of it, also
+    for heads shared by many workers and for owners past the age bound."""
+    index = PrefixIndex(max_blocks=10_000, max_age_s=100.0)
+    for worker, blocks, age in records:
+        index.record(chain(blocks), f"w{worker}", 1.0, T0 - 60.0 * age)
+    hashes = chain(prompt)
+    walk = index.depths(hashes, T0)
+    named = index.named(walk)
+    for worker in range(20):
+        wid = f"w{worker}"
+        expected = deepest(index, hashes, {wid: 1.0}, T0).get(wid)
+        assert named.get(wid) == expected

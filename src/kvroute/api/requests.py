@@ -567,7 +567,7 @@ def tenant_of(headers: Mapping[str, str]) -> str | None:
     return None
 
 
-def conversation_id(first_turn: bytes) -> str:
+def conversation_id(first_turn: bytes | memoryview) -> str:
     """The identity of a conversation that sent no session id, from the canonical bytes of its
     shared head and its first own message (``conv:`` and a 128-bit digest, never the text)."""
     return DERIVED_SESSION_PREFIX + xxhash.xxh3_128_hexdigest(first_turn)
@@ -621,7 +621,8 @@ def parse_request(route: str, body: Any, headers: Mapping[str, str],
     session_id = session_id_of(body, headers, opts)
     if session_id is None and opts.derive_conversation_id and cacheable and canon.first_turn_parts:
         first_turn_bytes = sum(len(p) for p in canon.parts[:canon.first_turn_parts])
-        session_id = conversation_id(prefix[:first_turn_bytes])
+        # A view, not a copy of what may be most of the prompt.
+        session_id = conversation_id(memoryview(prefix)[:first_turn_bytes])
     if len(prefix) > opts.max_prefix_bytes:
         prefix = prefix[:opts.max_prefix_bytes]
     return RoutingKey(

@@ -254,6 +254,27 @@ class ExactIndex:
                 return src.block_size
         return None
 
+    def readable(self, worker_id: str, now: float, block_size: int | None = None) -> bool:
+        """Whether ``worker_id``'s match on a request's token hashes of ``block_size``-token blocks
+        is read here rather than from the approximate index: its mode is ``exact`` and its engine's
+        block size is ``block_size`` or not told yet (it stored nothing, so it truly holds nothing).
+        With ``block_size`` None: exact, and its block size told (a worker whose tokenization a
+        request's token hashes can be computed for)."""
+        w = self._workers.get(worker_id)
+        if w is None or not w.sources:
+            return False
+        told: int | None = None
+        for src in w.sources.values():
+            if not src.synced:
+                return False
+            if told is None:
+                told = src.block_size
+        if w.expect_since is not None and now - w.expect_since > self.stale_s:
+            return False
+        if block_size is None:
+            return told is not None
+        return told is None or told == block_size
+
     def speculate(self, worker_id: str, hashes: Sequence[int], now: float, wait_s: float = 0.0) -> None:
         """``worker_id`` was just sent a prompt of these own block hashes, predicted to be computed
         in ``wait_s``: count them as held until the engine's events confirm them, for ``wait_s`` +
@@ -300,12 +321,17 @@ class ExactIndex:
             out[wid] = depth
         return out
 
-    def holders(self, first: int) -> set[str]:
-        """Workers holding the block ``first`` (for pruning a large fleet)."""
+    def holders(self, first: int, now: float) -> set[str]:
+        """Workers holding the block ``first``, by their events or a live speculative entry: every
+        worker whose match of a prompt starting with ``first`` is not empty (for pruning a large
+        fleet)."""
         owners = self._held.get(first)
-        if not owners:
-            return set()
-        return {self._slot_owner[slot] for slot in owners}
+        out = {self._slot_owner[slot] for slot in owners} if owners else set()
+        for wid, w in self._workers.items():
+            until = w.speculative.get(first)
+            if until is not None and until > now:
+                out.add(wid)
+        return out
 
     def stats(self, worker_id: str) -> dict[str, int]:
         """Blocks held per rank and live speculative entries, for ``/admin/workers``."""

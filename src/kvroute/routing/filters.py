@@ -32,8 +32,8 @@ def seq_slots(worker: WorkerState, placement: PlacementSettings) -> int:
 
 def with_free_slot(view: View, cands: list[Candidate]) -> list[Candidate]:
     """The candidates with fewer requests busy than their sequence slots."""
-    placement = view.placement
-    return [c for c in cands if c.busy < seq_slots(c.worker, placement)]
+    slots = view.placement.max_num_seqs or DEFAULT_MAX_NUM_SEQS  # ``seq_slots``, once per decision
+    return [c for c in cands if c.busy < (c.worker.max_num_seqs or slots)]
 
 
 def _context_fits(view: View, cands: list[Candidate]) -> list[Candidate]:

@@ -150,41 +150,58 @@ class PrefixIndex:
         want = len(slots)
         cutoff = int(now - self.max_age_s)
         get = self._entries.get
-        for depth in range(len(hashes), 0, -1):
-            entry = get(hashes[depth - 1])
-            if entry is None:
-                continue
-            if isinstance(entry, int):
-                slot = entry & _SLOT_MASK
-                if slot in slots and slot not in found and entry >> _SLOT_BITS >= cutoff:
-                    found[slot] = depth
+        depth = len(hashes)
+        # One pass from the deepest block, counting down (measured faster than indexing).
+        for h in reversed(hashes):
+            entry = get(h)
+            if entry is not None:
+                if isinstance(entry, int):
+                    slot = entry & _SLOT_MASK
+                    if slot in slots and slot not in found and entry >> _SLOT_BITS >= cutoff:
+                        found[slot] = depth
+                        if len(found) == want:
+                            break
+                else:
+                    for slot, t in entry.items():
+                        if slot in slots and slot not in found and t >= cutoff:
+                            found[slot] = depth
                     if len(found) == want:
                         break
-                continue
-            for slot, t in entry.items():
-                if slot in slots and slot not in found and t >= cutoff:
-                    found[slot] = depth
-            if len(found) == want:
-                break
+            depth -= 1
         return found
 
-    def holders(self, hashes: Sequence[int], now: float) -> set[str]:
-        """Workers owning any of ``hashes`` under their current epoch (whatever the epoch a caller
-        knows them by): who might match, without naming the candidates first."""
-        out: set[str] = set()
+    def depths(self, hashes: Sequence[int], now: float) -> dict[int, int]:
+        """Deepest match of every slot owning any of ``hashes``: ``{slot: matched_blocks}``, what
+        ``match`` would say of each (one walk, for pruning a large fleet: the holders of a prompt
+        and their matches at once)."""
+        found: dict[int, int] = {}
         cutoff = int(now - self.max_age_s)
-        live, get = self._live, self._entries.get
-        for h in hashes:
+        get = self._entries.get
+        depth = len(hashes)
+        for h in reversed(hashes):
             entry = get(h)
             if entry is None:
-                continue
-            if isinstance(entry, int):
+                pass
+            elif isinstance(entry, int):
                 slot = entry & _SLOT_MASK
-                if slot in live and entry >> _SLOT_BITS >= cutoff:
-                    out.add(live[slot])
+                if slot not in found and entry >> _SLOT_BITS >= cutoff:
+                    found[slot] = depth
+            elif len(entry) > 8:  # a head shared by many workers, most of them found deeper already
+                for slot in entry.keys() - found.keys():
+                    if entry[slot] >= cutoff:
+                        found[slot] = depth
             else:
-                out.update(live[s] for s, t in entry.items() if s in live and t >= cutoff)
-        return out
+                for slot, t in entry.items():
+                    if t >= cutoff and slot not in found:
+                        found[slot] = depth
+            depth -= 1
+        return found
+
+    def named(self, depths: Mapping[int, int]) -> dict[str, int]:
+        """``depths`` (from ``depths``) by worker id, for the slots of current registrations
+        (whatever the epoch a caller knows them by): who might match, and how deep."""
+        live = self._live
+        return {live[slot]: d for slot, d in depths.items() if slot in live}
 
     def owners(self, h: int, now: float) -> dict[str, float]:
         """Live owners of one block hash and when they recorded it (for tests and debugging)."""

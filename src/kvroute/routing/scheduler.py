@@ -12,9 +12,10 @@ rates and backlog, the session's binding); then the policy's filters, scorers, p
 
 from __future__ import annotations
 
+import math
 import random
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
 import xxhash
@@ -22,7 +23,7 @@ import xxhash
 from kvroute.routing.config import ModelPolicy, RoutingConfig
 from kvroute.routing.decision import Decision, DecisionKind
 from kvroute.routing.exact_index import ExactIndex, Mode
-from kvroute.routing.filters import fitting_context, with_free_slot
+from kvroute.routing.filters import seq_slots
 from kvroute.routing.hashing import block_hashes, stored_positions
 from kvroute.routing.key import EST_BYTES_PER_TOKEN, RoutingKey
 from kvroute.routing.learning import LearningSettings, WorkerLearning
@@ -35,6 +36,10 @@ from kvroute.routing.stages import PickerState, Policy, Pruning
 from kvroute.routing.sync_record import PrefixRecord, SessionRecord, SyncRecord, WorkerEpochRecord
 from kvroute.routing.view import Candidate, Signal, View
 from kvroute.routing.worker import WorkerState
+
+# How many of the least busy workers the pruning of a large fleet prices, beyond the bound worker
+# and the prompt's holders, when those do not settle the decision.
+_PRICED = 8
 
 
 def session_hash(key: RoutingKey) -> int | None:
@@ -66,6 +71,11 @@ class Scheduler:
         self._learning_as: dict[str, LearningSettings] = {}
         self._counts: dict[str, dict[str, int]] = {}
         self._memo_key: RoutingKey | None = None
+        # The pruning's walk of the approximate index for the decision under way (reset when it
+        # ends): (hashes, time, {slot: deepest match}), and whether its candidates carry their
+        # signals already.
+        self._walk: tuple[tuple[int, ...], float, dict[int, int]] | None = None
+        self._filled = False
         self._memo_hashes: tuple[int, ...] = ()
         self._hash_bytes = self.config.max_hash_bytes if self.config.hash_beyond_window else (
             self.config.window_blocks * self.config.block_bytes)
@@ -91,6 +101,13 @@ class Scheduler:
         ``fleet_full``: the model's fleet is saturated (routing/saturation.py); with
         ``fleet_full_placement = "fleet"`` the policy then places for the fleet (``View.fleet_full``).
         """
+        try:
+            return self._decide(key, workers, exclude, book, fleet_full)
+        finally:  # the pruning's walk of the index holds for this decision only
+            self._walk, self._filled = None, False
+
+    def _decide(self, key: RoutingKey, workers: Sequence[WorkerState], exclude: Collection[str],
+                book: LoadBook | None, fleet_full: bool) -> Decision:
         now = self._clock()
         cfg = self.config.policy_for(key.model)
         placement = cfg.placement
@@ -117,13 +134,16 @@ class Scheduler:
             of = Candidate.of
             cands = [of(w) for w in workers if w.id not in exclude] if exclude else [of(w) for w in workers]
         considered = len(cands)
-        self._sessions_of(needs, view, cands)
+        filled = self._filled  # the pruning priced its candidates already
+        if not filled:
+            self._sessions_of(needs, view, cands)
         for stage in policy.filters:
             kept = stage.keep(view, cands)
             if not kept:
                 return self._nobody(key, policy, hashes, view, stage.name, offered)
             cands = kept
-        self._figures_of(needs, view, hashes, cands)
+        if not filled:
+            self._figures_of(needs, view, hashes, cands)
         scores = [scorer.score(view, cands) for scorer in policy.scorers]
         keys = list(zip(*scores, strict=True)) if scores else [()] * len(cands)
         i = policy.picker(self._picker, keys)
@@ -148,12 +168,11 @@ class Scheduler:
         cache state: the one exact worker holding at least half of the prompt and more of it than
         any other (a conversation's history, not a head many sessions share).  Another router
         instance placed it, and without a shared session table its cache is all there is to go by."""
-        exact = self.exact
-        ids = [w.id for w in workers if w.ready and w.serves(key.model) and exact.mode(w.id, now) == "exact"
-               and exact.block_size(w.id) == key.token_block]
+        readable, model, block = self.exact.readable, key.model, key.token_block
+        ids = [w.id for w in workers if w.ready and w.serves(model) and readable(w.id, now, block)]
         if not ids:
             return None
-        held = exact.match(key.token_hashes, ids, now)
+        held = self.exact.match(key.token_hashes, ids, now)
         depths = sorted(((d, wid) for wid, d in held.items()), reverse=True)
         best, home = depths[0]
         runner_up = depths[1][0] if len(depths) > 1 else 0
@@ -214,13 +233,17 @@ class Scheduler:
         exact = self.exact
         ids: list[str] = []
         if key.token_hashes:
-            block = key.token_block
-            ids = [c.worker.id for c in cands if exact.mode(c.worker.id, now) == "exact"
-                   and exact.block_size(c.worker.id) in (block, None)]
+            readable, block = exact.readable, key.token_block
+            ids = [c.worker.id for c in cands if readable(c.worker.id, now, block)]
         if len(ids) < len(cands):
             slots = self._index.slots_of([(c.worker.id, c.worker.epoch) for c in cands])
             block_tokens = self._block_tokens
-            for slot, depth in self._index.match(hashes, slots, now).items():
+            walk = self._walk
+            if walk is not None and walk[0] is hashes and walk[1] == now:
+                found = {slot: walk[2][slot] for slot in slots if slot in walk[2]}
+            else:
+                found = self._index.match(hashes, slots, now)
+            for slot, depth in found.items():
                 c = cands[slots[slot]]
                 c.matched_blocks = depth
                 c.held_tokens = min(est, depth * block_tokens)
@@ -237,59 +260,133 @@ class Scheduler:
     def _learned(self, cands: list[Candidate], settings: LearningSettings, now: float) -> None:
         """Signal.LEARNED: prefill rate, cache realisation and backlog of each candidate."""
         learning = self._learning
+        default = settings.prefill_s_per_token
+        # ``WorkerLearning.cost_rate`` and ``drain_rate`` written out (this runs for every candidate).
+        learn_rate, learn_speed = settings.learn_rate, settings.learn_prefill_speed
         for c in cands:
             learned = learning.get(c.worker.id)
             if learned is None:
-                c.s_per_token = settings.prefill_s_per_token
+                c.s_per_token = default
                 continue
-            c.s_per_token = learned.cost_rate(settings)
+            rate = (learned.rate if learn_rate else None) or default
+            fastest = learned.fastest if learn_speed else None
+            c.s_per_token = rate
             c.realisation = learned.realised
-            c.backlog_tokens = learned.drain(now, learned.drain_rate(settings), c.load)
+            c.backlog_tokens = learned.drain(now, fastest if fastest is not None and fastest < rate else rate,
+                                             c.load)
 
     def _prune(self, policy: Policy, rule: Pruning, view: View, hashes: tuple[int, ...],
                workers: Sequence[WorkerState], exclude: Collection[str],
                book: LoadBook) -> list[Candidate] | None:
         """The few workers of a large fleet that can win under ``policy`` (in fleet order), or None
-        when that cannot be told from the book: then every worker is looked at."""
+        when that cannot be told from the book: then every worker is looked at.
+
+        With a ``floor``: the bound worker and every worker holding part of the prompt are priced
+        first, then (unless those settle it) the least busy few; the best price among those the
+        filters surely keep bounds what any other worker must beat, and a worker holding nothing
+        cannot beat it once the floor of its figure is above it (docs/design.md, "Large fleets").
+        Candidates returned from there carry every signal the policy needs (``_filled``)."""
         book.follow(workers)
-        model = view.key.model
+        model, placement = view.key.model, view.placement
+        need = view.key.est_prompt_tokens + view.key.max_tokens
 
         def accept(w: WorkerState) -> bool:
-            return w.ready and w.serves(model) and w.id not in exclude
+            # The hard and the soft filters (``filters.BASE``): the soft ones keep only the workers
+            # passing them once any worker does, and the few found here are such workers.
+            return w.ready and w.serves(model) and w.id not in exclude and (
+                w.max_model_len is None or need <= w.max_model_len) and \
+                Candidate.of(w).busy < seq_slots(w, placement)
 
         buckets = book.busy if rule.by == "busy" else book.engine_load
         bound = book.named(view.bound) if view.bound is not None else None
-        if bound is not None and accept(bound):
-            floor = rule.floor
-            if floor is None or floor(view, 0) is None:
+        if bound is not None and not accept(bound):
+            bound = None
+        floor = rule.floor
+        within = rule.within(view)
+        if floor is None or floor(view, 0) is None or rule.kept is None:
+            if bound is not None:
                 return None
-            c = Candidate.of(bound)
-            needs = policy.needs
-            self._sessions_of(needs, view, [c])
-            self._figures_of(needs, view, hashes, [c])
-            stay = policy.scorers[0].score(view, [c])[0]
-            if stay == float("inf"):
-                return None
-            few = book.lowest(buckets, 0, accept, limit=lambda b: (floor(view, b) or 0.0) <= stay)
+            return self._pruned(book.lowest(buckets, within, accept))
+
+        def accepted() -> Iterator[tuple[int, int, WorkerState]]:
+            for figure, bucket in buckets.ascending():
+                for i, w in bucket.items():
+                    if accept(w):
+                        yield figure, i, w
+
+        # The least busy of all (where the slack counts from), then a few more when needed.
+        ascending = accepted()
+        least, i, w = next(ascending, (None, 0, None))
+        if least is None or w is None:
+            return None
+        few: dict[int, WorkerState] = {}
+        if bound is not None:
             few[book.position(bound)] = bound
-            positions = stored_positions(len(hashes), self.config.window_blocks,
-                                         self.config.anchors_per_octave, self.config.tail_blocks)
-            held_by = self._index.holders([hashes[i] for i in positions], view.now)
-            if view.key.token_hashes:
-                held_by = set(held_by) | self.exact.holders(view.key.token_hashes[0])
-            for wid in held_by:
-                w = book.named(wid)
-                if w is not None and accept(w):
-                    few[book.position(w)] = w
-        else:
-            few = book.lowest(buckets, rule.within(view), accept)
+        least_busy = {i: w}
+        if bound is None:
+            few[i] = w
+        walk = self._index.depths(hashes, view.now)
+        self._walk = (hashes, view.now, walk)
+        held_by: Collection[str] = self._index.named(walk).keys()
+        if view.key.token_hashes:
+            held_by = set(held_by) | self.exact.holders(view.key.token_hashes[0], view.now)
+        for wid in held_by:
+            w = book.named(wid)
+            if w is not None and accept(w):
+                few[book.position(w)] = w
+        needs, kept_of = policy.needs, rule.kept
+        priced: dict[int, Candidate] = {}
+        best: tuple[float, ...] | None = None
+
+        def price(batch: dict[int, WorkerState]) -> None:
+            """Candidates for ``batch`` with their signals; ``best`` lowered by those surely kept."""
+            nonlocal best
+            cands = self._pruned(batch) or []
+            self._sessions_of(needs, view, cands)
+            self._figures_of(needs, view, hashes, cands)
+            if not cands:
+                return
+            for c in cands:
+                priced[book.position(c.worker)] = c
+            # Which are surely kept is told from everything priced so far (the bound worker is).
+            kept = kept_of(view, list(priced.values()), least)
+            if kept is None:
+                return
+            scores = zip(*(scorer.score(view, cands) for scorer in policy.scorers), strict=True)
+            for x, keep in zip(scores, kept[-len(cands):], strict=True):
+                if keep and (best is None or x < best):
+                    best = x
+
+        price(few)
+        lowest = floor(view, least)
+        if best is None or lowest is None or lowest < best:
+            top = least + within
+            for figure, i, w in ascending:
+                if bound is None and figure > top:
+                    break
+                least_busy[i] = w
+                if len(least_busy) >= _PRICED:
+                    break
+            price({i: w for i, w in least_busy.items() if i not in priced})
+        if best is None or best[0] == math.inf:
+            return None if bound is not None else self._pruned(book.lowest(buckets, within, accept))
+        # Busier workers, while one holding nothing there could still beat the best so far.
+        ceiling = math.inf if bound is not None else least + within
+        for figure, bucket in buckets.ascending():
+            low = floor(view, figure)
+            if figure > ceiling or low is None or not low < best:
+                break
+            price({i: w for i, w in bucket.items() if i not in priced and accept(w)})
+        self._filled = True
+        return [priced[i] for i in sorted(priced)]
+
+    @staticmethod
+    def _pruned(few: dict[int, WorkerState]) -> list[Candidate] | None:
+        """Candidates of ``few`` in fleet order, or None when there are none (the soft filters
+        then fall back to the whole fleet, if it has anyone at all)."""
         if not few:
             return None
-        cands = [Candidate.of(few[i]) for i in sorted(few)]
-        n = len(cands)  # a soft filter refusing one of them would change every comparison
-        if len(fitting_context(view, cands)) != n or len(with_free_slot(view, cands)) != n:
-            return None
-        return cands
+        return [Candidate.of(few[i]) for i in sorted(few)]
 
     def _nobody(self, key: RoutingKey, policy: Policy, hashes: tuple[int, ...], view: View,
                 stage: str, offered: int) -> Decision:
@@ -376,11 +473,10 @@ class Scheduler:
     def exact_worker(self, model: str, workers: Sequence[WorkerState]) -> WorkerState | None:
         """The least loaded ready worker of ``model`` whose cache state is exact and whose block
         size its events told: where a request's tokens are worth computing, and who to ask."""
-        exact, now = self.exact, self._clock()
+        readable, now = self.exact.readable, self._clock()
         best = None
         for w in workers:
-            if not (w.ready and w.serves(model)) or exact.mode(w.id, now) != "exact" or \
-                    exact.block_size(w.id) is None:
+            if not (w.ready and w.serves(model) and readable(w.id, now)):
                 continue
             if best is None or w.total_inflight < best.total_inflight:
                 best = w

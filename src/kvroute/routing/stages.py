@@ -59,17 +59,24 @@ class Pruning:
     """How a policy's choice over a large fleet can be made from a few workers, exactly.
 
     Without a bound session, the policy only ever picks among the workers whose ``by`` figure
-    (``"busy"`` or ``"engine_load"``) is within ``within(view)`` of the lowest.  With one,
-    ``floor(view, busy)`` is a lower bound of the first scorer's value for any worker that holds
-    none of the prompt and carries ``busy`` (None: no bound, every worker is looked at); workers
-    whose floor exceeds the bound worker's own score cannot win.  The scheduler adds the bound
-    worker and every worker holding part of the prompt, and looks at everything when a soft filter
-    would refuse one of the few (the fleet is full): see docs/design.md, "Large fleets".
+    (``"busy"`` or ``"engine_load"``) is within ``within(view)`` of the lowest.  ``floor(view,
+    busy)`` is a lower bound of the scorers' values (compared as the picker compares them) of any
+    worker that holds none of the prompt and carries ``busy`` (None: no bound).  ``kept(view, cands,
+    least)`` says which of some priced candidates (each passing the hard and soft filters, ``least``
+    the lowest figure among all that do) the policy's filters keep whatever the rest of the fleet
+    is, or None when that cannot be told from them.
+
+    With a floor the scheduler prices the bound worker, every worker holding part of the prompt and
+    a few of the least busy; the lowest scores among those surely kept are what any other worker
+    must beat, and a worker holding nothing whose floor is not below them cannot (nor, without a
+    bound session, one beyond ``within``).  Without a floor, a bound session's turn looks at every
+    worker and a placement at every worker within ``within``: see docs/design.md, "Large fleets".
     """
 
     by: str
     within: Callable[[View], int]
-    floor: Callable[[View, int], float | None] | None = None
+    floor: Callable[[View, int], Key | None] | None = None
+    kept: Callable[[View, list[Candidate], int], list[bool] | None] | None = None
 
 
 def index_match(view: View, c: Candidate) -> float:

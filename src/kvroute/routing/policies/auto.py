@@ -42,7 +42,7 @@ gets a second replica only once its holder is that far above the mean.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvroute.routing import filters, pickers, scorers
 from kvroute.routing.decision import DecisionKind
@@ -50,7 +50,7 @@ from kvroute.routing.explain import blocks, bound_kind, session_tag
 from kvroute.routing.learning import LearningSettings
 from kvroute.routing.saturation import SaturationSettings
 from kvroute.routing.settings import check_non_negative, setting
-from kvroute.routing.stages import Filter, Policy, Pruning, Scorer
+from kvroute.routing.stages import Filter, Key, Policy, Pruning, Scorer
 from kvroute.routing.view import Candidate, Signal, View
 
 
@@ -102,6 +102,10 @@ class _Prices:
     trust: float
     per_session: float
     bound: str | None
+    # The candidates the cost was last computed for and their predictions (what the explainer
+    # compares), so that each is computed once per decision.
+    priced: list[Candidate] | None = None
+    predictions: list[float] = field(default_factory=list)
 
     @classmethod
     def of(cls, view: View) -> _Prices:
@@ -125,18 +129,16 @@ class _Prices:
         queue = backlog + s.inflight_tokens * c.busy + s.waiting_tokens * (c.worker.waiting or 0)
         return queue, self.held(c)
 
-    def sessions(self, c: Candidate) -> float:
-        """Token-equivalents of future load on ``c`` from the other sessions active there (0 for
-        a request without a session: it joins nobody's conversation)."""
-        if not self.per_session:
-            return 0.0
-        others = c.active_sessions - (1 if c.worker.id == self.bound else 0)
-        return self.per_session * others if others > 0 else 0.0
-
     def predicted(self, c: Candidate) -> float:
         """Predicted time to first token on ``c``, in seconds."""
         queue, held = self.queue_and_held(c)
         return c.s_per_token * (queue + self.est - held)
+
+    def predicted_all(self, cands: list[Candidate]) -> list[float]:
+        """``predicted`` of each of ``cands`` (computed by the cost already when it priced them)."""
+        if cands is self.priced:
+            return self.predictions
+        return [self.predicted(c) for c in cands]
 
 
 def expected_held_tokens(view: View, c: Candidate) -> float:
@@ -150,22 +152,38 @@ def _costs(view: View, cands: list[Candidate]) -> list[float]:
     cap = view.placement.overflow if view.placement.overflow != "auto" else None
     full = view.fleet_full
     out: list[float] = []
+    predictions: list[float] = []
+    # ``_Prices.queue_and_held`` written out: this loop runs for every worker of every decision,
+    # and the terms must stay the very same floating-point operations.  The sessions term is the
+    # future load of the other sessions active there (none for a request without a session: it
+    # joins nobody's conversation).
+    backlog_weight, eviction_weight, trust = s.backlog_weight, s.eviction_weight, p.trust
+    inflight_tokens, waiting_tokens, per_session = s.inflight_tokens, s.waiting_tokens, p.per_session
+    weight, stay = 1.0 + s.prefill_penalty, s.stay_tokens
     for c in cands:
+        spt = c.s_per_token
         if full:  # the fleet's cost: the prefill it adds, and decode interference
             uncached = est - p.held(c)
-            queue = s.inflight_tokens * c.busy
+            queue = inflight_tokens * c.busy
         else:
-            queue, held = p.queue_and_held(c)
+            realisation = c.realisation
+            queue = backlog_weight * c.backlog_tokens * (1.0 + eviction_weight * (1.0 - realisation)) + \
+                inflight_tokens * c.busy + waiting_tokens * (c.worker.waiting or 0)
+            held = c.held_tokens if c.exact else c.held_tokens * (1.0 - trust * (1.0 - realisation))
             uncached = est - held
-            if p.per_session:
-                queue += p.sessions(c)
-        cost = c.s_per_token * (queue + (1.0 + s.prefill_penalty) * uncached)
+            predictions.append(spt * (queue + est - held))  # as ``predicted`` computes it
+            if per_session:
+                others = c.active_sessions - (1 if c.worker.id == bound else 0)
+                queue += per_session * others if others > 0 else 0.0
+        cost = spt * (queue + weight * uncached)
         if c.worker.id == bound:
             if cap is not None and c.load > cap:
                 cost = math.inf
             else:
-                cost -= c.s_per_token * s.stay_tokens
+                cost -= spt * stay
         out.append(cost)
+    if not full:
+        p.priced, p.predictions = cands, predictions
     return out
 
 
@@ -176,7 +194,7 @@ predicted_ttft = Scorer("predicted_ttft", _costs,
 
 def predicted_ttft_s(view: View, c: Candidate) -> float:
     """auto's predicted time to first token on ``c`` (what the proxy's first-byte deadline scales)."""
-    return _Prices.of(view).predicted(c)
+    return view.derived(_Prices.of).predicted(c)
 
 
 def load_bound(view: View, cands: list[Candidate]) -> int:
@@ -216,14 +234,14 @@ balanced_sessions = Filter("balanced_sessions", _balanced_sessions,
 def explain(view: View, cands: list[Candidate], i: int) -> tuple[DecisionKind, str]:
     """Sticky, overflow, prefix hit or cold, with the predictions compared."""
     c = cands[i]
-    prices = view.derived(_Prices.of)
+    predictions = view.derived(_Prices.of).predicted_all(cands)
     alt: Candidate | None = None
     alt_s = math.inf
     for j, x in enumerate(cands):
-        if j != i and (p := prices.predicted(x)) < alt_s:
+        if j != i and (p := predictions[j]) < alt_s:
             alt, alt_s = x, p
     versus = f" vs {alt_s:.3f}s on {alt.worker.id}" if alt is not None else ""
-    figures = (f"predicted {prices.predicted(c):.3f}s{versus}; keeps {blocks(view, c)}, "
+    figures = (f"predicted {predictions[i]:.3f}s{versus}; keeps {blocks(view, c)}, "
                f"busy={c.busy}, ~{view.est_tokens} tokens")
     if view.fleet_full:
         figures += f"; fleet saturated: placed for the fleet, load bound {load_bound(view, cands)}"
@@ -238,22 +256,40 @@ def explain(view: View, cands: list[Candidate], i: int) -> tuple[DecisionKind, s
     return DecisionKind.COLD, f"[AUTO] cold:{who} {c.worker.id} ({figures})"
 
 
-def _floor(view: View, busy: int) -> float | None:
-    """The least ``predicted_ttft`` of a worker holding none of the prompt at ``busy``: nothing
-    queued but its in-flight requests, the whole prompt to prefill.  Only with one prefill rate for
-    every worker (``learn_rate`` off)."""
+def _floor(view: View, busy: int) -> Key | None:
+    """The least scores of a worker holding none of the prompt at ``busy``: nothing queued but its
+    in-flight requests, the whole prompt to prefill (``predicted_ttft``), no match
+    (``deepest_match``), nothing in flight (``inflight``).  Only with one prefill rate for every
+    worker (``learn_rate`` off)."""
     learning = view.block(LearningSettings)
     if learning.learn_rate:
         return None
     s = view.block(AutoSettings)
     tokens = s.inflight_tokens * busy + (1.0 + s.prefill_penalty) * view.est_tokens
-    return learning.prefill_s_per_token * tokens
+    return (learning.prefill_s_per_token * tokens, 0.0, 0.0)
 
 
-PRUNING = Pruning("busy", lambda view: view.placement.slack_for(view.est_tokens), _floor)
-"""A new placement goes within the prompt-size slack of the least busy (``room_guard`` with room);
-a bound session's turn stays unless a worker beats the cost of staying.  Not used while the fleet
-is full (every worker is compared with the mean load)."""
+def _kept(view: View, cands: list[Candidate], least: int) -> list[bool] | None:
+    """Which of ``cands`` ``room_guard`` and ``balanced_sessions`` keep whatever the rest of the
+    fleet: every one for a bound session's turn (both let it through); for a placement, those within
+    the slack of ``least`` with at most ``session_spread`` active sessions — known only once one of
+    those within the slack has none, the fewest there can be."""
+    if view.bound_in(cands):
+        return [True] * len(cands)
+    limit = least + view.placement.slack_for(view.est_tokens)
+    spread = view.block(AutoSettings).session_spread
+    if view.session is None or spread is None:
+        return [c.busy <= limit for c in cands]
+    if all(c.active_sessions for c in cands if c.busy <= limit):
+        return None
+    return [c.busy <= limit and c.active_sessions <= spread for c in cands]
+
+
+PRUNING = Pruning("busy", lambda view: view.placement.slack_for(view.est_tokens), _floor, _kept)
+"""A new placement goes within the prompt-size slack of the least busy (``room_guard`` with room),
+to the cheapest of the workers holding part of the prompt and the least busy ones, unless a worker
+holding nothing could be cheaper still; a bound session's turn stays unless a worker beats the cost
+of staying.  Not used while the fleet is full (every worker is compared with the mean load)."""
 
 POLICY = Policy("auto", (*filters.BASE, room_guard, balanced_sessions),
                 (predicted_ttft, scorers.deepest_match, scorers.inflight), pickers.lowest, explain,
