@@ -8,6 +8,9 @@ from dataclasses import dataclass
 # per token in common BPE vocabularies); the parser and the scheduler use the same figure.
 EST_BYTES_PER_TOKEN = 4
 
+# A session id the router derived from a conversation's head (api/requests.py), not one the client sent.
+DERIVED_SESSION_PREFIX = "conv:"
+
 
 @dataclass(frozen=True, slots=True)
 class RoutingKey:
@@ -39,6 +42,12 @@ class RoutingKey:
     tenant: str | None = None
     token_hashes: tuple[int, ...] = ()
     token_block: int = 0
+
+    @property
+    def client_session(self) -> bool:
+        """Whether the client named the session (a header or field), rather than the router
+        deriving one from the conversation's head."""
+        return self.session_id is not None and not self.session_id.startswith(DERIVED_SESSION_PREFIX)
 
     @property
     def cache_scope(self) -> bytes:
