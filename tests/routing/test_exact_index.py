@@ -7,12 +7,14 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvroute.routing.config import RoutingConfig
+from kvroute.routing.config import ModelPolicy, RoutingConfig
 from kvroute.routing.exact_index import ExactIndex
 from kvroute.routing.hashing import token_block_hashes
-from kvroute.routing.key import RoutingKey
+from kvroute.routing.key import DERIVED_SESSION_PREFIX, RoutingKey
+from kvroute.routing.policies.auto import copied_evicting, evicted_tokens
 from kvroute.routing.scheduler import Scheduler
 from kvroute.routing.token_chains import TokenChains
+from kvroute.routing.view import Candidate
 from kvroute.routing.worker import WorkerState
 
 BS = 4
@@ -246,3 +248,58 @@ def test_holders_count_speculative_entries() -> None:
     index.speculate("a", h, 10.0)
     assert index.holders(h[0], 11.0) == {"a", "b"}
     assert index.holders(h[0], 12.5) == {"b"}
+
+
+def test_evicted_tokens_are_what_a_prefill_pushes_out_of_a_full_cache() -> None:
+    w = WorkerState(id="a", url="http://a", kv_tokens=1000)
+    cases = [  # (cached tokens, uncached tokens of the request, evicted)
+        (None, 500, 0.0),  # the cache is not known (approximate): nothing is charged
+        (0.0, 500, 0.0),
+        (400.0, 600, 0.0),  # fits exactly beside what is cached
+        (700.0, 600, 300.0),
+        (1000.0, 600, 600.0),  # a full cache gives up as much as the prefill needs
+        (1000.0, 0, 0.0),
+    ]
+    for cached, uncached, evicted in cases:
+        c = Candidate(w, 0, 0, 0, cached_tokens=cached)
+        assert evicted_tokens(c, uncached) == evicted, (cached, uncached)
+    unknown_size = Candidate(WorkerState(id="b", url="http://b"), 0, 0, 0, cached_tokens=5000.0)
+    assert evicted_tokens(unknown_size, 500) == 0.0
+    full = Candidate(w, 0, 0, 0, cached_tokens=1000.0)
+    assert copied_evicting(full, 600, 0.0) == 0.0  # nobody holds it: a first copy, not charged
+    assert copied_evicting(full, 600, 250.0) == 250.0  # only the part another worker holds
+    assert copied_evicting(Candidate(w, 0, 0, 0, cached_tokens=0.0), 600, 600.0) == 0.0  # room
+
+
+def _holder_queued_and_another_cache(other_kv_tokens: int, weight: float,
+                                     session_id: str | None = None) -> tuple[str | None, str]:
+    """Worker "a" holds the prompt (1,100 blocks) with two requests waiting in its engine; "b" is
+    idle and its cache holds 1,100 blocks of another prompt, in a KV cache of ``other_kv_tokens``."""
+    clock = [100.0]
+    sched = Scheduler(RoutingConfig(default=ModelPolicy(evicted_cache_weight=weight)),
+                      clock=lambda: clock[0])
+    a, b = _fleet()
+    b.kv_tokens = other_kv_tokens
+    for w in (a, b):
+        sched.on_worker_epoch(w.id, 1.0)
+    live(sched.exact, "a", "b")
+    toks = tokens(1100)
+    sched.exact.stored("a", 0, list(range(1100)), None, toks, BS, None, 100.0)
+    sched.exact.stored("b", 0, list(range(5000, 6100)), None, tokens(1100, start=10**6), BS, None, 100.0)
+    a.waiting = 2
+    key = RoutingKey(model="m", prefix=b"e" * 1024, est_prompt_tokens=len(toks), session_id=session_id,
+                     token_hashes=tuple(token_block_hashes(toks, BS)), token_block=BS)
+    d = sched.decide(key, [a, b])
+    return d.worker_id, d.reason
+
+
+def test_a_cold_prefill_that_would_evict_a_full_cache_waits_for_the_holder_instead() -> None:
+    # b's cache is full (1,100 blocks of 4 tokens in 4,400): going there evicts a prompt's worth.
+    assert _holder_queued_and_another_cache(4400, 7.0)[0] == "a"
+    # Without the weight the shorter queue wins (the prefill's own cost is below a's queue).
+    assert _holder_queued_and_another_cache(4400, 0.0)[0] == "b"
+    # With room in b's cache the prefill evicts nothing: preference, never a queue.
+    assert _holder_queued_and_another_cache(100_000, 7.0)[0] == "b"
+    # A session the router derived is charged; one the client named is left to stickiness.
+    assert _holder_queued_and_another_cache(4400, 7.0, DERIVED_SESSION_PREFIX + "x")[0] == "a"
+    assert _holder_queued_and_another_cache(4400, 7.0, "client-session")[0] == "b"

@@ -38,7 +38,7 @@ import xxhash
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from kvroute.api.errors import ApiError
-from kvroute.routing.key import EST_BYTES_PER_TOKEN, RoutingKey
+from kvroute.routing.key import DERIVED_SESSION_PREFIX, EST_BYTES_PER_TOKEN, RoutingKey
 
 ROUTES: tuple[str, ...] = ("chat", "completions", "messages", "count_tokens", "responses", "embeddings")
 
@@ -53,7 +53,6 @@ DEFAULT_SESSION_SOURCES: tuple[str, ...] = (
 # Claude Code sends a subagent's requests with its parent's session id plus this header.
 DEFAULT_AGENT_HEADERS: tuple[str, ...] = ("x-claude-code-agent-id",)
 # Prefix of a session id derived from the prompt (no client-sent id); see ``conversation_id``.
-DERIVED_SESSION_PREFIX = "conv:"
 # Claude Code's first system block carries a per-request attribution hash in some versions; vLLM
 # drops it before rendering (``x-anthropic-billing-header``), and so do we, or no two requests of
 # a conversation would share a prefix.

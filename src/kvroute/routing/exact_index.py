@@ -333,6 +333,11 @@ class ExactIndex:
                 out.add(wid)
         return out
 
+    def resident_blocks(self, worker_id: str) -> int:
+        """Blocks the worker's engine reports holding, over its ranks (its cache's fill)."""
+        w = self._workers.get(worker_id)
+        return sum(len(src.own) for src in w.sources.values()) if w is not None else 0
+
     def stats(self, worker_id: str) -> dict[str, int]:
         """Blocks held per rank and live speculative entries, for ``/admin/workers``."""
         w = self._workers.get(worker_id)

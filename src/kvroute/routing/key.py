@@ -8,6 +8,9 @@ from dataclasses import dataclass
 # per token in common BPE vocabularies); the parser and the scheduler use the same figure.
 EST_BYTES_PER_TOKEN = 4
 
+# A session id the router derived from a conversation's head (api/requests.py), not one the client sent.
+DERIVED_SESSION_PREFIX = "conv:"
+
 
 @dataclass(frozen=True, slots=True)
 class RoutingKey:
@@ -45,6 +48,12 @@ class RoutingKey:
         """KV tokens the request holds while it runs: its prompt and at most ``max_tokens`` of
         output (what flow control reserves and charges a tenant for)."""
         return self.est_prompt_tokens + self.max_tokens
+
+    @property
+    def client_session(self) -> bool:
+        """Whether the client named the session (a header or field), rather than the router
+        deriving one from the conversation's head."""
+        return self.session_id is not None and not self.session_id.startswith(DERIVED_SESSION_PREFIX)
 
     @property
     def cache_scope(self) -> bytes:

@@ -256,6 +256,7 @@ class Scheduler:
                     c.exact = True
                     c.matched_blocks = held
                     c.held_tokens = min(est, float(held * block))
+                    c.cached_tokens = float(exact.resident_blocks(c.worker.id) * block)
 
     def _learned(self, cands: list[Candidate], settings: LearningSettings, now: float) -> None:
         """Signal.LEARNED: prefill rate, cache realisation and backlog of each candidate."""

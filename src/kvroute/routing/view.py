@@ -43,7 +43,8 @@ class Candidate:
 
     ``matched_blocks`` is the longest match: in engine blocks when ``exact`` (the worker's KV events
     say what it holds), else in the approximate index's blocks; ``held_tokens`` is the prompt tokens
-    that match covers either way.
+    that match covers either way.  ``cached_tokens`` is what the worker's whole cache holds, when
+    ``exact`` (None otherwise): with its KV size, how much of that cache a cold prefill evicts.
     """
 
     worker: WorkerState
@@ -53,6 +54,7 @@ class Candidate:
     matched_blocks: int = 0
     held_tokens: float = 0.0
     exact: bool = False
+    cached_tokens: float | None = None
     active_sessions: int = 0
     bound_sessions: int = 0
     s_per_token: float = 0.0

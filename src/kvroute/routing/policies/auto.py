@@ -28,6 +28,14 @@ whole bursts of new sessions to the workers whose previous sessions happened to 
 (docs/routing.md).  ``balanced_sessions`` stays, with ``session_spread`` = 2, as a loose guard so
 that a long head cached on one worker does not collect every new session.
 
+**The cache a copy evicts.**  Where a worker's cache is known exactly (its KV events) and is
+full, a cold prefill there pushes out as many cached tokens as it adds.  When another worker
+already holds that part of the prompt, the prefill is a second copy, and what it pushes out is
+prefill later requests pay again: a request the client named no session for is charged
+``evicted_cache_weight`` x those tokens, so a prompt shared by many requests stays on its holders
+instead of being copied onto every replica whose queue is shorter (each copy evicting the other
+shared prompts in turn).  A client's session is left to stickiness, which already prices its move.
+
 **When the fleet is full** (``View.fleet_full``, routing/saturation.py) no replica can start a
 request at once, so a shorter queue is no longer worth a cold prefill: that prefill is the fleet's
 work, and it evicts a prefix whose next request then goes cold too.  The cost becomes the fleet's:
@@ -82,10 +90,19 @@ class AutoSettings:
            "(none: off)")
     active_session_tokens: float = setting(
         8192.0, "token-equivalents of future load per other session active on a worker (0 disables)")
+    # 12: shared-prefix groups at 1-5x the base rate, seeds 0-3 (docs/saturation.md); 3 and 7
+    # still let hot groups spread at 3-4x.  Not for clients' sessions: at 16-24 agent sessions
+    # without pauses it cost 5-17 % of the output.
+    evicted_cache_weight: float = setting(
+        12.0, "weight on the cached tokens a request with no client session id would evict by "
+              "copying a prefix another worker holds into a worker whose cache is known exactly "
+              "(KV events) and full: each is a prefill later requests are likely to pay again "
+              "(0 disables)")
 
     def __post_init__(self) -> None:
         check_non_negative(self, "inflight_tokens", "waiting_tokens", "backlog_weight", "eviction_weight",
-                           "stay_tokens", "prefill_penalty", "realisation_weight", "active_session_tokens")
+                           "stay_tokens", "prefill_penalty", "realisation_weight", "active_session_tokens",
+                           "evicted_cache_weight")
         if self.realisation_weight > 1:
             raise ValueError("realisation_weight must be between 0 and 1")
         if self.session_spread is not None and (isinstance(self.session_spread, bool)
@@ -141,6 +158,23 @@ class _Prices:
         return [self.predicted(c) for c in cands]
 
 
+def evicted_tokens(c: Candidate, uncached: float) -> float:
+    """Cached tokens a prefill of ``uncached`` tokens on ``c`` pushes out of its cache: what would
+    not fit beside what the cache holds (0 where the worker's cache or its size is not known)."""
+    cached, size = c.cached_tokens, c.worker.kv_tokens
+    if cached is None or size is None:
+        return 0.0
+    over = cached + uncached - size
+    return 0.0 if over <= 0 else min(over, uncached)
+
+
+def copied_evicting(c: Candidate, uncached: float, copied: float) -> float:
+    """Of the ``copied`` prompt tokens another worker already holds and ``c`` would compute again,
+    those that push cached tokens out of ``c``'s full cache (a copy of a prefix that costs
+    another's)."""
+    return min(copied, evicted_tokens(c, uncached)) if copied > 0 else 0.0
+
+
 def expected_held_tokens(view: View, c: Candidate) -> float:
     """Prompt tokens ``c`` is expected to serve from cache (what the backlog adds the rest of)."""
     return view.derived(_Prices.of).held(c)
@@ -151,6 +185,8 @@ def _costs(view: View, cands: list[Candidate]) -> list[float]:
     s, est, bound = p.s, float(p.est), p.bound
     cap = view.placement.overflow if view.placement.overflow != "auto" else None
     full = view.fleet_full
+    evict = 0.0 if view.key.client_session else s.evicted_cache_weight
+    best_held = max((p.held(c) for c in cands), default=0.0) if evict else 0.0
     out: list[float] = []
     predictions: list[float] = []
     # ``_Prices.queue_and_held`` written out: this loop runs for every worker of every decision,
@@ -175,6 +211,8 @@ def _costs(view: View, cands: list[Candidate]) -> list[float]:
             if per_session:
                 others = c.active_sessions - (1 if c.worker.id == bound else 0)
                 queue += per_session * others if others > 0 else 0.0
+        if evict:
+            queue += evict * copied_evicting(c, uncached, best_held - (est - uncached))
         cost = spt * (queue + weight * uncached)
         if c.worker.id == bound:
             if cap is not None and c.load > cap:
