@@ -25,10 +25,10 @@ import aiohttp
 
 from kvroute.doctor.session import examine_engine
 from kvroute.engine_client.http import Target
-from kvroute.fleet.guard.drift_watch import DriftWatch
 from kvroute.fleet.probe import Prober
 from kvroute.fleet.registry import ProbeResult, Registry
 from kvroute.fleet.vllm_metrics import parse_vllm_metrics
+from kvroute.guard.drift_watch import DriftWatch
 from kvroute.routing.dispatch import Dispatcher
 from kvroute.routing.scheduler import Scheduler
 from kvroute.sim.server import start_sim_fleet

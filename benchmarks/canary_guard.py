@@ -7,7 +7,7 @@ ever drains a healthy one.
     python benchmarks/canary_guard.py --set canary_interval_s=1.0
 
 What is real and what is simulated: the canary's own logic is the router's (``CanaryWatch`` from
-fleet/guard/canary_watch.py: its schedule, budget, fleet comparison, bound, holds and releases),
+guard/canary_watch.py: its schedule, budget, fleet comparison, bound, holds and releases),
 driven by a virtual clock ticking like the router's background task.  The replicas are simulated
 answers, drawn per reply:
 
@@ -39,7 +39,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kvroute.canary.questions import Verdict
-from kvroute.fleet.guard.canary_watch import (
+from kvroute.guard.canary_watch import (
     CanaryAnswer,
     CanaryRound,
     CanarySettings,

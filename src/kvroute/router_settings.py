@@ -23,8 +23,8 @@ from kvroute.api.model_aliases import AliasError, ModelAliases, parse_alias
 from kvroute.api.requests import RequestOptions
 from kvroute.fleet.breaker import BreakerSettings
 from kvroute.fleet.discovery import parse_source
-from kvroute.fleet.guard.blocks import GUARD
 from kvroute.fleet.kv_event_sources import KvEventSettings
+from kvroute.guard.blocks import GUARD
 from kvroute.routing.config import ModelPolicy, RoutingConfig, blocks_of, defaults
 from kvroute.routing.policies import routing_groups
 from kvroute.routing.settings import SettingsGroup

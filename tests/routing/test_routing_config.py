@@ -108,7 +108,7 @@ def test_serve_set_reads_values_as_toml_and_names_bad_settings() -> None:
 
 
 def test_groups_are_registered_explicitly_and_defaults_come_from_them() -> None:
-    import kvroute.fleet.guard.blocks  # noqa: F401  (importing it registers nothing)
+    import kvroute.guard.blocks  # noqa: F401  (importing it registers nothing)
     from kvroute.router_settings import model_settings, settings_groups
     from kvroute.routing.config import defaults, setting_infos
 

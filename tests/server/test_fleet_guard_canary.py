@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvroute.fleet.guard.canary_watch import CanarySettings, drain_threshold, release_rounds, rounds_to_drain
+from kvroute.guard.canary_watch import CanarySettings, drain_threshold, release_rounds, rounds_to_drain
 from kvroute.router_settings import Settings, parse_worker_spec
 from kvroute.server.app import RunningRouter, start_router
 from kvroute.server.dashboard import setup_dashboard

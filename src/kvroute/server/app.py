@@ -32,13 +32,13 @@ from multidict import CIMultiDict
 from kvroute.api.errors import ApiError, ApiStyle, error_body
 from kvroute.api.model_aliases import ModelAliases, body_for
 from kvroute.api.requests import parse_request
-from kvroute.fleet.guard.canary_metrics import CanaryCollector
-from kvroute.fleet.guard.canary_runner import CanaryRunner
-from kvroute.fleet.guard.doctor_watch import DoctorWatch
-from kvroute.fleet.guard.drift_watch import DriftWatch
 from kvroute.fleet.kv_events import CacheModeCollector, KvEventMetrics, KvEventWatch
 from kvroute.fleet.probe import Prober
 from kvroute.fleet.registry import Registry
+from kvroute.guard.canary_metrics import CanaryCollector
+from kvroute.guard.canary_runner import CanaryRunner
+from kvroute.guard.doctor_watch import DoctorWatch
+from kvroute.guard.drift_watch import DriftWatch
 from kvroute.router_settings import Settings
 from kvroute.routing.dispatch import Dispatcher
 from kvroute.routing.key import RoutingKey

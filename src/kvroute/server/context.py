@@ -10,12 +10,12 @@ from aiohttp import web
 
 from kvroute.api.model_aliases import ModelAliases
 from kvroute.api.requests import RequestOptions
-from kvroute.fleet.guard.canary_runner import CanaryRunner
-from kvroute.fleet.guard.doctor_watch import DoctorWatch
-from kvroute.fleet.guard.drift_watch import DriftWatch
 from kvroute.fleet.kv_events import KvEventWatch
 from kvroute.fleet.probe import Prober
 from kvroute.fleet.registry import SOURCE_CONFIG, Registry, WorkerRecord
+from kvroute.guard.canary_runner import CanaryRunner
+from kvroute.guard.doctor_watch import DoctorWatch
+from kvroute.guard.drift_watch import DriftWatch
 from kvroute.router_settings import Settings
 from kvroute.routing.dispatch import Dispatcher
 from kvroute.routing.scheduler import Scheduler

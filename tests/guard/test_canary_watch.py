@@ -1,4 +1,4 @@
-"""The canary's pure decisions (fleet/guard/canary_watch.py) on a virtual clock: the bound, the
+"""The canary's pure decisions (guard/canary_watch.py) on a virtual clock: the bound, the
 fleet comparison, drain and release, the budget."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from kvroute.canary.binomial_bound import binomial_cdf, upper_bound
 from kvroute.canary.questions import Verdict
-from kvroute.fleet.guard.canary_watch import (
+from kvroute.guard.canary_watch import (
     CanaryAnswer,
     CanaryRound,
     CanarySettings,

@@ -25,8 +25,8 @@ from kvroute.canary.summary import excerpt
 from kvroute.engine_client.chat import send_chat
 from kvroute.engine_client.http import Target
 from kvroute.event_loop import cancel_and_wait
-from kvroute.fleet.guard.canary_watch import CanaryAnswer, CanaryAsk, CanaryRound, CanarySettings, CanaryWatch
 from kvroute.fleet.registry import Registry
+from kvroute.guard.canary_watch import CanaryAnswer, CanaryAsk, CanaryRound, CanarySettings, CanaryWatch
 from kvroute.routing.learning import LearningSettings
 from kvroute.routing.worker import WorkerState
 

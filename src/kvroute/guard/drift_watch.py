@@ -12,9 +12,9 @@ from typing import Any
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from kvroute.event_loop import cancel_and_wait
-from kvroute.fleet.guard.drift import DriftAlarms, DriftChange, DriftReading, DriftSettings
-from kvroute.fleet.guard.worker_settings import blocks_for
 from kvroute.fleet.registry import Registry
+from kvroute.guard.drift import DriftAlarms, DriftChange, DriftReading, DriftSettings
+from kvroute.guard.worker_settings import blocks_for
 from kvroute.routing.scheduler import Scheduler
 
 log = logging.getLogger("kvroute.guard")

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from kvroute.fleet.guard.canary_watch import CanaryWatch
 from kvroute.fleet.registry import Registry
+from kvroute.guard.canary_watch import CanaryWatch
 
 
 class CanaryCollector(Collector):

@@ -25,7 +25,8 @@ from kvroute.doctor.finding import Finding, Severity, worst
 from kvroute.doctor.session import examine_engine
 from kvroute.engine_client.http import Target
 from kvroute.event_loop import cancel_and_wait
-from kvroute.fleet.guard.doctor_hold import (
+from kvroute.fleet.registry import Registry, WorkerRecord
+from kvroute.guard.doctor_hold import (
     HOLD_REASON,
     DoctorGuardSettings,
     about_configuration,
@@ -35,8 +36,7 @@ from kvroute.fleet.guard.doctor_hold import (
     new_findings,
     unread,
 )
-from kvroute.fleet.guard.worker_settings import blocks_for
-from kvroute.fleet.registry import Registry, WorkerRecord
+from kvroute.guard.worker_settings import blocks_for
 from kvroute.routing.settings import Blocks
 
 log = logging.getLogger("kvroute.guard")

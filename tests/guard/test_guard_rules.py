@@ -1,12 +1,12 @@
-"""The cache-drift alarm's rule (fleet/guard/drift.py) and the doctor's hold rule
-(fleet/guard/doctor_hold.py), on readings and findings made up here: no server, the clock is ours."""
+"""The cache-drift alarm's rule (guard/drift.py) and the doctor's hold rule
+(guard/doctor_hold.py), on readings and findings made up here: no server, the clock is ours."""
 
 from __future__ import annotations
 
 import pytest
 
 from kvroute.doctor.finding import Finding, Severity
-from kvroute.fleet.guard.doctor_hold import (
+from kvroute.guard.doctor_hold import (
     DoctorGuardSettings,
     about_configuration,
     combined,
@@ -14,7 +14,7 @@ from kvroute.fleet.guard.doctor_hold import (
     last_to_serve,
     new_findings,
 )
-from kvroute.fleet.guard.drift import DriftAlarms, DriftChange, DriftReading, DriftSettings
+from kvroute.guard.drift import DriftAlarms, DriftChange, DriftReading, DriftSettings
 from kvroute.routing.learning import WorkerLearning
 from kvroute.routing.worker import WorkerState
 

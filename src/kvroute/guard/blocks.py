@@ -7,9 +7,9 @@ guard part adds its block here.
 
 from __future__ import annotations
 
-from kvroute.fleet.guard.canary_watch import CanarySettings
-from kvroute.fleet.guard.doctor_hold import DoctorGuardSettings
-from kvroute.fleet.guard.drift import DriftSettings
+from kvroute.guard.canary_watch import CanarySettings
+from kvroute.guard.doctor_hold import DoctorGuardSettings
+from kvroute.guard.drift import DriftSettings
 from kvroute.routing.settings import SettingsGroup
 
 GUARD = SettingsGroup(
