@@ -1,55 +1,20 @@
 """The package's layering, read statically from its source: no import cycles among kvroute's
-modules, the simulator never depends on the benchmarks, and the wheel never needs the developer
-tooling in ``tools/``."""
+modules and the wheel never needs the developer tooling in ``tools/`` (the order of the layers:
+test_layers.py)."""
 
 from __future__ import annotations
 
-import ast
 import functools
 import tomllib
-from collections.abc import Iterator
-from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[2] / "src"
-PACKAGE = "kvroute"
-
-
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(SRC).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def _imported_names(path: Path, module: str) -> Iterator[str]:
-    """Every module name ``path`` imports, at top level or inside functions, made absolute."""
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            yield from (alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                base = ".".join([*anchor, base] if base else anchor)
-            yield base
-            # ``from kvroute.sim import engine`` imports the module kvroute.sim.engine.
-            yield from (f"{base}.{alias.name}" for alias in node.names)
+from kvroute_dev.import_graph import PACKAGE, SRC, imported_names, module_name
+from kvroute_dev.import_graph import import_graph as read_import_graph
 
 
 @functools.cache
 def import_graph() -> dict[str, set[str]]:
-    """kvroute module -> the kvroute modules it imports (a name resolves to its longest module)."""
-    paths = {_module_name(p): p for p in (SRC / PACKAGE).rglob("*.py")}
-
-    def resolve(name: str) -> str | None:
-        while name and name not in paths:
-            name = name.rpartition(".")[0]
-        return name or None
-
-    graph: dict[str, set[str]] = {}
-    for module, path in paths.items():
-        targets = {resolve(name) for name in _imported_names(path, module)}
-        graph[module] = {t for t in targets if t is not None and t != module}
-    return graph
+    """kvroute module -> the kvroute modules it imports (read once per test session)."""
+    return read_import_graph()
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -102,16 +67,10 @@ def test_cycle_finder_finds_a_cycle() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-def test_sim_never_imports_bench() -> None:
-    offenders = sorted((src, dst) for src, targets in import_graph().items() for dst in targets
-                       if src.startswith("kvroute.sim") and dst.startswith("kvroute.bench"))
-    assert not offenders
-
-
 def test_the_wheel_never_imports_developer_tooling() -> None:
     """``tools/kvroute_dev`` is not in the wheel, so nothing in ``src/kvroute`` may import it."""
     for path in (SRC / PACKAGE).rglob("*.py"):
-        names = set(_imported_names(path, _module_name(path)))
+        names = set(imported_names(path, module_name(path)))
         assert not {n for n in names if n.split(".")[0] == "kvroute_dev"}, path
     assert not (SRC / PACKAGE / "dev").exists()
     pyproject = tomllib.loads((SRC.parent / "pyproject.toml").read_text(encoding="utf-8"))
