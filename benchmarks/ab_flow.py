@@ -52,7 +52,7 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def variant_settings(variant: str, fields: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """The policy of ``variant`` and its ModelPolicy settings (``fields`` for every variant, then
+    """The policy of ``variant`` and its ModelSettings settings (``fields`` for every variant, then
     the variant's switch and its own ``+FIELD=VALUE``; the module docstring lists the switches)."""
     name, *extra = variant.split("+")
     policy, _, switch = name.partition("/")
@@ -129,7 +129,7 @@ def main() -> int:
     parser.add_argument("--steps", default="4,8,16,24,32,48")
     parser.add_argument("--duration", type=float, default=180.0, help="virtual seconds per step")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                        help="ModelPolicy field for every variant (repeatable)")
+                        help="ModelSettings field for every variant (repeatable)")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--prediction", action="store_true",
                         help="also print how well the router predicted each request's cached tokens")

@@ -5,7 +5,7 @@
     python benchmarks/ab_policies.py --policies auto --sweep stay_tokens=0,512,4096
     python benchmarks/ab_policies.py --policies auto,vllm-sll --steps 4,8,16,32 --duration 150
 
-A sweep runs the listed policies once per value of one ModelPolicy field (the tunables of ``auto``,
+A sweep runs the listed policies once per value of one ModelSettings field (the tunables of ``auto``,
 the overflow threshold, ...), each on a fresh fleet, and labels the runs ``policy[field=value]``.
 ``vllm-sll`` is vllm-router's ``sticky_least_loaded`` (benchmarks/peer_policies.py).  Prints the
 Markdown table docs/benchmarks.md shows; deterministic for a seed.
@@ -45,7 +45,7 @@ def main() -> int:
     parser.add_argument("--replicas", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--scrape-interval", type=float, default=1.0)
-    parser.add_argument("--sweep", help="FIELD=V1,V2,... : one run per value of a ModelPolicy field")
+    parser.add_argument("--sweep", help="FIELD=V1,V2,... : one run per value of a ModelSettings field")
     args = parser.parse_args()
 
     policies = [p for p in args.policies.split(",") if p]

@@ -86,7 +86,7 @@ def main() -> int:
     parser.add_argument("--steps", default="4,8,16,24,32")
     parser.add_argument("--duration", type=float, default=180.0, help="virtual seconds per step")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                        help="ModelPolicy field for every kvroute policy (repeatable)")
+                        help="ModelSettings field for every kvroute policy (repeatable)")
     parser.add_argument("--versus", help="policy to compare every other one with, seed by seed")
     parser.add_argument("--per-seed", action="store_true", help="print every seed's p50 / p95")
     parser.add_argument("--router-clock", type=float, default=1.0,

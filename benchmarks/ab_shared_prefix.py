@@ -69,7 +69,7 @@ def main() -> int:
     parser.add_argument("--question-tokens", type=int, default=DEFAULT.question_tokens)
     parser.add_argument("--output-tokens", type=int, default=DEFAULT.output_tokens)
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                        help="ModelPolicy field for every variant (repeatable)")
+                        help="ModelSettings field for every variant (repeatable)")
     parser.add_argument("--jobs", type=int, default=2)
     args = parser.parse_args()
 

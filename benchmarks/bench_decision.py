@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from kvroute.api.requests import parse_request
-from kvroute.routing.config import ModelPolicy, RoutingConfig
+from kvroute.routing.config import ModelSettings, RoutingConfig
 from kvroute.routing.decision import Decision
 
 try:  # the dispatch path (and its pruning of large fleets); absent before the routing core's second edition
@@ -95,7 +95,7 @@ def _route_next(route: Callable[..., Decision], keys: Iterator[RoutingKey], ws: 
 def bench_cell(policy: str, size: int, n_workers: int, reps: int) -> dict[str, Any]:
     rng = random.Random(size * 1000 + n_workers)
     now = [1_700_000_000.0]
-    sched = Scheduler(RoutingConfig(default=ModelPolicy(policy=policy)), clock=lambda: now[0])
+    sched = Scheduler(RoutingConfig(default=ModelSettings(policy=policy)), clock=lambda: now[0])
     route = Dispatcher(sched).route if Dispatcher is not None else sched.decide
     ws = _fleet(n_workers, rng)
     # Warm index: a few earlier conversations per worker (capped so 512 workers stay quick).

@@ -25,7 +25,7 @@ from kvroute.fleet.breaker import BreakerSettings
 from kvroute.fleet.discovery import parse_source
 from kvroute.fleet.kv_event_sources import KvEventSettings
 from kvroute.guard.blocks import GUARD
-from kvroute.routing.config import ModelPolicy, RoutingConfig, blocks_of, defaults
+from kvroute.routing.config import ModelSettings, RoutingConfig, blocks_of, defaults
 from kvroute.routing.policies import routing_groups
 from kvroute.routing.settings import SettingsGroup
 from kvroute.sync.trust import MIN_SECRET_BYTES
@@ -47,10 +47,10 @@ def settings_groups() -> tuple[SettingsGroup, ...]:
     return (*routing_groups(), GUARD)
 
 
-def model_settings(**values: Any) -> ModelPolicy:
+def model_settings(**values: Any) -> ModelSettings:
     """One model's settings, carrying every group of ``settings_groups`` (ValueError names what
     is wrong)."""
-    return ModelPolicy.carrying(blocks_of(settings_groups()), **values)
+    return ModelSettings.carrying(blocks_of(settings_groups()), **values)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +68,7 @@ class WorkerSpec:
     max_num_seqs: int | None = None
 
 
-class ModelSettings(Mapping[str, Any]):
+class ModelTable(Mapping[str, Any]):
     """One ``[models.NAME]`` table: any per-model routing setting (every field of every routing
     settings block, docs/server.md), applied on top of ``policy`` and ``[routing]``."""
 
@@ -88,7 +88,7 @@ class ModelSettings(Mapping[str, Any]):
         return len(self._values)
 
     def __repr__(self) -> str:
-        return f"ModelSettings({', '.join(f'{k}={v!r}' for k, v in self._values.items())})"
+        return f"ModelTable({', '.join(f'{k}={v!r}' for k, v in self._values.items())})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +103,7 @@ class Settings:
     discover_interval_s: float = 5.0
     discover_empty_rounds: int = 2
     policy: str = "auto"
-    models: Mapping[str, ModelSettings] = field(default_factory=dict)
+    models: Mapping[str, ModelTable] = field(default_factory=dict)
     # [routing]: RoutingConfig fields (index size, session expiry, ...) and per-model settings
     # (slack_steps, stay_tokens, ...) that apply to every model.
     routing: Mapping[str, Any] = field(default_factory=dict)
@@ -549,8 +549,8 @@ def _check_worker_url(url: str) -> None:
         raise SettingsError(f"worker url {url!r} must not have a query or fragment")
 
 
-def _model(name: str, value: Any) -> ModelSettings:
-    if isinstance(value, ModelSettings):
+def _model(name: str, value: Any) -> ModelTable:
+    if isinstance(value, ModelTable):
         return value
     if not isinstance(value, Mapping):
         raise SettingsError(f"models.{name} must be a table")
@@ -574,7 +574,7 @@ def _model(name: str, value: Any) -> ModelSettings:
         elif not isinstance(default, tuple):
             v = _coerce(f"models.{name}.{key}", v, default)
         values[key] = v
-    return ModelSettings(**values)
+    return ModelTable(**values)
 
 
 def _coerce(name: str, value: Any, default: Any) -> Any:

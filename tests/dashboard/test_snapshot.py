@@ -10,7 +10,7 @@ import pytest
 from kvroute.fleet.breaker import BreakerSettings
 from kvroute.fleet.registry import ProbeResult, Registry
 from kvroute.fleet.vllm_metrics import EngineMetrics
-from kvroute.routing.config import ModelPolicy, RoutingConfig
+from kvroute.routing.config import ModelSettings, RoutingConfig
 from kvroute.server.activity import Activity, RoutedRequest
 from kvroute.server.dashboard.snapshot import UNKNOWN_MODEL, FleetView, QueueView, build_snapshot
 
@@ -136,9 +136,9 @@ def test_policy_in_force_per_model() -> None:
     reg.add("http://b:1", worker_id="b", models=["p"])
     reg.add("http://c:1", worker_id="c", models=["x"])
     routing = RoutingConfig(models={
-        "s": ModelPolicy(policy="session"),
-        "p": ModelPolicy(policy="prefix", slack_steps=(100, 200)),
-        "x": ModelPolicy(policy="auto", overflow=6, sticky=False),
+        "s": ModelSettings(policy="session"),
+        "p": ModelSettings(policy="prefix", slack_steps=(100, 200)),
+        "x": ModelSettings(policy="auto", overflow=6, sticky=False),
     })
     snap = build_snapshot(view(reg, Activity(), routing), clock())
     policies = {m["name"]: m["policy"] for m in snap["models"]}
@@ -167,8 +167,8 @@ def test_the_queue_per_model_or_flow_control_off() -> None:
     reg = Registry(clock=clock)
     reg.add("http://a:1", worker_id="a", models=["on"])
     reg.add("http://b:1", worker_id="b", models=["off"])
-    routing = RoutingConfig(models={"on": ModelPolicy(flow_control=True),
-                                    "off": ModelPolicy(flow_control=False)})
+    routing = RoutingConfig(models={"on": ModelSettings(flow_control=True),
+                                    "off": ModelSettings(flow_control=False)})
     activity = Activity()
     now = clock.now
     for i, depth in enumerate((1, 3, 2, 0)):

@@ -202,8 +202,8 @@ def test_canary_settings_are_routing_settings_and_are_validated() -> None:
 
     config = Settings.from_dict({"routing": {"canary_budget": 0.005},
                                  "models": {"big": {"canary": False}}}).routing_config()
-    assert config.policy_for("small").block(CanarySettings).canary_budget == 0.005
-    assert config.policy_for("big").block(CanarySettings).canary is False
+    assert config.settings_for("small").block(CanarySettings).canary_budget == 0.005
+    assert config.settings_for("big").block(CanarySettings).canary is False
     for bad in ({"canary_budget": 2.0}, {"canary_interval_s": 0}, {"canary_tolerated_rate": 0.0}):
         with pytest.raises(SettingsError, match=next(iter(bad))):
             Settings.from_dict({"routing": bad})

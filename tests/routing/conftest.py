@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 from routing_helpers import Clock
 
-from kvroute.routing.config import ModelPolicy, RoutingConfig, setting_infos
+from kvroute.routing.config import ModelSettings, RoutingConfig, setting_infos
 from kvroute.routing.scheduler import Scheduler
 
 
@@ -19,13 +19,13 @@ def clock() -> Clock:
 @pytest.fixture
 def make_scheduler(clock: Clock) -> Callable[..., Scheduler]:
     """Scheduler factory: ``make_scheduler("prefix", index_max_blocks=10, overflow=4)``; keyword
-    arguments that are ModelPolicy fields go to the policy, the rest to RoutingConfig."""
+    arguments that are ModelSettings fields go to the policy, the rest to RoutingConfig."""
     policy_fields = {i.name for i in setting_infos()}
 
     def make(policy: str = "auto", **kwargs: object) -> Scheduler:
         pol = {k: v for k, v in kwargs.items() if k in policy_fields}
         rest = {k: v for k, v in kwargs.items() if k not in policy_fields}
-        config = RoutingConfig(default=ModelPolicy(policy=policy, **pol), **rest)  # type: ignore[arg-type]
+        config = RoutingConfig(default=ModelSettings(policy=policy, **pol), **rest)  # type: ignore[arg-type]
         return Scheduler(config, clock=clock)
 
     return make

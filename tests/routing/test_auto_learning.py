@@ -94,10 +94,10 @@ def test_a_models_own_learning_settings_are_honoured_everywhere(clock: Clock) ->
     """A model whose [models.NAME] learning settings differ from the default's: its workers learn
     with its weights and sample counts, drain and report at its rate, also for facts from
     another router instance."""
-    from kvroute.routing.config import ModelPolicy, RoutingConfig
+    from kvroute.routing.config import ModelSettings, RoutingConfig
     from kvroute.routing.sync_record import PrefixRecord
 
-    own = ModelPolicy(policy="auto", prefill_s_per_token=1e-3, learn_min_samples=1, learn_alpha=1.0,
+    own = ModelSettings(policy="auto", prefill_s_per_token=1e-3, learn_min_samples=1, learn_alpha=1.0,
                       learn_prefill_speed=False)
     s = Scheduler(RoutingConfig(models={"big": own}), clock=clock)
     ws = fleet(1, model="big")

@@ -7,7 +7,7 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvroute.routing.config import ModelPolicy, RoutingConfig
+from kvroute.routing.config import ModelSettings, RoutingConfig
 from kvroute.routing.exact_index import ExactIndex
 from kvroute.routing.hashing import token_block_hashes
 from kvroute.routing.key import DERIVED_SESSION_PREFIX, RoutingKey
@@ -276,7 +276,7 @@ def _holder_queued_and_another_cache(other_kv_tokens: int, weight: float,
     """Worker "a" holds the prompt (1,100 blocks) with two requests waiting in its engine; "b" is
     idle and its cache holds 1,100 blocks of another prompt, in a KV cache of ``other_kv_tokens``."""
     clock = [100.0]
-    sched = Scheduler(RoutingConfig(default=ModelPolicy(evicted_cache_weight=weight)),
+    sched = Scheduler(RoutingConfig(default=ModelSettings(evicted_cache_weight=weight)),
                       clock=lambda: clock[0])
     a, b = _fleet()
     b.kv_tokens = other_kv_tokens

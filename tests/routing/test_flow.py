@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from routing_helpers import Clock
 
-from kvroute.routing.config import ModelPolicy, RoutingConfig
+from kvroute.routing.config import ModelSettings, RoutingConfig
 from kvroute.routing.dispatch import Dispatcher, InFlight
 from kvroute.routing.flow import FlowSettings, ShedReason, Ticket, TicketState
 from kvroute.routing.flow_queue import admissible, cache_order, fifo_order
@@ -33,7 +33,7 @@ def fleet(n: int = 1, seqs: int = 1, kv_tokens: int | None = None) -> list[Worke
 
 def dispatcher(clock: Clock, **policy: Any) -> Dispatcher:
     policy = {"flow_control": True, **policy}  # off by default: these tests are about it on
-    cfg = RoutingConfig(default=ModelPolicy(policy="least-loaded", **policy))
+    cfg = RoutingConfig(default=ModelSettings(policy="least-loaded", **policy))
     return Dispatcher(Scheduler(cfg, clock=clock), timer=clock)
 
 
@@ -269,7 +269,7 @@ def test_settings_are_validated() -> None:
     for bad in ({"flow_order": "random"}, {"flow_queue_ttl_s": 0}, {"flow_kv_fill": 0},
                 {"flow_max_queued": -1}):
         with pytest.raises(ValueError):
-            ModelPolicy(**bad)
+            ModelSettings(**bad)
 
 
 # --- session admission --------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from routing_helpers import Clock
 
-from kvroute.routing.config import ModelPolicy, RoutingConfig
+from kvroute.routing.config import ModelSettings, RoutingConfig
 from kvroute.routing.dispatch import Dispatcher, InFlight
 from kvroute.routing.fair_share import tenant_weights
 from kvroute.routing.flow import FlowSettings, ShedReason, Ticket, TicketState
@@ -28,7 +28,7 @@ class Fleet:
 
     def __init__(self, n: int = 1, seqs: int = 1, **policy: Any) -> None:
         self.clock = Clock(1000.0)
-        cfg = RoutingConfig(default=ModelPolicy(policy="least-loaded", flow_control=True, **policy))
+        cfg = RoutingConfig(default=ModelSettings(policy="least-loaded", flow_control=True, **policy))
         self.d = Dispatcher(Scheduler(cfg, clock=self.clock), timer=self.clock)
         self.workers = [WorkerState(f"w{i}", f"http://w{i}", frozenset({MODEL}), max_num_seqs=seqs)
                         for i in range(n)]

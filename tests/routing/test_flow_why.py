@@ -7,7 +7,7 @@ from typing import Any
 
 from routing_helpers import Clock
 
-from kvroute.routing.config import ModelPolicy, RoutingConfig
+from kvroute.routing.config import ModelSettings, RoutingConfig
 from kvroute.routing.dispatch import Dispatcher
 from kvroute.routing.flow import TicketState
 from kvroute.routing.key import RoutingKey
@@ -28,7 +28,7 @@ def fleet(n: int, seqs: int, kv_tokens: int | None = None) -> list[WorkerState]:
 
 
 def dispatcher(clock: Clock, **policy: Any) -> Dispatcher:
-    cfg = RoutingConfig(default=ModelPolicy(policy="least-loaded", flow_control=True, **policy))
+    cfg = RoutingConfig(default=ModelSettings(policy="least-loaded", flow_control=True, **policy))
     return Dispatcher(Scheduler(cfg, clock=clock), timer=clock)
 
 

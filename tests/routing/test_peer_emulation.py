@@ -16,12 +16,12 @@ if _BENCHMARKS not in sys.path:
 
 from peer_policies import SLL_SESSION_TTL_S, STICKY_LEAST_LOADED  # noqa: E402
 
-from kvroute.routing.config import ModelPolicy, RoutingConfig  # noqa: E402
+from kvroute.routing.config import ModelSettings, RoutingConfig  # noqa: E402
 from kvroute.routing.scheduler import Scheduler  # noqa: E402
 
 
 def sll(clock: Clock) -> Scheduler:
-    config = RoutingConfig(default=ModelPolicy(policy=STICKY_LEAST_LOADED.name),
+    config = RoutingConfig(default=ModelSettings(policy=STICKY_LEAST_LOADED.name),
                            session_ttl_s=SLL_SESSION_TTL_S)
     return Scheduler(config, clock=clock)
 

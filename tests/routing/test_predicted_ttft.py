@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 from routing_helpers import Clock, fleet, key, text
 
-from kvroute.routing.config import ModelPolicy, RoutingConfig
+from kvroute.routing.config import ModelSettings, RoutingConfig
 from kvroute.routing.learning import LearningSettings
 from kvroute.routing.scheduler import Scheduler
 
 
 @pytest.mark.parametrize("policy", ["auto", "round-robin", "prefix", "session", "p2c", "least-loaded"])
 def test_every_policy_predicts_the_prefill_of_a_cold_prompt(policy):
-    s = Scheduler(RoutingConfig(default=ModelPolicy(policy=policy)), clock=Clock())
+    s = Scheduler(RoutingConfig(default=ModelSettings(policy=policy)), clock=Clock())
     k = key(text(1, 40_000), session="s")
     d = s.decide(k, fleet(3))
     spt = LearningSettings().prefill_s_per_token
@@ -22,7 +22,7 @@ def test_every_policy_predicts_the_prefill_of_a_cold_prompt(policy):
 
 
 def test_a_worker_with_work_in_flight_is_predicted_slower():
-    s = Scheduler(RoutingConfig(default=ModelPolicy(policy="round-robin")), clock=Clock())
+    s = Scheduler(RoutingConfig(default=ModelSettings(policy="round-robin")), clock=Clock())
     workers = fleet(1)
     first = s.decide(key(text(1, 40_000)), workers)
     s.commit(key(text(1, 40_000)), first)  # its prefill is now the worker's backlog

@@ -11,7 +11,7 @@ import random
 import pytest
 from routing_helpers import Clock, fleet, key, text
 
-from kvroute.routing.config import ModelPolicy, RoutingConfig
+from kvroute.routing.config import ModelSettings, RoutingConfig
 from kvroute.routing.decision import Decision
 from kvroute.routing.dispatch import Dispatcher
 from kvroute.routing.hashing import token_block_hashes
@@ -23,7 +23,7 @@ from kvroute.routing.worker import WorkerState
 def _pair(policy: str, clock: Clock) -> tuple[Dispatcher, Dispatcher]:
     """Two dispatch paths with the same settings: one prunes above 8 workers, one never does."""
     def make(prune_above: int) -> Dispatcher:
-        config = RoutingConfig(default=ModelPolicy(policy=policy), prune_above=prune_above)
+        config = RoutingConfig(default=ModelSettings(policy=policy), prune_above=prune_above)
         return Dispatcher(Scheduler(config, clock=clock), timer=clock)
     return make(8), make(1_000_000)
 
@@ -125,7 +125,7 @@ def _busy_fleet(rng: random.Random, n: int, clock: Clock) -> tuple[Dispatcher, l
     settings = rng.choice(({}, {"active_session_tokens": 0.0},
                            {"session_spread": 0, "active_session_tokens": 0.0}, {"session_spread": None},
                            {"stay_tokens": 0.0, "waiting_tokens": 100_000.0}))
-    config = RoutingConfig(default=ModelPolicy(policy="auto", **settings), prune_above=8)
+    config = RoutingConfig(default=ModelSettings(policy="auto", **settings), prune_above=8)
     d = Dispatcher(Scheduler(config, clock=clock), timer=clock)
     ws = fleet(n, max_num_seqs=rng.choice((16, 64)))
     for w in ws:
@@ -202,7 +202,7 @@ def test_pruned_decisions_equal_looking_at_every_worker(seed: int) -> None:
     assert pruned_some > cases // 2
 
 
-def _placed(policy: ModelPolicy, n: int) -> tuple[Dispatcher, list[WorkerState]]:
+def _placed(policy: ModelSettings, n: int) -> tuple[Dispatcher, list[WorkerState]]:
     clock = Clock()
     d = Dispatcher(Scheduler(RoutingConfig(default=policy, prune_above=8), clock=clock), timer=clock)
     ws = fleet(n, max_num_seqs=64)
@@ -224,7 +224,7 @@ def _both(d: Dispatcher, k: RoutingKey, ws: list[WorkerState]) -> tuple[Decision
 def test_a_busier_worker_holding_nothing_is_found_when_the_least_busy_are_slow() -> None:
     """The least busy carry a large backlog: a worker one request busier, with none, is cheaper,
     and only the floor's walk finds it."""
-    d, ws = _placed(ModelPolicy(policy="auto"), 100)
+    d, ws = _placed(ModelSettings(policy="auto"), 100)
     for i, w in enumerate(ws):
         if i < 10:  # one request in flight each, with a long prompt still to prefill
             k = key(text(-1 - i, 80_000))
@@ -241,7 +241,7 @@ def test_a_busier_worker_holding_nothing_is_found_when_the_least_busy_are_slow()
 def test_a_placement_counts_active_sessions_from_the_fewest_in_the_fleet() -> None:
     """Every worker priced first has active sessions, but idle workers elsewhere have none: the
     session filter counts from those, so a holder with more sessions must not win."""
-    d, ws = _placed(ModelPolicy(policy="auto", session_spread=1, active_session_tokens=0.0), 100)
+    d, ws = _placed(ModelSettings(policy="auto", session_spread=1, active_session_tokens=0.0), 100)
     head = text(3, 20_000)
     holder = ws[50]
     _commit(d, key(head + text(4, 100)), holder)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvroute.routing.config import ModelPolicy, RoutingConfig
+from kvroute.routing.config import ModelSettings, RoutingConfig
 
 
 @pytest.mark.parametrize(
@@ -15,14 +15,14 @@ from kvroute.routing.config import ModelPolicy, RoutingConfig
 )
 def test_slack_grows_with_prompt_size(tokens: int, slack: int) -> None:
     # Seed 1: nothing extra below 1k tokens, up to four more above 32k; ~12952 tokens logged slack=3.
-    assert ModelPolicy().slack_for(tokens) == slack
+    assert ModelSettings().slack_for(tokens) == slack
 
 
 def test_overflow_threshold_is_a_quarter_of_max_num_seqs_by_default() -> None:
-    assert ModelPolicy().overflow_threshold(32) == 8  # seed 2's four-card server
-    assert ModelPolicy(max_num_seqs=64).overflow_threshold(None) == 16
-    assert ModelPolicy().overflow_threshold(None) == 64  # vLLM's default of 256
-    assert ModelPolicy(overflow=4).overflow_threshold(32) == 4
+    assert ModelSettings().overflow_threshold(32) == 8  # seed 2's four-card server
+    assert ModelSettings(max_num_seqs=64).overflow_threshold(None) == 16
+    assert ModelSettings().overflow_threshold(None) == 64  # vLLM's default of 256
+    assert ModelSettings(overflow=4).overflow_threshold(32) == 4
 
 
 @pytest.mark.parametrize(
@@ -33,7 +33,7 @@ def test_overflow_threshold_is_a_quarter_of_max_num_seqs_by_default() -> None:
 )
 def test_bad_policies_are_rejected(changes: dict[str, object]) -> None:
     with pytest.raises(ValueError):
-        ModelPolicy(**changes)  # type: ignore[arg-type]
+        ModelSettings(**changes)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -46,10 +46,10 @@ def test_bad_routing_configs_are_rejected(changes: dict[str, object]) -> None:
         RoutingConfig(**changes)  # type: ignore[arg-type]
 
 
-def test_policy_for_falls_back_to_default() -> None:
-    config = RoutingConfig(models={"big": ModelPolicy(policy="session", sticky=False)})
-    assert config.policy_for("big").policy == "session"
-    assert config.policy_for("other") is config.default
+def test_settings_for_falls_back_to_default() -> None:
+    config = RoutingConfig(models={"big": ModelSettings(policy="session", sticky=False)})
+    assert config.settings_for("big").policy == "session"
+    assert config.settings_for("other") is config.default
     assert config.window_blocks == 64
 
 
@@ -62,13 +62,13 @@ def test_every_setting_is_declared_once_with_its_help_and_reads_flat() -> None:
     names = [i.name for i in infos]
     assert len(names) == len(set(names))
     assert all(i.help for i in infos), [i.name for i in infos if not i.help]
-    p = ModelPolicy(stay_tokens=64.0, learn_alpha=0.5, overflow=0)
+    p = ModelSettings(stay_tokens=64.0, learn_alpha=0.5, overflow=0)
     assert p.block(AutoSettings).stay_tokens == p.stay_tokens == 64.0
     assert p.block(LearningSettings).learn_alpha == 0.5 and p.overflow == 0
-    assert p.replace(policy="session") == ModelPolicy(stay_tokens=64.0, learn_alpha=0.5, overflow=0,
+    assert p.replace(policy="session") == ModelSettings(stay_tokens=64.0, learn_alpha=0.5, overflow=0,
                                                      policy="session")
     with pytest.raises(ValueError, match="unknown routing setting 'colour'"):
-        ModelPolicy(colour=1)
+        ModelSettings(colour=1)
 
 
 def test_cli_help_and_docs_name_every_setting_and_policy() -> None:
@@ -125,10 +125,10 @@ def test_groups_are_registered_explicitly_and_defaults_come_from_them() -> None:
     with pytest.raises(ValueError, match="guard_drift_recover"):
         model_settings(guard_drift_recover=1.5)
     with pytest.raises(ValueError, match="unknown routing setting 'canary'"):
-        ModelPolicy(canary=False)  # the routing core alone does not carry the guard's blocks
+        ModelSettings(canary=False)  # the routing core alone does not carry the guard's blocks
     assert model_settings(canary=False).replace(sticky=False).canary is False
     # A changed guard setting shows (the defaults fixed at import lacked the guard's).
-    assert repr(model_settings(canary=False, sticky=False)) == "ModelPolicy(sticky=False, canary=False)"
+    assert repr(model_settings(canary=False, sticky=False)) == "ModelSettings(sticky=False, canary=False)"
 
 
 def test_model_settings_stay_frozen() -> None:
@@ -140,7 +140,7 @@ def test_model_settings_stay_frozen() -> None:
     class Elsewhere:
         colour: str = setting("blue", "a block this model does not carry")
 
-    p = ModelPolicy(stay_tokens=64.0)
+    p = ModelSettings(stay_tokens=64.0)
     before, digest = p.as_dict(), hash(p)
     assert p.block(Elsewhere).colour == "blue" and p.block(Elsewhere) is p.block(Elsewhere)
     assert p.as_dict() == before and hash(p) == digest and "colour" not in before
@@ -148,4 +148,4 @@ def test_model_settings_stay_frozen() -> None:
         p.colour  # noqa: B018
     with pytest.raises(AttributeError, match="immutable"):
         p.stay_tokens = 1.0
-    assert repr(p) == "ModelPolicy(stay_tokens=64.0)"
+    assert repr(p) == "ModelSettings(stay_tokens=64.0)"

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from routing_helpers import Clock, fleet, key, send, text
 
-from kvroute.routing.config import ModelPolicy, RoutingConfig
+from kvroute.routing.config import ModelSettings, RoutingConfig
 from kvroute.routing.dispatch import Dispatcher
 from kvroute.routing.flow import TicketState
 from kvroute.routing.learning import LearningSettings
@@ -171,18 +171,18 @@ def test_thrashing_engages_while_saturated_and_ends_with_the_release() -> None:
 ])
 def test_settings_are_validated(bad: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
-        ModelPolicy(**bad)
+        ModelSettings(**bad)
 
 
 @pytest.mark.parametrize("value, ok", [
     ("auto", True), (True, True), (False, True), ("on", False), (1, False)])
 def test_flow_switches_take_true_false_or_auto(value: Any, ok: bool) -> None:
     if ok:
-        policy = ModelPolicy(flow_control=value, flow_session_admission=value)
+        policy = ModelSettings(flow_control=value, flow_session_admission=value)
         assert policy.flow_control == value
     else:
         with pytest.raises(ValueError):
-            ModelPolicy(flow_control=value)
+            ModelSettings(flow_control=value)
 
 
 # --- placement for a full fleet ------------------------------------------------------------------
@@ -192,7 +192,7 @@ def _reference(s: Scheduler, k: Any, workers: list[WorkerState]) -> set[str]:
     workers (with a free slot if any has one), those that would carry at most fleet_load_bound x
     the mean load with this request, then the least fleet cost (prefill it adds + decode
     interference), then the deepest match, then the fewest in flight."""
-    policy = s.policy_for("m")
+    policy = s.settings_for("m")
     auto, sat = policy.block(AutoSettings), policy.block(SaturationSettings)
     spt = policy.block(LearningSettings).prefill_s_per_token
     ok = [w for w in workers if w.ready]
@@ -219,7 +219,7 @@ def _reference(s: Scheduler, k: Any, workers: list[WorkerState]) -> set[str]:
 def test_bounded_load_placement_matches_the_reference(seed: int) -> None:
     rng = random.Random(seed)
     clock = Clock()
-    policy = ModelPolicy(fleet_load_bound=rng.choice([1.0, 1.25, 2.0]))
+    policy = ModelSettings(fleet_load_bound=rng.choice([1.0, 1.25, 2.0]))
     s = Scheduler(RoutingConfig(default=policy), clock=clock)
     workers = fleet(rng.randint(2, 12), max_num_seqs=8)
     groups = [text(seed * 100 + g, 8192) for g in range(rng.randint(1, 6))]
@@ -238,7 +238,7 @@ def test_bounded_load_placement_matches_the_reference(seed: int) -> None:
 
 def test_a_hot_prefix_gets_a_second_replica_only_past_the_bound() -> None:
     clock = Clock()
-    s = Scheduler(RoutingConfig(default=ModelPolicy(fleet_load_bound=1.5)), clock=clock)
+    s = Scheduler(RoutingConfig(default=ModelSettings(fleet_load_bound=1.5)), clock=clock)
     workers = fleet(4, max_num_seqs=32)
     head = text(7, 16384)
     holder = send(s, key(head + "a"), workers)
@@ -256,7 +256,7 @@ def test_a_hot_prefix_gets_a_second_replica_only_past_the_bound() -> None:
 def _saturated_dispatcher(clock: Clock, **policy: Any) -> Dispatcher:
     # A time constant of a day keeps the test's fleet saturated whatever it reads meanwhile.
     settings = {"flow_control": True, "fleet_full_window_s": 86400.0, **policy}
-    d = Dispatcher(Scheduler(RoutingConfig(default=ModelPolicy(**settings)), clock=clock), timer=clock)
+    d = Dispatcher(Scheduler(RoutingConfig(default=ModelSettings(**settings)), clock=clock), timer=clock)
     d.saturation["m"] = Saturation(level=1.0, engaged=True)
     return d
 
@@ -307,7 +307,8 @@ def test_late_binding_is_bounded_by_a_multiple_of_the_cold_prefill() -> None:
 
 def test_without_saturation_nothing_waits_for_its_holder() -> None:
     clock = Clock()
-    d = Dispatcher(Scheduler(RoutingConfig(default=ModelPolicy(flow_control=True)), clock=clock), timer=clock)
+    config = RoutingConfig(default=ModelSettings(flow_control=True))
+    d = Dispatcher(Scheduler(config, clock=clock), timer=clock)
     workers = fleet(2, max_num_seqs=1)
     head = text(5, 16384)
     first = key(head + "one")
@@ -321,7 +322,7 @@ def test_the_default_gate_engages_with_saturation_and_opens_with_its_release() -
     """flow_control = "auto": no gate while the fleet has room; once the fleet reads full long
     enough, requests wait at the gate; once it has room again, they all go."""
     clock = Clock()
-    d = Dispatcher(Scheduler(RoutingConfig(default=ModelPolicy(policy="least-loaded")), clock=clock),
+    d = Dispatcher(Scheduler(RoutingConfig(default=ModelSettings(policy="least-loaded")), clock=clock),
                    timer=clock)
     workers = fleet(1, max_num_seqs=1)
     flight, _ = d.sent(key("a" * 400), d.route(key("a" * 400), workers), workers[0])

@@ -94,9 +94,9 @@ def test_removed_worker_loses_prefixes_and_sessions(make_scheduler: MakeSchedule
 
 @pytest.mark.parametrize("policy", ["prefix", "session", "auto"])
 def test_facts_published_by_one_instance_route_the_other(policy: str, clock: Clock) -> None:
-    from kvroute.routing.config import ModelPolicy, RoutingConfig
+    from kvroute.routing.config import ModelSettings, RoutingConfig
 
-    config = RoutingConfig(default=ModelPolicy(policy=policy))
+    config = RoutingConfig(default=ModelSettings(policy=policy))
     a, b = Scheduler(config, clock=clock), Scheduler(config, clock=clock)
     ws = fleet(4)
     conv = text(1, 30_000)

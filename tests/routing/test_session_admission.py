@@ -10,7 +10,7 @@ import pytest
 from routing_helpers import Clock
 from test_flow import MODEL, dispatcher, fleet, key, send
 
-from kvroute.routing.config import ModelPolicy
+from kvroute.routing.config import ModelSettings
 from kvroute.routing.flow import Ticket, TicketState
 from kvroute.routing.flow_queue import ModelQueue
 from kvroute.routing.key import RoutingKey
@@ -102,9 +102,9 @@ def test_a_session_waiting_at_the_gate_is_not_forgotten() -> None:
 
 def test_the_rule_setting_is_validated() -> None:
     with pytest.raises(ValueError, match="flow_session_rule"):
-        ModelPolicy(flow_session_rule="guess")
+        ModelSettings(flow_session_rule="guess")
     with pytest.raises(ValueError):
-        ModelPolicy(flow_session_door_s=-1.0)
+        ModelSettings(flow_session_door_s=-1.0)
 
 
 # --- the door through the dispatcher ------------------------------------------------------------

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from kvroute.routing import filters, scorers
-from kvroute.routing.config import ModelPolicy
+from kvroute.routing.config import ModelSettings
 from kvroute.routing.key import RoutingKey
 from kvroute.routing.policies import auto, prefix, session
 from kvroute.routing.stages import Filter, Scorer
@@ -30,7 +30,7 @@ def cand(wid: str, *, load: int = 0, busy: int | None = None, matched: int = 0, 
 def view(*, tokens: int = 1000, max_tokens: int = 0, session: int | None = None, bound: str | None = None,
          **settings: Any) -> View:
     key = RoutingKey(model="m", prefix=b"x" * (tokens * 4), est_prompt_tokens=tokens, max_tokens=max_tokens)
-    policy = ModelPolicy(**settings)
+    policy = ModelSettings(**settings)
     return View(key, policy, policy.placement, 0.0, tokens // 128, 128.0, session, bound)
 
 

@@ -71,6 +71,6 @@ def test_kv_first_routes_as_its_scorers_say(registered: None, usage: tuple[float
 def test_kv_first_settings_are_validated_and_per_model(registered: None) -> None:
     settings = Settings.from_dict({"policy": "kv-first", "models": {"big": {"kv_full_at": 0.5}}})
     routing = settings.routing_config()
-    assert routing.default.kv_full_at == 0.9 and routing.policy_for("big").kv_full_at == 0.5
+    assert routing.default.kv_full_at == 0.9 and routing.settings_for("big").kv_full_at == 0.5
     with pytest.raises(ValueError, match="kv_full_at"):
         Settings.from_dict({"routing": {"kv_full_at": "lots"}}).routing_config()

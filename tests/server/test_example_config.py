@@ -23,7 +23,7 @@ def test_the_example_config_loads_through_the_settings_loader():
     assert {w.max_num_seqs for w in settings.workers} == {64}
     assert settings.admin_token is None and settings.redis_url is None
     config = settings.routing_config()
-    model = config.policy_for("Qwen/Qwen3-4B")
+    model = config.settings_for("Qwen/Qwen3-4B")
     assert model.flow_queue_ttl_s == 30 and model.stay_tokens == 512
     assert config.default.flow_queue_ttl_s != 30  # the [models] table applies to its model only
     assert config.session_ttl_s == 3600

@@ -232,4 +232,4 @@ async def test_the_action_is_the_served_models_own_setting(replicas, router, htt
     good, bad = (listed[rec.id] for rec in r.registry.records())
     assert bad["doctor"]["held"] and bad["guard_holds"] == ["doctor"]  # exclude, from [models.qwen3-4b]
     assert not good["doctor"]["held"] and good["guard_holds"] == []
-    assert r.scheduler.policy_for("").guard_doctor_action == "warn"  # the default stays warn
+    assert r.scheduler.settings_for("").guard_doctor_action == "warn"  # the default stays warn

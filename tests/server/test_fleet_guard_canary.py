@@ -62,7 +62,7 @@ async def admin_workers(http: aiohttp.ClientSession, r: RunningRouter) -> dict[s
 
 
 def settings_of(r: RunningRouter) -> CanarySettings:
-    return r.scheduler.policy_for(MODEL).block(CanarySettings)
+    return r.scheduler.settings_for(MODEL).block(CanarySettings)
 
 
 async def test_a_corrupting_replica_is_drained_its_sessions_move_and_it_comes_back(

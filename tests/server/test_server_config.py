@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kvroute.router_settings import ModelSettings, Settings, SettingsError, WorkerSpec
+from kvroute.router_settings import ModelTable, Settings, SettingsError, WorkerSpec
 
 TOML = """
 port = 9000
@@ -53,14 +53,14 @@ def test_toml_file_is_read(tmp_path):
     assert s.port == 9000 and s.admin_token == "from-file" and s.retries == 1 and s.worker_header is False
     assert s.workers == (WorkerSpec("http://10.0.0.1:8000", "gpu0", ("qwen3-4b",), 32),
                          WorkerSpec("http://10.0.0.2:8000"))
-    assert s.models["qwen3-4b"] == ModelSettings(policy="auto", sticky=False, overflow=8)
+    assert s.models["qwen3-4b"] == ModelTable(policy="auto", sticky=False, overflow=8)
     routing = s.routing_config()
     assert routing.index_max_blocks == 1000
     assert routing.default.policy == "session" and routing.default.slack_steps == (100, 200)
-    qwen = routing.policy_for("qwen3-4b")
+    qwen = routing.settings_for("qwen3-4b")
     assert (qwen.policy, qwen.sticky, qwen.overflow, qwen.slack_steps) == ("auto", False, 8, (100, 200))
-    assert routing.policy_for("other").max_num_seqs == 64
-    assert routing.policy_for("unlisted") == routing.default
+    assert routing.settings_for("other").max_num_seqs == 64
+    assert routing.settings_for("unlisted") == routing.default
     assert "header:x-conversation" in s.request_options().sources()
 
 

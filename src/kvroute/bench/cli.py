@@ -161,7 +161,7 @@ def bench(
     policies: Annotated[str, typer.Option(help="Comma-separated router policies to compare.")]
         = "least-loaded,auto",
     policy_opt: Annotated[list[str] | None, typer.Option(
-        help="ModelPolicy field NAME=VALUE for every policy (e.g. overflow=4), repeatable.")] = None,
+        help="ModelSettings field NAME=VALUE for every policy (e.g. overflow=4), repeatable.")] = None,
     steps: Annotated[str, typer.Option(help="Concurrent sessions per step.")] = "4,8,16,24,32",
     duration: Annotated[float, typer.Option(
         min=0.1, help="Seconds per step (simulated seconds with --speed or --virtual).")] = 180.0,

@@ -48,7 +48,7 @@ from kvroute.bench.workloads import (
 )
 from kvroute.fleet.kv_event_wire import EventBatch
 from kvroute.fleet.kv_events import apply_batch
-from kvroute.routing.config import ModelPolicy, RoutingConfig
+from kvroute.routing.config import ModelSettings, RoutingConfig
 from kvroute.routing.decision import Decision
 from kvroute.routing.dispatch import Dispatcher, InFlight
 from kvroute.routing.flow import Ticket, TicketState
@@ -75,7 +75,7 @@ class ClusterConfig:
     """The simulated fleet and the router's view of it.
 
     ``engine`` overrides preset settings (EngineConfig or cost-model fields); ``policy`` overrides
-    ``ModelPolicy`` fields (the tunables of ``auto``, the overflow threshold, ...) and ``routing``
+    ``ModelSettings`` fields (the tunables of ``auto``, the overflow threshold, ...) and ``routing``
     ``RoutingConfig`` fields.
     """
 
@@ -105,7 +105,7 @@ class ClusterConfig:
 
     def routing_config(self, policy: str) -> RoutingConfig:
         """The router's configuration for ``policy``."""
-        return RoutingConfig(default=ModelPolicy(policy=policy, **dict(self.policy)), **dict(self.routing))
+        return RoutingConfig(default=ModelSettings(policy=policy, **dict(self.policy)), **dict(self.routing))
 
 
 @dataclass(slots=True)

@@ -47,7 +47,7 @@ class CanaryRunner:
         self.registry = registry
         self._api_key = api_key
         scheduler = registry.dispatch.scheduler
-        self.watch = CanaryWatch(lambda model: scheduler.policy_for(model).block(CanarySettings),
+        self.watch = CanaryWatch(lambda model: scheduler.settings_for(model).block(CanarySettings),
                                  nonce=secrets.token_hex(6), clock=clock, share=share)
         self._task: asyncio.Task[None] | None = None
         self._rounds: set[asyncio.Task[None]] = set()
@@ -74,7 +74,7 @@ class CanaryRunner:
                 self.tick()
             except Exception:
                 log.exception("canary: scheduling a round failed")
-            interval = scheduler.policy_for("").block(CanarySettings).canary_interval_s
+            interval = scheduler.settings_for("").block(CanarySettings).canary_interval_s
             await asyncio.sleep(min(_MAX_TICK_S, interval / 2))
 
     def tick(self) -> None:

@@ -67,16 +67,16 @@ class DoctorCheck:
 
 
 class DoctorWatch:
-    """The doctor's checks of one router's workers.  ``policy_for(model)`` gives a model's settings
-    (``Scheduler.policy_for``).  A check that cannot reach the engine is tried ``tries`` times,
+    """The doctor's checks of one router's workers.  ``settings_for(model)`` gives a model's settings
+    (``Scheduler.settings_for``).  A check that cannot reach the engine is tried ``tries`` times,
     ``retry_s`` apart, while the epoch lasts."""
 
-    def __init__(self, registry: Registry, policy_for: Callable[[str], Blocks], *, timeout_s: float = 10.0,
+    def __init__(self, registry: Registry, settings_for: Callable[[str], Blocks], *, timeout_s: float = 10.0,
                  retry_s: float = 2.0, tries: int = 3, clock: Callable[[], float] = time.time,
                  api_key: str | None = None) -> None:
         self._registry = registry
         self._api_key = api_key
-        self._policy_for = policy_for
+        self._settings_for = settings_for
         self._timeout_s = timeout_s
         self._retry_s = retry_s
         self._tries = tries
@@ -151,7 +151,7 @@ class DoctorWatch:
             await asyncio.sleep(_POLL_S)
 
     def _settings(self, models: Iterable[str]) -> DoctorGuardSettings:
-        return combined(blocks_for(models, self._policy_for, DoctorGuardSettings))
+        return combined(blocks_for(models, self._settings_for, DoctorGuardSettings))
 
     def _apply(self, record: WorkerRecord, findings: tuple[Finding, ...],
                settings: DoctorGuardSettings) -> DoctorCheck:

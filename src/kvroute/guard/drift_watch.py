@@ -44,7 +44,7 @@ class DriftWatch:
             learned = self._scheduler.learned(state.id)
             reading = DriftReading(state.id, state.epoch, 1.0 if learned is None else learned.realised,
                                    0.0 if learned is None else learned.predicted_cached_tokens)
-            settings = blocks_for(state.models, self._scheduler.policy_for, DriftSettings)[0]
+            settings = blocks_for(state.models, self._scheduler.settings_for, DriftSettings)[0]
             change = self.alarms.update(reading, settings, now)
             if change is not None:
                 changes.append((state.id, change))

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from kvroute.routing.settings import B, Blocks
+from kvroute.routing.settings import Blocks, BlockT
 
 
-def blocks_for(models: Iterable[str], policy_for: Callable[[str], Blocks], kind: type[B]) -> list[B]:
+def blocks_for(models: Iterable[str], settings_for: Callable[[str], Blocks],
+               kind: type[BlockT]) -> list[BlockT]:
     """The ``kind`` settings block of every model the worker serves, in name order; the default
-    policy's (``policy_for("")``) while its models are not known yet."""
+    model's (``settings_for("")``) while its models are not known yet."""
     names = sorted(models) or [""]
-    return [policy_for(name).block(kind) for name in names]
+    return [settings_for(name).block(kind) for name in names]

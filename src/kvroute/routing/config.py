@@ -1,6 +1,6 @@
-"""Routing settings as plain, validated data: one ``ModelPolicy`` per model plus index-wide limits.
+"""Routing settings as plain, validated data: one ``ModelSettings`` per model plus index-wide limits.
 
-A ``ModelPolicy`` holds one instance of every settings block a model carries (routing/settings.py):
+A ``ModelSettings`` holds one instance of every settings block a model carries (routing/settings.py):
 the placement rules every policy shares, the learned figures, flow control's, each policy's own
 block (``auto``'s cost weights) and, built by ``router_settings``, the fleet guard's.  It reads flat
 (``settings.stay_tokens``) so that configuration files, the virtual-time cluster's sweeps and the
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from kvroute.routing.policies import POLICIES, routing_groups
-from kvroute.routing.settings import B, PlacementSettings, SettingsGroup, help_of
+from kvroute.routing.settings import BlockT, PlacementSettings, SettingsGroup, help_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,12 +134,12 @@ def _defaults_of(kind: type[Any]) -> Any:
     return found
 
 
-class ModelPolicy:
+class ModelSettings:
     """How requests for one model are routed: one validated instance of every settings block it
     carries, built once; immutable.
 
-    ``ModelPolicy(policy="session", overflow=4)`` carries the routing core's blocks and sets fields
-    by name whatever block declares them; ``ModelPolicy.carrying(blocks, ...)`` carries ``blocks``
+    ``ModelSettings(policy="session", overflow=4)`` carries the routing core's blocks and sets fields
+    by name whatever block declares them; ``ModelSettings.carrying(blocks, ...)`` carries ``blocks``
     too (the fleet guard's, from ``router_settings``).  Unknown names and invalid values raise
     ValueError naming them.  ``block(AutoSettings)`` is what a stage reads (a block the model does
     not carry reads as its defaults); ``settings.stay_tokens`` reads any carried field flat.
@@ -155,7 +155,7 @@ class ModelPolicy:
         self._build((), settings)
 
     @classmethod
-    def carrying(cls, blocks: Iterable[type], **settings: Any) -> ModelPolicy:
+    def carrying(cls, blocks: Iterable[type], **settings: Any) -> ModelSettings:
         """Settings that carry ``blocks`` beside the routing core's (validated like the constructor)."""
         made = cls.__new__(cls)
         made._build(tuple(blocks), settings)
@@ -187,10 +187,10 @@ class ModelPolicy:
         object.__setattr__(self, "_index", index)
         object.__setattr__(self, "placement", placement)
 
-    def block(self, kind: type[B]) -> B:
+    def block(self, kind: type[BlockT]) -> BlockT:
         """This model's settings block ``kind`` (its defaults for a block the model does not carry)."""
         found = self._blocks.get(kind)
-        return cast(B, found if found is not None else _defaults_of(kind))
+        return cast(BlockT, found if found is not None else _defaults_of(kind))
 
     def __getattr__(self, name: str) -> Any:
         # Only setting names read flat; a private name is missing only before _build (copy, pickle).
@@ -200,7 +200,7 @@ class ModelPolicy:
         return getattr(self._blocks[kind], name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError("ModelPolicy is immutable; use replace()")
+        raise AttributeError("ModelSettings is immutable; use replace()")
 
     def items(self) -> Iterator[tuple[str, Any]]:
         """(name, value) of every setting carried."""
@@ -212,12 +212,12 @@ class ModelPolicy:
         """Every setting carried, by name."""
         return dict(self.items())
 
-    def replace(self, **changes: Any) -> ModelPolicy:
+    def replace(self, **changes: Any) -> ModelSettings:
         """A copy with some settings changed (validated), carrying the same blocks."""
         return type(self).carrying(self._extra, **{**self.as_dict(), **changes})
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, ModelPolicy) and self.as_dict() == other.as_dict()
+        return isinstance(other, ModelSettings) and self.as_dict() == other.as_dict()
 
     def __hash__(self) -> int:
         return hash(tuple(self.items()))
@@ -225,7 +225,7 @@ class ModelPolicy:
     def __repr__(self) -> str:
         default = {f.name: f.default for kind in self._blocks for f in dataclasses.fields(kind)}
         changed = ", ".join(f"{k}={v!r}" for k, v in self.items() if v != default[k])
-        return f"ModelPolicy({changed})"
+        return f"ModelSettings({changed})"
 
     def overflow_threshold(self, worker_max_num_seqs: int | None) -> int:
         """The placement block's overflow threshold for one worker."""
@@ -264,8 +264,8 @@ class RoutingConfig:
     last ``tail_blocks``; that is what tells apart conversations whose first 32 KB are identical.
     """
 
-    default: ModelPolicy = field(default_factory=ModelPolicy)
-    models: dict[str, ModelPolicy] = field(default_factory=dict)
+    default: ModelSettings = field(default_factory=ModelSettings)
+    models: dict[str, ModelSettings] = field(default_factory=dict)
     index_max_blocks: int = 200_000
     index_max_age_s: float = 5400.0
     block_bytes: int = 512
@@ -299,13 +299,13 @@ class RoutingConfig:
                 raise ValueError(f"{name} must be a positive number of seconds")
         if self.anchors_per_octave < 1 or self.tail_blocks < 1:
             raise ValueError("anchors_per_octave and tail_blocks must be at least 1")
-        if not isinstance(self.default, ModelPolicy):
-            raise ValueError("default must be a ModelPolicy")
+        if not isinstance(self.default, ModelSettings):
+            raise ValueError("default must be a ModelSettings")
         for model, settings in self.models.items():
-            if not isinstance(settings, ModelPolicy):
-                raise ValueError(f"models[{model!r}] must be a ModelPolicy")
+            if not isinstance(settings, ModelSettings):
+                raise ValueError(f"models[{model!r}] must be a ModelSettings")
 
-    def policy_for(self, model: str) -> ModelPolicy:
+    def settings_for(self, model: str) -> ModelSettings:
         """The settings for ``model``, falling back to the default."""
         return self.models.get(model, self.default)
 

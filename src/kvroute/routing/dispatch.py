@@ -83,8 +83,8 @@ class Dispatcher:
         self.saturation: dict[str, Saturation] = {}
         self._fleets: dict[str, Sequence[WorkerState]] = {}
         self._read_at = -float("inf")
-        self.flow = FlowControl(lambda m: scheduler.policy_for(m).block(FlowSettings),
-                                lambda m: scheduler.policy_for(m).placement, self.saturated,
+        self.flow = FlowControl(lambda m: scheduler.settings_for(m).block(FlowSettings),
+                                lambda m: scheduler.settings_for(m).placement, self.saturated,
                                 self.thrashing)
 
     def saturated(self, model: str) -> bool:
@@ -107,7 +107,7 @@ class Dispatcher:
         self._read_at = now
         changed = False
         for model, workers in self._fleets.items():
-            policy = self.scheduler.policy_for(model)
+            policy = self.scheduler.settings_for(model)
             s = policy.block(SaturationSettings)
             reading = read_fleet(model, workers, policy.placement, s, policy.block(FlowSettings).flow_kv_fill,
                                  self.flow.blocked(model, now), self._realisation,
@@ -141,7 +141,7 @@ class Dispatcher:
                 2 * d.prefill_tokens < d.est_tokens
             if not full:
                 return Prediction(d.prefill_tokens, resident)
-            factor = self.scheduler.policy_for(model).block(SaturationSettings).fleet_late_bind
+            factor = self.scheduler.settings_for(model).block(SaturationSettings).fleet_late_bind
             holder, held = self.scheduler.holder(key, workers)
             if holder is None or factor <= 0 or 2 * held < key.est_prompt_tokens:
                 return Prediction(d.prefill_tokens, resident)

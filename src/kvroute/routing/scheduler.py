@@ -20,7 +20,7 @@ from typing import Any
 
 import xxhash
 
-from kvroute.routing.config import ModelPolicy, RoutingConfig
+from kvroute.routing.config import ModelSettings, RoutingConfig
 from kvroute.routing.decision import Decision, DecisionKind
 from kvroute.routing.exact_index import ExactIndex, Mode
 from kvroute.routing.filters import seq_slots
@@ -109,7 +109,7 @@ class Scheduler:
     def _decide(self, key: RoutingKey, workers: Sequence[WorkerState], exclude: Collection[str],
                 book: LoadBook | None, fleet_full: bool) -> Decision:
         now = self._clock()
-        cfg = self.config.policy_for(key.model)
+        cfg = self.config.settings_for(key.model)
         placement = cfg.placement
         policy = policy_named(placement.policy)
         needs = policy.needs
@@ -123,13 +123,13 @@ class Scheduler:
             if view.bound is None and key.token_hashes:
                 view.bound = self._resident_home(key, workers, now)
         offered = len(workers)
-        few = None
+        pruned = None
         # Placing for a full fleet compares every worker with the fleet's mean load: no pruning.
         if book is not None and policy.pruning is not None and offered > self.config.prune_above \
                 and not view.fleet_full:
-            few = self._prune(policy, policy.pruning, view, hashes, workers, exclude, book)
-        if few is not None:
-            cands = few
+            pruned = self._prune(policy, policy.pruning, view, hashes, workers, exclude, book)
+        if pruned is not None:
+            cands = pruned
         else:
             of = Candidate.of
             cands = [of(w) for w in workers if w.id not in exclude] if exclude else [of(w) for w in workers]
@@ -283,7 +283,7 @@ class Scheduler:
         when that cannot be told from the book: then every worker is looked at.
 
         With a ``floor``: the bound worker and every worker holding part of the prompt are priced
-        first, then (unless those settle it) the least busy few; the best price among those the
+        first, then (unless those settle it) the least busy pruned; the best price among those the
         filters surely keep bounds what any other worker must beat, and a worker holding nothing
         cannot beat it once the floor of its figure is above it (docs/design.md, "Large fleets").
         Candidates returned from there carry every signal the policy needs (``_filled``)."""
@@ -320,12 +320,12 @@ class Scheduler:
         least, i, w = next(ascending, (None, 0, None))
         if least is None or w is None:
             return None
-        few: dict[int, WorkerState] = {}
+        pruned: dict[int, WorkerState] = {}
         if bound is not None:
-            few[book.position(bound)] = bound
+            pruned[book.position(bound)] = bound
         least_busy = {i: w}
         if bound is None:
-            few[i] = w
+            pruned[i] = w
         walk = self._index.depths(hashes, view.now)
         self._walk = (hashes, view.now, walk)
         held_by: Collection[str] = self._index.named(walk).keys()
@@ -334,7 +334,7 @@ class Scheduler:
         for wid in held_by:
             w = book.named(wid)
             if w is not None and accept(w):
-                few[book.position(w)] = w
+                pruned[book.position(w)] = w
         needs, kept_of = policy.needs, rule.kept
         priced: dict[int, Candidate] = {}
         best: tuple[float, ...] | None = None
@@ -358,7 +358,7 @@ class Scheduler:
                 if keep and (best is None or x < best):
                     best = x
 
-        price(few)
+        price(pruned)
         lowest = floor(view, least)
         if best is None or lowest is None or lowest < best:
             top = least + within
@@ -382,12 +382,12 @@ class Scheduler:
         return [priced[i] for i in sorted(priced)]
 
     @staticmethod
-    def _pruned(few: dict[int, WorkerState]) -> list[Candidate] | None:
+    def _pruned(pruned: dict[int, WorkerState]) -> list[Candidate] | None:
         """Candidates of ``few`` in fleet order, or None when there are none (the soft filters
         then fall back to the whole fleet, if it has anyone at all)."""
-        if not few:
+        if not pruned:
             return None
-        return [Candidate.of(few[i]) for i in sorted(few)]
+        return [Candidate.of(pruned[i]) for i in sorted(pruned)]
 
     def _nobody(self, key: RoutingKey, policy: Policy, hashes: tuple[int, ...], view: View,
                 stage: str, offered: int) -> Decision:
@@ -405,7 +405,7 @@ class Scheduler:
         if worker is None:
             return []
         now = self._clock()
-        cfg = self.config.policy_for(key.model)
+        cfg = self.config.settings_for(key.model)
         records: list[SyncRecord] = []
         counts = self._counts.setdefault(worker, {})
         counts[decision.kind.value] = counts.get(decision.kind.value, 0) + 1
@@ -539,9 +539,9 @@ class Scheduler:
 
     # --- introspection -------------------------------------------------------------------------
 
-    def policy_for(self, model: str) -> ModelPolicy:
+    def settings_for(self, model: str) -> ModelSettings:
         """The settings requests for ``model`` are routed with."""
-        return self.config.policy_for(model)
+        return self.config.settings_for(model)
 
     def stats(self) -> dict[str, Any]:
         """Index and session-table sizes, and per worker: decisions by kind, bound sessions and

@@ -6,7 +6,7 @@ its metadata what it does (``setting(default, "help")``), and the block validate
 ``__post_init__``.  Blocks are registered in *groups*, by what a user tunes (``SettingsGroup``:
 placement, cache, overload, guard), listed explicitly: the routing core's in routing/policies/,
 and with the fleet guard's, every group a router carries, in ``router_settings.settings_groups``.
-``ModelPolicy`` (routing/config.py) holds one instance of every block a model carries; the
+``ModelSettings`` (routing/config.py) holds one instance of every block a model carries; the
 configuration loader, the per-model overrides, the CLI help and the dashboard all read the blocks'
 fields, so a new setting is declared once, where it is used.
 """
@@ -21,7 +21,7 @@ from typing import Any, Literal, Protocol, TypeVar
 # vLLM's default --max-num-seqs; used when neither the engine nor the configuration says.
 DEFAULT_MAX_NUM_SEQS = 256
 
-B = TypeVar("B")
+BlockT = TypeVar("BlockT")
 
 
 def setting(default: Any, help: str) -> Any:
@@ -40,7 +40,7 @@ def help_of(f: dataclasses.Field[Any]) -> str:
 class Blocks(Protocol):
     """What a stage reads its settings from: ``settings.block(AutoSettings).stay_tokens``."""
 
-    def block(self, kind: type[B]) -> B: ...
+    def block(self, kind: type[BlockT]) -> BlockT: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from kvroute.routing.key import RoutingKey
-from kvroute.routing.settings import B, Blocks, PlacementSettings
+from kvroute.routing.settings import Blocks, BlockT, PlacementSettings
 from kvroute.routing.worker import WorkerState
 
 T = TypeVar("T")
@@ -86,7 +86,7 @@ class View:
     """
 
     key: RoutingKey
-    policy: Blocks
+    settings: Blocks
     placement: PlacementSettings
     now: float
     total_blocks: int
@@ -105,9 +105,9 @@ class View:
         value = memo[fn] = fn(self)
         return value
 
-    def block(self, kind: type[B]) -> B:
+    def block(self, kind: type[BlockT]) -> BlockT:
         """The request's settings block ``kind`` (``view.block(AutoSettings).stay_tokens``)."""
-        return self.policy.block(kind)
+        return self.settings.block(kind)
 
     @property
     def est_tokens(self) -> int:

@@ -512,7 +512,7 @@ def build_app(settings: Settings, *, scheduler: Scheduler | None = None, sync: R
     registry = Registry(failure_threshold=settings.failure_threshold, breaker=settings.breaker_settings(),
                         history_len=math.ceil(_HISTORY_S / settings.probe_interval_s), dispatch=dispatch)
     # The fleet guard (docs/fleet-guard.md): each part is turned off per model by its own setting.
-    doctor = DoctorWatch(registry, scheduler.policy_for, timeout_s=max(10.0, settings.probe_timeout_s),
+    doctor = DoctorWatch(registry, scheduler.settings_for, timeout_s=max(10.0, settings.probe_timeout_s),
                          api_key=settings.worker_api_key)
     drift = DriftWatch(registry, scheduler, interval_s=settings.probe_interval_s, context=doctor.summary)
     router = Router(

@@ -14,7 +14,7 @@ from typing import Any
 
 from kvroute.fleet.breaker import BreakerState
 from kvroute.fleet.registry import WorkerRecord
-from kvroute.routing.config import ModelPolicy, RoutingConfig
+from kvroute.routing.config import ModelSettings, RoutingConfig
 from kvroute.routing.decision import DecisionKind
 from kvroute.routing.flow import FlowSettings
 from kvroute.routing.policies import policy_named
@@ -104,8 +104,8 @@ def build_snapshot(view: FleetView, now: float, *, span_s: float = 3600.0,
         "window": window.to_json(),
         "ttfb": latency_percentiles(ttfb, window).to_json(),
         "models": [
-            _model(name, records, view.routing.policy_for(name), worker_stats, window, now,
-                   _queue(name, view.routing.policy_for(name), view.queue, waits.get(name, ()), window),
+            _model(name, records, view.routing.settings_for(name), worker_stats, window, now,
+                   _queue(name, view.routing.settings_for(name), view.queue, waits.get(name, ()), window),
                    view.guard)
             for name, records in sorted(by_model.items())
         ],
@@ -139,7 +139,7 @@ def _status(record: WorkerRecord) -> str:
     return "trial" if breaker is BreakerState.HALF_OPEN else "healthy"
 
 
-def _model(name: str, records: list[WorkerRecord], policy: ModelPolicy,
+def _model(name: str, records: list[WorkerRecord], policy: ModelSettings,
            worker_stats: Mapping[str, Mapping[str, Any]], window: Window, now: float,
            queue: dict[str, Any], guard: Callable[[str], Mapping[str, Any]]) -> dict[str, Any]:
     replicas = [_replica(r, policy, worker_stats.get(r.id, {}), now, guard(r.id)) for r in records]
@@ -153,7 +153,7 @@ def _model(name: str, records: list[WorkerRecord], policy: ModelPolicy,
     }
 
 
-def _queue(name: str, policy: ModelPolicy, view: QueueView, waits: Iterable[tuple[float, float]],
+def _queue(name: str, policy: ModelSettings, view: QueueView, waits: Iterable[tuple[float, float]],
            window: Window) -> dict[str, Any]:
     """The model's queue at the router: whether flow control is on, its depth now (in all and by
     priority class) and per bin (peak), session admission's door (null where it is off), the waits
@@ -190,7 +190,7 @@ def _tenant_shares(model: str, tokens: Mapping[tuple[str, str], int]) -> list[di
     return [{"tenant": tenant, "tokens": n, "share": n / total} for n, tenant in mine]
 
 
-def _policy(policy: ModelPolicy) -> dict[str, Any]:
+def _policy(policy: ModelSettings) -> dict[str, Any]:
     """The knobs in force; ``overflow_rule`` says in words what ``overflow`` means for this policy."""
     if policy.policy == "session":
         rule = ("a quarter of max_num_seqs in flight" if policy.overflow == "auto"
@@ -215,7 +215,7 @@ def _policy(policy: ModelPolicy) -> dict[str, Any]:
     }
 
 
-def _replica(record: WorkerRecord, policy: ModelPolicy, stats: Mapping[str, Any],
+def _replica(record: WorkerRecord, policy: ModelSettings, stats: Mapping[str, Any],
              now: float, guard: Mapping[str, Any]) -> dict[str, Any]:
     s, m = record.state, record.metrics
     requests = {kind: record.requests.get(kind, 0) for kind in _KINDS}
