@@ -206,6 +206,19 @@ def test_a_conversations_next_turn_hashes_only_its_tail() -> None:
     assert chains.hashes(None, turn1, BS) == first and len(chains) == 1
 
 
+def test_the_chains_remembered_are_bounded_by_tokens_too() -> None:
+    chains = TokenChains(max_entries=100, max_tokens=10 * BS)
+    for conv in range(5):  # four blocks each: the oldest are forgotten past ten blocks in all
+        chains.hashes(conv, tokens(4, start=100 * conv), BS)
+    assert len(chains) == 2 and chains.tokens == 8 * BS
+    huge = tokens(11)  # alone over the budget: hashed right, not remembered
+    assert chains.hashes(9, huge, BS) == tuple(token_block_hashes(huge, BS))
+    assert len(chains) == 2 and chains.tokens == 8 * BS
+    # A conversation's next turn replaces its previous one in the count.
+    chains.hashes(4, tokens(5, start=400), BS)
+    assert len(chains) == 2 and chains.tokens == 9 * BS
+
+
 def test_a_block_stored_twice_stays_held_until_both_copies_are_evicted() -> None:
     index = ExactIndex()
     live(index, "a")

@@ -4,11 +4,16 @@ A chat agent resends its whole history every turn: turn N+1's tokens start with 
 last full block turn N ended in).  Hashing is cumulative (``token_block_hashes`` chains from the
 previous block), so the blocks a turn shares with the conversation's previous turn keep their
 hashes and only the new ones are computed.
+
+What is remembered is bounded twice: by conversations and by tokens (kept as 8-byte ids, the form
+they are hashed in: a token id decoded from JSON costs ~36 bytes as a Python int in a list, and an
+agent's conversation can hold 100k of them).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,11 +47,14 @@ def _shared_blocks(a: Sequence[int], b: Sequence[int], block: int, limit: int) -
 
 
 class TokenChains:
-    """Own block hashes of prompts, remembered for the last ``max_entries`` conversations."""
+    """Own block hashes of prompts, remembered for the last ``max_entries`` conversations and at
+    most ``max_tokens`` tokens of them in all (the least recently used go first)."""
 
-    def __init__(self, max_entries: int = 20_000) -> None:
+    def __init__(self, max_entries: int = 20_000, max_tokens: int = 8_000_000) -> None:
         self.max_entries = max_entries
+        self.max_tokens = max_tokens
         self._chains: OrderedDict[int, _Chain] = OrderedDict()
+        self.tokens = 0  # tokens remembered, over every conversation
 
     def __len__(self) -> int:
         return len(self._chains)
@@ -57,19 +65,23 @@ class TokenChains:
         if conversation is None:
             return tuple(token_block_hashes(tokens, block))
         chains = self._chains
-        prev = chains.get(conversation)
-        n = len(tokens) // block
+        prev = chains.pop(conversation, None)
+        if prev is not None:
+            self.tokens -= len(prev.tokens)
+        packed = array("Q", tokens)  # what hashing packs them into anyway; compared as memory
+        n = len(packed) // block
         if prev is None or prev.block != block:
-            out = tuple(token_block_hashes(tokens, block))
+            out = tuple(token_block_hashes(packed, block))
         else:
-            shared = _shared_blocks(prev.tokens, tokens, block, min(n, len(prev.hashes)))
+            shared = _shared_blocks(prev.tokens, packed, block, min(n, len(prev.hashes)))
             head = prev.hashes[:shared]
             parent = head[-1] if head else None
-            out = head + tuple(token_block_hashes(tokens[shared * block:], block, parent))
-            chains.move_to_end(conversation)
-        chains[conversation] = _Chain(tokens, block, out)
-        if len(chains) > self.max_entries:
-            chains.popitem(last=False)
+            out = head + tuple(token_block_hashes(packed[shared * block:], block, parent))
+        if len(packed) <= self.max_tokens:
+            chains[conversation] = _Chain(packed, block, out)
+            self.tokens += len(packed)
+        while chains and (len(chains) > self.max_entries or self.tokens > self.max_tokens):
+            self.tokens -= len(chains.popitem(last=False)[1].tokens)
         return out
 
 
