@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvroute.routing import session_admission
 from kvroute.routing.key import RoutingKey
 from kvroute.routing.session_admission import RULES, Rule, ServedSession, SessionBook
 
@@ -165,3 +166,22 @@ def test_forgetting_idle_sessions_looks_at_those_only(monkeypatch: pytest.Monkey
     asked.clear()
     assert book.working_set(16.5, 15.0, "footprint") == 1500 * 100  # nothing more expired
     assert asked == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(-5, 60), st.integers(-5, 70)), max_size=300))
+def test_the_sizes_sum_as_a_plain_list_does(ops: list[tuple[bool, int, int]]) -> None:
+    """The book's sorted runs of sizes (split small here, so that runs split and empty often)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(session_admission, "_RUN", 2)
+        sizes, plain = session_admission._Sizes(), []
+        for add, size, floor in ops:
+            if add or not plain:
+                sizes.add(size)
+                plain.append(size)
+            else:
+                gone = plain.pop(size % len(plain))
+                sizes.remove(gone)
+            assert sizes.raised_to(floor) == sum(max(x, floor) for x in plain)
+            assert [x for run in sizes.runs for x in run] == sorted(plain)
+            assert all(len(run) <= 4 for run in sizes.runs)

@@ -93,6 +93,65 @@ RULES: dict[str, Rule] = {
 }
 
 _SAMPLES = 8  # pauses or ended sessions seen before a rule learns from them
+_RUN = 512  # sizes per run of _Sizes (a run is split past twice this)
+
+
+class _Sizes:
+    """The sizes the sessions count, as a sorted multiset in runs of at most ``2 * _RUN`` (each
+    with its sum and its largest), so that a size changes and the sum of those below a bound is
+    read in time proportional to the number of runs plus one run's length, not to the book's
+    (one sorted list would move half of it at every change)."""
+
+    __slots__ = ("runs", "sums", "tops", "total")
+
+    def __init__(self) -> None:
+        self.runs: list[list[int]] = []
+        self.sums: list[int] = []
+        self.tops: list[int] = []  # each run's largest: where a size goes
+        self.total = 0
+
+    def add(self, size: int) -> None:
+        """One more session counting ``size``."""
+        self.total += size
+        if not self.runs:
+            self.runs.append([size])
+            self.sums.append(size)
+            self.tops.append(size)
+            return
+        k = min(bisect_left(self.tops, size), len(self.runs) - 1)
+        run = self.runs[k]
+        insort(run, size)
+        self.sums[k] += size
+        self.tops[k] = run[-1]
+        if len(run) > 2 * _RUN:
+            low, high = run[:_RUN], run[_RUN:]
+            self.runs[k:k + 1] = [low, high]
+            self.sums[k:k + 1] = [sum(low), sum(high)]
+            self.tops[k:k + 1] = [low[-1], high[-1]]
+
+    def remove(self, size: int) -> None:
+        """One session counting ``size`` fewer (one that ``add`` counted)."""
+        self.total -= size
+        k = bisect_left(self.tops, size)  # the first run that can hold it holds it
+        run = self.runs[k]
+        del run[bisect_left(run, size)]
+        if run:
+            self.sums[k] -= size
+            self.tops[k] = run[-1]
+        else:
+            del self.runs[k], self.sums[k], self.tops[k]
+
+    def raised_to(self, floor: int) -> int:
+        """The sum of the sizes, each at least ``floor``."""
+        k = bisect_left(self.tops, floor)  # the runs before k lie wholly below it
+        count = sum(map(len, self.runs[:k]))
+        below = sum(self.sums[:k])
+        if k < len(self.runs):
+            run = self.runs[k]
+            j = bisect_left(run, floor)
+            count += j
+            below += sum(run[:j])
+        return self.total - below + floor * count
 
 
 @dataclass(slots=True)
@@ -103,7 +162,7 @@ class SessionBook:
     it for seconds after their last answer, so nothing read there rescans the sessions: the quiet
     ones are kept in a heap by when they ended (forgetting costs what expires, not what is served),
     and the sizes every session counts in a sorted list with their running total (the working set
-    is the total with the sizes below ``expected`` raised to it).  ``sessions`` is read-only
+    is the total with the sizes below ``expected`` raised to it, :class:`_Sizes`).  ``sessions`` is read-only
     outside these methods: they keep the three in step.
     """
 
@@ -114,8 +173,7 @@ class SessionBook:
     # (ended, mark, session id) of each quiet session, plus stale ones (the session was busy again,
     # ended again or was forgotten since: its mark moved on), dropped when they reach the top.
     _quiet: list[tuple[float, int, str]] = field(default_factory=list)
-    _sizes: list[int] = field(default_factory=list)  # every session's tokens, sorted
-    _total: int = 0  # their sum
+    _sizes: _Sizes = field(default_factory=_Sizes)  # every session's tokens
     _count: int = 0  # sessions entered and quiet marks handed out, for ``born`` and ``mark``
 
     def __contains__(self, session_id: object) -> bool:
@@ -163,13 +221,14 @@ class SessionBook:
             shared = max(0, key.est_prompt_tokens - prefill_tokens)
             self._count += 1
             entry = self.sessions[key.session_id] = ServedSession(0, shared, born=self._count)
-            insort(self._sizes, 0)
-        tokens = RULES[rule].tokens(key, entry.shared)
-        if tokens != entry.tokens:
-            del self._sizes[bisect_left(self._sizes, entry.tokens)]
-            insort(self._sizes, tokens)
-            self._total += tokens - entry.tokens
-            entry.tokens = tokens
+            entry.tokens = RULES[rule].tokens(key, shared)
+            self._sizes.add(entry.tokens)
+        else:
+            tokens = RULES[rule].tokens(key, entry.shared)
+            if tokens != entry.tokens:
+                self._sizes.remove(entry.tokens)
+                self._sizes.add(tokens)
+                entry.tokens = tokens
         was_quiet = entry.quiet()
         entry.inflight += 1
         self._settled(key.session_id, entry, was_quiet, entry.ended)
@@ -216,8 +275,7 @@ class SessionBook:
         gone.sort(key=lambda item: item[1].born)
         for sid, entry in gone:
             del self.sessions[sid]
-            del self._sizes[bisect_left(self._sizes, entry.tokens)]
-            self._total -= entry.tokens
+            self._sizes.remove(entry.tokens)
             self.peaks.append(entry.tokens)
 
     def sweep(self, now: float, idle_s: float, rule: str) -> None:
@@ -244,13 +302,7 @@ class SessionBook:
         """KV tokens the served sessions count (each at least ``expected``), the idle ones
         forgotten first."""
         self.forget_idle(now, idle_s, rule)
-        expected = self.expected(RULES[rule])
-        sizes = self._sizes
-        below = bisect_left(sizes, expected)  # the sessions counted at ``expected``
-        # Sum whichever side of the split is shorter.
-        if 2 * below <= len(sizes):
-            return self._total - sum(sizes[:below]) + expected * below
-        return sum(sizes[below:]) + expected * below
+        return self._sizes.raised_to(self.expected(RULES[rule]))
 
     def fits(self, key: RoutingKey, prefill_tokens: int, fleet_kv: int, share: float, rule: str,
              now: float, idle_s: float, opened: int = 0) -> bool:
