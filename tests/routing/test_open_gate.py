@@ -22,7 +22,7 @@ def test_an_open_gate_hands_out_the_shared_ticket(monkeypatch: pytest.MonkeyPatc
 
     def counted(self: flow_queue.Ticket, *args: object, **kwargs: object) -> None:
         made.append(self)
-        init(self, *args, **kwargs)  # type: ignore[arg-type]
+        init(self, *args, **kwargs)
 
     monkeypatch.setattr(flow_queue.Ticket, "__init__", counted)
     told: list[object] = []

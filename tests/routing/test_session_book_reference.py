@@ -9,6 +9,7 @@ from __future__ import annotations
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -93,32 +94,32 @@ OPS = st.one_of(
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(OPS, max_size=200))
-def test_the_book_answers_as_the_rescan_does(ops: list[tuple[object, ...]]) -> None:
+def test_the_book_answers_as_the_rescan_does(ops: list[tuple[Any, ...]]) -> None:
     book, ref = SessionBook(), ReferenceBook()
     now = 0.0
     for op in ops:
         name = op[0]
         if name == "wait":
-            now += float(op[1])  # type: ignore[arg-type]
+            now += op[1]
         elif name == "sent":
             _, sid, prompt, prefill, max_tokens, rule = op
-            k = RoutingKey(MODEL, b"", str(sid), int(prompt), int(max_tokens))  # type: ignore[call-overload]
-            book.sent(k, int(prefill), str(rule))  # type: ignore[call-overload]
-            ref.sent(k, int(prefill), str(rule))  # type: ignore[call-overload]
+            k = RoutingKey(MODEL, b"", sid, prompt, max_tokens)
+            book.sent(k, prefill, rule)
+            ref.sent(k, prefill, rule)
         elif name == "finished":
-            book.finished(str(op[1]), now)
-            ref.finished(str(op[1]), now)
+            book.finished(op[1], now)
+            ref.finished(op[1], now)
         elif name == "queued":
-            book.queued(str(op[1]), int(op[2]))  # type: ignore[call-overload]
-            ref.queued(str(op[1]), int(op[2]))  # type: ignore[call-overload]
+            book.queued(op[1], op[2])
+            ref.queued(op[1], op[2])
         elif name == "arrived":
-            book.arrived(str(op[1]), now)
-            ref.arrived(str(op[1]), now)
+            book.arrived(op[1], now)
+            ref.arrived(op[1], now)
         elif name == "live":
-            idle_s, rule = float(op[1]), str(op[2])  # type: ignore[arg-type]
+            idle_s, rule = op[1], op[2]
             assert book.live(now, idle_s, rule) == ref.live(now, idle_s, rule)
         else:
-            idle_s, rule = float(op[1]), str(op[2])  # type: ignore[arg-type]
+            idle_s, rule = op[1], op[2]
             assert book.working_set(now, idle_s, rule) == ref.working_set(now, idle_s, rule)
         assert set(book.sessions) == set(ref.sessions)
         assert list(book.peaks) == list(ref.peaks) and list(book.gaps) == list(ref.gaps)
@@ -150,12 +151,12 @@ def test_forgetting_idle_sessions_looks_at_those_only(monkeypatch: pytest.Monkey
         book.finished(f"s{i}", 0.0)  # idle since 0
     for i in range(10, 510):
         book.finished(f"s{i}", 10.0)  # quiet, recent
-    asked = []
+    asked: list[ServedSession] = []
     quiet = ServedSession.quiet
 
     def counted(entry: ServedSession) -> bool:
         asked.append(entry)
-        return quiet(entry)
+        return bool(quiet(entry))
 
     monkeypatch.setattr(ServedSession, "quiet", counted)
     assert book.live(16.0, 15.0, "footprint") == 1500
@@ -174,7 +175,7 @@ def test_the_sizes_sum_as_a_plain_list_does(ops: list[tuple[bool, int, int]]) ->
     """The book's sorted runs of sizes (split small here, so that runs split and empty often)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(session_admission, "_RUN", 2)
-        sizes, plain = session_admission._Sizes(), []
+        sizes, plain = session_admission._Sizes(), list[int]()
         for add, size, floor in ops:
             if add or not plain:
                 sizes.add(size)

@@ -161,9 +161,9 @@ class SessionBook:
     The door reads the book every few hundred milliseconds (``working_set``) while sessions stay in
     it for seconds after their last answer, so nothing read there rescans the sessions: the quiet
     ones are kept in a heap by when they ended (forgetting costs what expires, not what is served),
-    and the sizes every session counts in a sorted list with their running total (the working set
-    is the total with the sizes below ``expected`` raised to it, :class:`_Sizes`).  ``sessions`` is read-only
-    outside these methods: they keep the three in step.
+    and the sizes every session counts in sorted runs with their sums (:class:`_Sizes`: the
+    working set is their total with the sizes below ``expected`` raised to it).  ``sessions`` is
+    read-only outside these methods: they keep the three in step.
     """
 
     sessions: dict[str, ServedSession] = field(default_factory=dict)
@@ -172,9 +172,10 @@ class SessionBook:
     sweep_at: int = 1024  # past this many sessions, a finished request sweeps the idle ones
     # (ended, mark, session id) of each quiet session, plus stale ones (the session was busy again,
     # ended again or was forgotten since: its mark moved on), dropped when they reach the top.
-    _quiet: list[tuple[float, int, str]] = field(default_factory=list)
-    _sizes: _Sizes = field(default_factory=_Sizes)  # every session's tokens
-    _count: int = 0  # sessions entered and quiet marks handed out, for ``born`` and ``mark``
+    _quiet: list[tuple[float, int, str]] = field(default_factory=list, repr=False, compare=False)
+    _sizes: _Sizes = field(default_factory=_Sizes, repr=False, compare=False)  # every session's tokens
+    # Sessions entered and quiet places handed out, for ``born`` and ``mark``.
+    _count: int = field(default=0, repr=False, compare=False)
 
     def __contains__(self, session_id: object) -> bool:
         return session_id in self.sessions
