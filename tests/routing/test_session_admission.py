@@ -57,7 +57,9 @@ def test_sessions_count_at_the_size_the_last_ones_reached() -> None:
     assert not book.fits(turn("c", 1000), 1000, 12_000, 1.0, "unique", 100.0, 15.0)
     assert book.fits(turn("c", 1000), 1000, 15_000, 1.0, "unique", 100.0, 15.0)
     # the first version's rule learns nothing: 3 x 1000
-    book.sessions.clear()
+    for sid in ("a", "b"):
+        book.finished(sid, 100.0)
+    assert book.working_set(200.0, 15.0, "unique") == 0
     book.sent(turn("a", 1000), prefill_tokens=1000, rule="footprint")
     book.sent(turn("b", 1000), prefill_tokens=1000, rule="footprint")
     assert book.fits(turn("c", 1000), 1000, 3000, 1.0, "footprint", 100.0, 15.0)

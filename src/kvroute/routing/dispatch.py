@@ -71,6 +71,26 @@ class InFlight:
         return None if self.first_byte_at is None else self.first_byte_at - self.sent_at
 
 
+class _OpenGate(Ticket):
+    """The ticket of a request whose model's gate is not engaged: granted at once, with nothing
+    to remember about it, so one read-only instance serves them all (no ticket per request)."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        model = Ticket(RoutingKey("", b""), 0.0)
+        for name in Ticket.__slots__:
+            object.__setattr__(self, name, getattr(model, name))
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"the shared ticket of an open gate is read-only (setting {name})")
+
+
+# What ``Dispatcher.admit`` returns while the gate is not engaged.  Its key is no request's: the
+# edges read only its state (granted) and its empty wait.
+GRANTED_AT_ONCE: Ticket = _OpenGate()
+
+
 class Dispatcher:
     """Routes requests and keeps the router's account of them (see the module's docstring)."""
 
@@ -127,11 +147,15 @@ class Dispatcher:
               on_decided: Callable[[Ticket], None] | None = None) -> Ticket:
         """Flow control's gate for a request that just arrived: the ticket is granted (route it now),
         queued (``on_decided`` is called once it is granted or shed; ``claim`` it before routing)
-        or shed (answer with the overload error, ``Retry-After: ticket.retry_after_s``)."""
+        or shed (answer with the overload error, ``Retry-After: ticket.retry_after_s``).  While the
+        gate is not engaged, the one shared ``GRANTED_AT_ONCE`` (read-only, ``on_decided`` never
+        called)."""
         model = key.model
         self._fleets[model] = workers
         now = self._timer()
         self._observe(now)
+        if not self.flow.engaged(model):
+            return GRANTED_AT_ONCE
 
         def predict() -> Prediction:
             # Where it would go now, for the order only: it is decided afresh when granted.
@@ -185,6 +209,9 @@ class Dispatcher:
 
     def withdraw(self, ticket: Ticket) -> None:
         """The client of a queued (or woken, unclaimed) ticket went away: no trace of it remains."""
+        if ticket is GRANTED_AT_ONCE:  # nothing of it was recorded (and it is read-only)
+            self.flow.pump(self._timer())
+            return
         self.flow.withdraw(ticket, self._timer())
 
     def expires_in(self, ticket: Ticket) -> float:

@@ -183,6 +183,11 @@ class FlowControl:
         fleet is saturated."""
         return switch_on(s.flow_control, self._saturated(model))
 
+    def engaged(self, model: str) -> bool:
+        """Whether ``model``'s gate is engaged now (else ``admit`` grants every request at once,
+        with nothing to record: the dispatcher then skips it)."""
+        return self._gate_on(model, self._settings(model))
+
     def _door_on(self, model: str, s: FlowSettings) -> bool:
         """Whether the session door applies to ``model`` now: ``flow_session_admission`` true, or
         "auto" while the fleet thrashes."""

@@ -31,7 +31,9 @@ Pure: no clock (``now`` is passed in), no I/O.  ``FlowControl`` (routing/flow.py
 
 from __future__ import annotations
 
+import heapq
 import statistics
+from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -50,6 +52,8 @@ class ServedSession:
     inflight: int = 0  # requests sent and not finished
     queued: int = 0  # requests waiting at the router's gate
     ended: float = 0.0  # when its last request ended
+    born: int = 0  # the book's count when it was entered: forgotten sessions' sizes keep this order
+    mark: int = 0  # its entry among the quiet ones (SessionBook._quiet), while it is quiet
 
     def quiet(self) -> bool:
         """Nothing of it in flight or waiting at the gate."""
@@ -89,16 +93,89 @@ RULES: dict[str, Rule] = {
 }
 
 _SAMPLES = 8  # pauses or ended sessions seen before a rule learns from them
+_RUN = 512  # sizes per run of _Sizes (a run is split past twice this)
+
+
+class _Sizes:
+    """The sizes the sessions count, as a sorted multiset in runs of at most ``2 * _RUN`` (each
+    with its sum and its largest), so that a size changes and the sum of those below a bound is
+    read in time proportional to the number of runs plus one run's length, not to the book's
+    (one sorted list would move half of it at every change)."""
+
+    __slots__ = ("runs", "sums", "tops", "total")
+
+    def __init__(self) -> None:
+        self.runs: list[list[int]] = []
+        self.sums: list[int] = []
+        self.tops: list[int] = []  # each run's largest: where a size goes
+        self.total = 0
+
+    def add(self, size: int) -> None:
+        """One more session counting ``size``."""
+        self.total += size
+        if not self.runs:
+            self.runs.append([size])
+            self.sums.append(size)
+            self.tops.append(size)
+            return
+        k = min(bisect_left(self.tops, size), len(self.runs) - 1)
+        run = self.runs[k]
+        insort(run, size)
+        self.sums[k] += size
+        self.tops[k] = run[-1]
+        if len(run) > 2 * _RUN:
+            low, high = run[:_RUN], run[_RUN:]
+            self.runs[k:k + 1] = [low, high]
+            self.sums[k:k + 1] = [sum(low), sum(high)]
+            self.tops[k:k + 1] = [low[-1], high[-1]]
+
+    def remove(self, size: int) -> None:
+        """One session counting ``size`` fewer (one that ``add`` counted)."""
+        self.total -= size
+        k = bisect_left(self.tops, size)  # the first run that can hold it holds it
+        run = self.runs[k]
+        del run[bisect_left(run, size)]
+        if run:
+            self.sums[k] -= size
+            self.tops[k] = run[-1]
+        else:
+            del self.runs[k], self.sums[k], self.tops[k]
+
+    def raised_to(self, floor: int) -> int:
+        """The sum of the sizes, each at least ``floor``."""
+        k = bisect_left(self.tops, floor)  # the runs before k lie wholly below it
+        count = sum(map(len, self.runs[:k]))
+        below = sum(self.sums[:k])
+        if k < len(self.runs):
+            run = self.runs[k]
+            j = bisect_left(run, floor)
+            count += j
+            below += sum(run[:j])
+        return self.total - below + floor * count
 
 
 @dataclass(slots=True)
 class SessionBook:
-    """The sessions one model's fleet serves, and the door for new ones."""
+    """The sessions one model's fleet serves, and the door for new ones.
+
+    The door reads the book every few hundred milliseconds (``working_set``) while sessions stay in
+    it for seconds after their last answer, so nothing read there rescans the sessions: the quiet
+    ones are kept in a heap by when they ended (forgetting costs what expires, not what is served),
+    and the sizes every session counts in sorted runs with their sums (:class:`_Sizes`: the
+    working set is their total with the sizes below ``expected`` raised to it).  ``sessions`` is
+    read-only outside these methods: they keep the three in step.
+    """
 
     sessions: dict[str, ServedSession] = field(default_factory=dict)
     peaks: deque[int] = field(default_factory=lambda: deque(maxlen=64))  # forgotten sessions' sizes
     gaps: deque[float] = field(default_factory=lambda: deque(maxlen=256))  # answer -> next request
     sweep_at: int = 1024  # past this many sessions, a finished request sweeps the idle ones
+    # (ended, mark, session id) of each quiet session, plus stale ones (the session was busy again,
+    # ended again or was forgotten since: its mark moved on), dropped when they reach the top.
+    _quiet: list[tuple[float, int, str]] = field(default_factory=list, repr=False, compare=False)
+    _sizes: _Sizes = field(default_factory=_Sizes, repr=False, compare=False)  # every session's tokens
+    # Sessions entered and quiet places handed out, for ``born`` and ``mark``.
+    _count: int = field(default=0, repr=False, compare=False)
 
     def __contains__(self, session_id: object) -> bool:
         return session_id in self.sessions
@@ -132,7 +209,9 @@ class SessionBook:
         waiting there is not idle, however long it waits."""
         entry = self.sessions.get(session_id)
         if entry is not None:
+            was_quiet = entry.quiet()
             entry.queued = max(0, entry.queued + delta)
+            self._settled(session_id, entry, was_quiet, entry.ended)
 
     def sent(self, key: RoutingKey, prefill_tokens: int, rule: str) -> None:
         """A request of ``key``'s session left for a replica that had to compute
@@ -141,24 +220,64 @@ class SessionBook:
         entry = self.sessions.get(key.session_id)
         if entry is None:
             shared = max(0, key.est_prompt_tokens - prefill_tokens)
-            entry = self.sessions[key.session_id] = ServedSession(0, shared)
-        entry.tokens = RULES[rule].tokens(key, entry.shared)
+            self._count += 1
+            entry = self.sessions[key.session_id] = ServedSession(0, shared, born=self._count)
+            entry.tokens = RULES[rule].tokens(key, shared)
+            self._sizes.add(entry.tokens)
+        else:
+            tokens = RULES[rule].tokens(key, entry.shared)
+            if tokens != entry.tokens:
+                self._sizes.remove(entry.tokens)
+                self._sizes.add(tokens)
+                entry.tokens = tokens
+        was_quiet = entry.quiet()
         entry.inflight += 1
+        self._settled(key.session_id, entry, was_quiet, entry.ended)
 
     def finished(self, session_id: str, now: float) -> None:
         """A request of the session ended."""
         entry = self.sessions.get(session_id)
         if entry is not None:
+            was_quiet, ended = entry.quiet(), entry.ended
             entry.inflight -= 1
             entry.ended = now
+            self._settled(session_id, entry, was_quiet, ended)
+
+    def _settled(self, session_id: str, entry: ServedSession, was_quiet: bool, ended: float) -> None:
+        """``entry`` changed: one that turned quiet, or ended again while quiet, takes its place
+        among the quiet ones (its former place, if any, goes stale)."""
+        if entry.quiet() and (not was_quiet or entry.ended != ended):
+            self._count += 1
+            entry.mark = self._count
+            heapq.heappush(self._quiet, (entry.ended, entry.mark, session_id))
+            if len(self._quiet) > 2 * len(self.sessions) + 64:
+                # Mostly stale places (sessions busy again): rebuilt, so the heap stays within a
+                # multiple of the book, at a cost spread over the pushes that filled it.
+                self._quiet = [(e.ended, e.mark, sid) for sid, e in self.sessions.items() if e.quiet()]
+                heapq.heapify(self._quiet)
+
+    def _current(self, place: tuple[float, int, str]) -> ServedSession | None:
+        """The session a place among the quiet ones stands for, if that place is not stale."""
+        entry = self.sessions.get(place[2])
+        return entry if entry is not None and entry.mark == place[1] and entry.quiet() else None
 
     def forget_idle(self, now: float, idle_s: float, rule: str) -> None:
-        """Forget the sessions quiet for longer than the rule keeps one (see :class:`Rule`)."""
+        """Forget the sessions quiet for longer than the rule keeps one (see :class:`Rule`): only
+        the places of those that ended longest ago are looked at."""
         keep = self.idle_after(RULES[rule], idle_s)
-        for sid, entry in list(self.sessions.items()):
-            if entry.quiet() and now - entry.ended > keep:
-                del self.sessions[sid]
-                self.peaks.append(entry.tokens)
+        heap = self._quiet
+        gone: list[tuple[str, ServedSession]] = []
+        while heap and now - heap[0][0] > keep:
+            place = heapq.heappop(heap)
+            entry = self._current(place)
+            if entry is not None:
+                gone.append((place[2], entry))
+        # In the order they entered the book (``peaks`` keeps only the last ones appended).
+        gone.sort(key=lambda item: item[1].born)
+        for sid, entry in gone:
+            del self.sessions[sid]
+            self._sizes.remove(entry.tokens)
+            self.peaks.append(entry.tokens)
 
     def sweep(self, now: float, idle_s: float, rule: str) -> None:
         """Bound the book where the door is not asked (KV sizes unknown, every turn resident): once
@@ -170,13 +289,21 @@ class SessionBook:
     def live(self, now: float, idle_s: float, rule: str) -> int:
         """How many sessions the working set counts now (read-only: the idle ones are not)."""
         keep = self.idle_after(RULES[rule], idle_s)
-        return sum(1 for entry in self.sessions.values() if not (entry.quiet() and now - entry.ended > keep))
+        heap = self._quiet
+        # The heap's places that expired form a subtree at its root: walk only that.
+        idle, below = 0, [0]
+        while below:
+            i = below.pop()
+            if i < len(heap) and now - heap[i][0] > keep:
+                idle += self._current(heap[i]) is not None
+                below += (2 * i + 1, 2 * i + 2)
+        return len(self.sessions) - idle
 
     def working_set(self, now: float, idle_s: float, rule: str) -> int:
-        """KV tokens the served sessions count, the idle ones forgotten first."""
+        """KV tokens the served sessions count (each at least ``expected``), the idle ones
+        forgotten first."""
         self.forget_idle(now, idle_s, rule)
-        expected = self.expected(RULES[rule])
-        return sum(max(entry.tokens, expected) for entry in self.sessions.values())
+        return self._sizes.raised_to(self.expected(RULES[rule]))
 
     def fits(self, key: RoutingKey, prefill_tokens: int, fleet_kv: int, share: float, rule: str,
              now: float, idle_s: float, opened: int = 0) -> bool:
