@@ -172,13 +172,37 @@ def _own_rss_kib() -> int:
 def _record(snapshots: Path, label: str) -> None:
     """One line of stats.tsv: RSS against what Python holds (traced bytes, pymalloc blocks, objects
     the collector tracks), and objects.NNNN.json: those objects counted by type, to diff later."""
+    rss = _own_rss_kib()  # before the list of every object below adds its own
+    heap, anon = rss_split_kib(os.getpid())
+    arenas, used, free = _pymalloc_kib()
     objects = gc.get_objects()
     by_type = Counter(type(o).__qualname__ for o in objects)
     with open(snapshots / "stats.tsv", "a") as f:
-        f.write(f"{label}\t{time.monotonic():.1f}\t{_own_rss_kib()}\t"
-                f"{tracemalloc.get_traced_memory()[0] // 1024}\t{sys.getallocatedblocks()}\t{len(objects)}\n")
+        f.write(f"{label}\t{time.monotonic():.1f}\t{rss}\t{tracemalloc.get_traced_memory()[0] // 1024}\t"
+                f"{sys.getallocatedblocks()}\t{len(objects)}\t{heap}\t{anon}\t{arenas}\t{used}\t{free}\n")
     (snapshots / f"objects.{label}.json").write_bytes(orjson.dumps(dict(by_type)))
     del objects
+
+
+def _pymalloc_kib() -> tuple[int, int, int]:
+    """pymalloc's arenas (KiB mapped), the bytes of its blocks in use and of its free blocks, from
+    ``sys._debugmallocstats()`` (which writes to the C stderr: fd 2 is lent to a file meanwhile)."""
+    with tempfile.TemporaryFile() as out:
+        saved = os.dup(2)
+        try:
+            os.dup2(out.fileno(), 2)
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        out.seek(0)
+        text = out.read().decode()
+
+    def kib(name: str) -> int:
+        line = next(line for line in text.splitlines() if name in line)
+        return int(line.rsplit("=", 1)[1].replace(",", "")) // 1024
+
+    return kib("bytes/arena"), kib("# bytes in allocated blocks"), kib("# bytes in available blocks")
 
 
 def _trim_and_record(snapshots: Path) -> None:
@@ -237,7 +261,9 @@ def print_stats(snapshots: Path, first: int, top: int) -> None:
     """RSS against the traced Python memory at each sample, the trim's effect, and the object
     types whose count grew most from sample ``first`` to the last."""
     print("## the router's own view (RSS, traced Python memory, pymalloc blocks, gc-tracked objects)")
-    print(f"{'sample':>6} {'RSS MiB':>8} {'traced MiB':>10} {'blocks':>9} {'objects':>8}")
+    print(f"{'sample':>6} {'RSS MiB':>8} {'traced MiB':>10} {'blocks':>9} {'objects':>8} {'heap':>6} "
+          f"{'anon':>6} {'arenas':>6} {'in use':>6} {'free':>5}  (MiB: brk heap, anonymous mappings; "
+          "pymalloc's arenas, its blocks in use and free)")
     for line in (snapshots / "stats.tsv").read_text().splitlines():
         label, _, *values = line.split("\t")
         if label == "trim":
@@ -245,8 +271,9 @@ def print_stats(snapshots: Path, first: int, top: int) -> None:
             print(f"malloc_trim(0): RSS {before / 1024:.2f} -> {after / 1024:.2f} MiB, "
                   f"traced {traced / 1024:.2f} MiB")
         else:
-            rss, traced, blocks, objects = (int(v) for v in values)
-            print(f"{label:>6} {rss / 1024:8.2f} {traced / 1024:10.2f} {blocks:9d} {objects:8d}")
+            rss, traced, blocks, objects, *split = (int(v) for v in values)
+            print(f"{label:>6} {rss / 1024:8.2f} {traced / 1024:10.2f} {blocks:9d} {objects:8d} "
+                  + " ".join(f"{v / 1024:6.2f}" for v in split))
     counts = sorted(snapshots.glob("objects.*.json"))
     if len(counts) > first + 1:
         old, new = (orjson.loads(counts[i].read_bytes()) for i in (first, -1))
