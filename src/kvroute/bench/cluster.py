@@ -129,22 +129,29 @@ class _Loop:
     next_round: int = 0
 
 
-@dataclass(slots=True)
-class _StepRun:
-    """The closed loop of one step: ``sessions`` loops handing out the workload's sessions in order."""
+# The ``loop`` of an open-loop request: its client sends nothing after it.
+OPEN_LOOP = -1
 
-    workload: Workload
+
+@dataclass(slots=True)
+class _Step:
+    """One step's traffic: ``loops`` closed-loop sessions handing out ``workload``'s sessions in
+    order, and/or open-loop ``arrivals`` at their own times, whatever the fleet does."""
+
     start: float
     end: float
-    next_index: int
-    loops: list[_Loop]
-    records: list[RequestRecord] = field(default_factory=list)
+    workload: Workload | None = None
+    next_index: int = 0
+    loops: list[_Loop] = field(default_factory=list)
+    arrivals: Iterator[TimedRequest] | None = None
+    records: list[RequestRecord] = field(default_factory=list)  # the closed loop's
+    open_records: list[RequestRecord] = field(default_factory=list)
     busy: list[int] = field(default_factory=list)
 
     def next_request(self, i: int, now: float) -> tuple[PlannedRequest, RequestRecord] | None:
         """Loop ``i``'s next request at ``now`` (None once the window closed or the trace ran out)."""
         lp = self.loops[i]
-        if now >= self.end:
+        if now >= self.end or self.workload is None:
             return None
         if lp.script is None or lp.next_round >= lp.script.rounds:
             size = self.workload.size
@@ -158,17 +165,6 @@ class _StepRun:
                             last_round=lp.next_round == lp.script.rounds)
         self.records.append(rec)
         return req, rec
-
-
-@dataclass(slots=True)
-class _OpenRun:
-    """The open loop of one step: requests arriving at their own times, whatever the fleet does."""
-
-    start: float
-    end: float
-    arrivals: Iterator[TimedRequest]
-    records: list[RequestRecord] = field(default_factory=list)
-    busy: list[int] = field(default_factory=list)
 
 
 class VirtualCluster:
@@ -212,7 +208,7 @@ class VirtualCluster:
         self._waiting: dict[int, Ticket] = {}  # queued at the router, or woken and not yet routed
         self.last_records: list[RequestRecord] = []  # the last step's requests, as the client saw them
         self._next_scrape = 0.0
-        self._step: _StepRun | _OpenRun | None = None
+        self._step: _Step | None = None
         self._poll_interval = 1.0
 
     @property
@@ -366,7 +362,7 @@ class VirtualCluster:
 
     def _issue(self, i: int) -> None:
         step = self._step
-        assert isinstance(step, _StepRun)
+        assert step is not None
         nxt = step.next_request(i, self.now)
         if nxt is not None:
             self._send(i, *nxt)
@@ -374,8 +370,8 @@ class VirtualCluster:
     def _after(self, loop: int, failed: bool) -> None:
         step = self._step
         assert step is not None
-        if isinstance(step, _OpenRun):
-            return  # an open-loop client sends one request and nothing after it
+        if loop == OPEN_LOOP:
+            return
         lp = step.loops[loop]
         if failed:
             lp.script = None  # an agent whose request failed gives up on that task
@@ -399,33 +395,37 @@ class VirtualCluster:
     def _next_arrival(self) -> None:
         # One arrival in the heap at a time: a long step never holds all of its requests at once.
         step = self._step
-        assert isinstance(step, _OpenRun)
+        assert step is not None and step.arrivals is not None
         timed = next(step.arrivals, None)
         if timed is not None:
             self._at(step.start + timed.at_s, lambda: self._arrival(timed))
 
     def _arrival(self, timed: TimedRequest) -> None:
         step = self._step
-        assert isinstance(step, _OpenRun)
+        assert step is not None
         rec = RequestRecord(timed.request.session_id, timed.request.round, self.now - step.start)
-        step.records.append(rec)
-        self._send(timed.index, timed.request, rec)
+        step.open_records.append(rec)
+        self._send(OPEN_LOOP, timed.request, rec)
         self._next_arrival()
 
     # --- steps ------------------------------------------------------------------------------------
 
-    def _drive(self, step: _StepRun | _OpenRun, drain_timeout_s: float) -> CacheCounters:
-        """Run ``step`` (its first events already in the heap) through its window and the drain; the
-        engines' prefix-cache and preemption counters over it."""
+    def _drive(self, step: _Step, drain_timeout_s: float) -> CacheCounters:
+        """Run ``step`` through its window and the drain; the engines' prefix-cache and preemption
+        counters over it."""
         self._step = step
         before = [e.snapshot().stats for e in self.engines]
+        for i in range(len(step.loops)):
+            self._at(self.now, functools.partial(self._issue, i))
+        if step.arrivals is not None:
+            self._next_arrival()
         self._at(self.now + self._poll_interval, self._poll)
         if self._next_scrape <= self.now:
             self._scrape()
         deadline = step.end + drain_timeout_s
         # The open loop also drains the router's queue: its requests have no client loop that
         # would give up on them at the window's end.
-        open_loop = isinstance(step, _OpenRun)
+        open_loop = step.arrivals is not None
         while self._heap and (self.now < step.end or self._live or (open_loop and self._waiting)):
             t, _, action = heapq.heappop(self._heap)
             if t > deadline:
@@ -446,42 +446,30 @@ class VirtualCluster:
         after = [e.snapshot().stats for e in self.engines]
         pairs = list(zip(after, before, strict=True))
         self._step = None
-        self.last_records = step.records
+        self.last_records = step.records + step.open_records
         return CacheCounters(hits=sum(a.prefix_cache_hits - b.prefix_cache_hits for a, b in pairs),
                              queries=sum(a.prefix_cache_queries - b.prefix_cache_queries for a, b in pairs),
                              preemptions=sum(a.num_preemptions - b.num_preemptions for a, b in pairs))
 
-    def _run_step(self, workload: Workload, label: str, sessions: int, first_index: int,
-                  duration_s: float, drain_timeout_s: float) -> tuple[StepResult, int]:
-        step = _StepRun(workload, self.now, self.now + duration_s, first_index,
-                        [_Loop() for _ in range(sessions)])
-        self._step = step
-        for i in range(sessions):
-            self._at(self.now, functools.partial(self._issue, i))
-        cache = self._drive(step, drain_timeout_s)
-        return summarize_step(label, sessions, duration_s, step.records, step.busy, cache), step.next_index
-
-    def _run_open_step(self, workload: SharedPrefixWorkload, label: str, rate: float, first_index: int,
-                       duration_s: float, drain_timeout_s: float) -> StepResult:
-        step = _OpenRun(self.now, self.now + duration_s,
-                        workload.arrivals(rate, duration_s, first_index))
-        self._step = step
-        self._next_arrival()
-        cache = self._drive(step, drain_timeout_s)
-        return summarize_step(label, 0, duration_s, step.records, step.busy, cache, rate=rate)
+    @staticmethod
+    def _check(duration_s: float, poll_interval_s: float, drain_timeout_s: float) -> None:
+        if duration_s <= 0 or poll_interval_s <= 0 or drain_timeout_s < 0:
+            raise ValueError("duration and poll interval must be positive, the drain timeout non-negative")
 
     def run_open(self, workload: SharedPrefixWorkload, rates: Sequence[float], duration_s: float, *,
                  poll_interval_s: float = 1.0, drain_timeout_s: float = 600.0, label: str | None = None,
                  on_step: Callable[[StepResult], None] | None = None) -> PolicyRun:
         """Run each step (an arrival rate, requests/s) for ``duration_s`` virtual seconds, one after
         another: open-loop arrivals, then the drain (requests in flight and at the router's gate)."""
-        if duration_s <= 0 or poll_interval_s <= 0 or drain_timeout_s < 0:
-            raise ValueError("duration and poll interval must be positive, the drain timeout non-negative")
+        self._check(duration_s, poll_interval_s, drain_timeout_s)
         self._poll_interval = poll_interval_s
         run = PolicyRun(label or self.policy)
         for k, rate in enumerate(rates):
-            result = self._run_open_step(workload, run.policy, rate, k * STEP_STRIDE, duration_s,
-                                         drain_timeout_s)
+            step = _Step(self.now, self.now + duration_s,
+                         arrivals=workload.arrivals(rate, duration_s, k * STEP_STRIDE))
+            cache = self._drive(step, drain_timeout_s)
+            result = summarize_step(run.policy, 0, duration_s, step.open_records, step.busy, cache,
+                                    rate=rate)
             run.steps.append(result)
             if on_step is not None:
                 on_step(result)
@@ -491,19 +479,45 @@ class VirtualCluster:
             poll_interval_s: float = 1.0, drain_timeout_s: float = 600.0, label: str | None = None,
             on_step: Callable[[StepResult], None] | None = None) -> PolicyRun:
         """Run each step (concurrent sessions) for ``duration_s`` virtual seconds, one after another."""
-        if duration_s <= 0 or poll_interval_s <= 0 or drain_timeout_s < 0:
-            raise ValueError("duration and poll interval must be positive, the drain timeout non-negative")
+        self._check(duration_s, poll_interval_s, drain_timeout_s)
         self._poll_interval = poll_interval_s
         run = PolicyRun(label or self.policy)
         next_index = 0
         for k, sessions in enumerate(steps):
             first = k * STEP_STRIDE if workload.size is None else next_index
-            result, next_index = self._run_step(workload, run.policy, sessions, first, duration_s,
-                                                drain_timeout_s)
+            step = _Step(self.now, self.now + duration_s, workload, first,
+                         [_Loop() for _ in range(sessions)])
+            cache = self._drive(step, drain_timeout_s)
+            next_index = step.next_index
+            result = summarize_step(run.policy, sessions, duration_s, step.records, step.busy, cache)
             run.steps.append(result)
             if on_step is not None:
                 on_step(result)
         return run
+
+    def run_mixed(self, agents: Workload, sessions: Sequence[int], shared: SharedPrefixWorkload,
+                  rates: Sequence[float], duration_s: float, *, poll_interval_s: float = 1.0,
+                  drain_timeout_s: float = 600.0) -> tuple[PolicyRun, PolicyRun]:
+        """Both kinds of traffic on one fleet at once: step k runs ``sessions[k]`` closed-loop
+        sessions of ``agents`` beside open-loop arrivals of ``shared`` at ``rates[k]`` requests/s.
+        Each kind's figures apart (the agents', then the open loop's), their prefix hits from the
+        answers' usage (the engines' counters mix both); the preemptions are the fleet's."""
+        self._check(duration_s, poll_interval_s, drain_timeout_s)
+        if len(sessions) != len(rates):
+            raise ValueError("one arrival rate per step of sessions")
+        self._poll_interval = poll_interval_s
+        closed, opened = PolicyRun(self.policy), PolicyRun(self.policy)
+        for k, (n, rate) in enumerate(zip(sessions, rates, strict=True)):
+            step = _Step(self.now, self.now + duration_s, agents, k * STEP_STRIDE,
+                         [_Loop() for _ in range(n)],
+                         arrivals=shared.arrivals(rate, duration_s, k * STEP_STRIDE))
+            fleet = self._drive(step, drain_timeout_s)
+            preempted = CacheCounters(hits=0, queries=0, preemptions=fleet.preemptions)
+            closed.steps.append(summarize_step(self.policy, n, duration_s, step.records, step.busy,
+                                               preempted))
+            opened.steps.append(summarize_step(self.policy, 0, duration_s, step.open_records, step.busy,
+                                               preempted, rate=rate))
+        return closed, opened
 
 
 def _each_policy(config: ClusterConfig, policies: Sequence[str], meta: Mapping[str, Any],
