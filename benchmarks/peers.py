@@ -16,7 +16,9 @@ every router so each starts cold), and is driven by the same seeded load from th
    ~7k-token first message, 5 rounds of ~400 tokens, 256 output tokens) at each step of concurrent
    sessions — TTFB p50/p95, output tokens/min, prefix-cache hit share from the replicas' counters,
    and the share of follow-ups served by their session's previous replica, from the replicas' own
-   placement log (peers do not say where they routed);
+   placement log (peers do not say where they routed); or, with ``--rates``, the shared-prefix open
+   loop (llm-d's benchmark shape: groups of requests sharing a long system prompt, no session id,
+   Poisson arrivals at each rate) — TTFT p50/p95/p99, completed requests/s, hits, shed;
 2. router cost: small chat requests (non-streaming, then streaming) from 64 concurrent clients
    against each router and directly against the replicas — requests/s and p50/p99 latency.
 
@@ -59,10 +61,11 @@ from peers.venvs import DEFAULT_CACHE, ensure_peer
 from peers.workload import KeyedWorkload
 
 from kvroute.bench.http_ab import discover_model
+from kvroute.bench.report import markdown_table
 from kvroute.bench.results import BenchResult, PolicyRun, RequestRecord
 from kvroute.bench.runner import HttpTarget, StepPlan, run_policy
 from kvroute.bench.stats import stayed_share
-from kvroute.bench.workloads import AgentWorkload, AgentWorkloadConfig
+from kvroute.bench.workloads import AgentWorkload, AgentWorkloadConfig, SharedPrefixWorkload
 from kvroute.event_loop import run_event_loop
 from kvroute.sync.local_redis import free_port
 
@@ -79,6 +82,7 @@ class Options:
     replicas: int
     speed: float
     steps: tuple[int, ...]
+    rates: tuple[float, ...]
     duration_s: float
     drain_s: float
     seed: int
@@ -139,19 +143,24 @@ def _slug(label: str) -> str:
 
 async def quality_run(spec: RouterSpec, opts: Options,
                       venvs: dict[str, Path]) -> tuple[PolicyRun, dict[str, Any]]:
-    """Every session step through ``spec`` on fresh replicas; stayed shares from the placement log."""
+    """Every step through ``spec`` on fresh replicas: the session steps, with stayed shares from the
+    placement log, or the open loop's rates."""
     log_dir = opts.out / "logs" / "quality" / _slug(spec.label)
     sim, urls = await start_sim(log_dir, opts.preset, opts.replicas, opts.speed, opts.sim_opts)
     try:
         model = await discover_model(urls[0])
-        captured: dict[int, Sequence[RequestRecord]] = {}
+        captured: dict[float, Sequence[RequestRecord]] = {}
 
-        def on_tick(sessions: int, elapsed: float, records: Sequence[RequestRecord]) -> None:
-            captured[sessions] = records
+        def on_tick(load: float, elapsed: float, records: Sequence[RequestRecord]) -> None:
+            captured[load] = records
 
-        agents = AgentWorkload(AgentWorkloadConfig(think_time_s=opts.think_time_s), opts.seed)
-        workload = KeyedWorkload(agents, opts.session_ids)
-        plan = StepPlan(opts.steps, opts.duration_s, opts.drain_s, poll_interval_s=1.0)
+        workload: KeyedWorkload | SharedPrefixWorkload
+        if opts.rates:
+            workload = SharedPrefixWorkload(seed=opts.seed)
+        else:
+            agents = AgentWorkload(AgentWorkloadConfig(think_time_s=opts.think_time_s), opts.seed)
+            workload = KeyedWorkload(agents, opts.session_ids)
+        plan = StepPlan(opts.steps, opts.duration_s, opts.drain_s, poll_interval_s=1.0, rates=opts.rates)
         # By default one probe per model second, as a fleet running in real time would be probed.
         async with running_router(spec, urls, model, opts.probe_model_s / opts.speed, venvs,
                                   log_dir, opts.speed) as router:
@@ -161,6 +170,8 @@ async def quality_run(spec: RouterSpec, opts: Options,
             target = HttpTarget(router.url, model, tuple(u + "/metrics" for u in urls), "openai",
                                 opts.speed, router_metrics_url=own)
             run = await run_policy(target, workload, spec.label, plan, on_tick)
+        if opts.rates:  # no sessions: nothing stays or moves
+            return run, {}
         raw = await fetch_json(urls[0] + "/peers/placements")
         where = placement_map(Placement(str(s), int(r), str(rep)) for s, r, rep in raw)  # type: ignore[union-attr]
         attribution: dict[str, Any] = {}
@@ -223,6 +234,12 @@ def _cost_line(round_index: int, c: CostResult) -> None:
 
 def _step_line(label: str, run: PolicyRun, att: dict[str, Any]) -> None:
     for s in run.steps:
+        if s.rate is not None:
+            _log(f"{label:<34} {s.rate:g} req/s: {s.requests:>4} requests, TTFT p50 "
+                 f"{s.ttfb_p50_s or 0:6.2f} s p95 {s.ttfb_p95_s or 0:6.2f} s, completed "
+                 f"{s.completed_per_s or 0:5.2f} req/s, hits {s.prefix_hit_pct or 0:5.1f}%, "
+                 f"preemptions {s.preemptions}, shed {s.shed}, errors {s.errors}")
+            continue
         a = att.get(str(s.sessions), {})
         _log(f"{label:<34} {s.sessions:>3} sessions: {s.requests:>4} requests, TTFB p50 "
              f"{s.ttfb_p50_s or 0:6.2f} s p95 {s.ttfb_p95_s or 0:6.2f} s, "
@@ -240,10 +257,12 @@ async def run_all(opts: Options) -> dict[str, Any]:
     started = time.monotonic()
     meta: dict[str, Any] = {
         "preset": opts.preset, "replicas": opts.replicas, "speed": opts.speed, "steps": list(opts.steps),
+        "rates": list(opts.rates),
         "duration_s": opts.duration_s, "drain_s": opts.drain_s, "seed": opts.seed,
         "kvroute_probe_interval_model_s": opts.probe_model_s, "session_ids": opts.session_ids,
         "cost_speed": opts.cost_speed, "cost_plan": dataclasses.asdict(opts.cost_plan),
-        "workload": dataclasses.asdict(AgentWorkloadConfig(think_time_s=opts.think_time_s)),
+        "workload": dataclasses.asdict(SharedPrefixWorkload(seed=opts.seed).config if opts.rates
+                                       else AgentWorkloadConfig(think_time_s=opts.think_time_s)),
         "peer_versions": dict(PEER_VERSIONS),
         "routers": [{"label": s.label, "settings": dict(s.settings)} for s in opts.routers],
         "cpus": os.cpu_count(), "command": " ".join(sys.argv),
@@ -295,17 +314,21 @@ def write_outputs(doc: dict[str, Any], out: Path, plots_dir: Path | None) -> str
     cost_base = next((c.label for c in costs if c.label.startswith(KVROUTE)), "")
     meta = doc["meta"]
     text = ""
-    if quality.runs:
+    if quality.open_loop():
+        text += "### Shared-prefix open loop\n\n" + markdown_table(quality) + "\n"
+    elif quality.runs:
         text += f"### Routing quality (ratios to {base})\n\n" + quality_tables(quality, base) + "\n"
     if costs:
         text += f"### Router cost (ratios to {cost_base})\n\n" + cost_markdown(costs, cost_base) + "\n"
-    if quality.runs:
+    if quality.runs and not quality.open_loop():
         text += "### Every step\n\n" + quality_markdown(quality, base)
     (out / "peers.md").write_text(text)
     plan = meta["cost_plan"]
     title = (f"Router cost: {plan['prompt_tokens']}-token prompts, {plan['max_tokens']} output tokens, "
              f"{plan['clients']} clients, {meta['cpus']} cores shared")
-    write_plots(quality, costs, plots_dir or out, cost_title=title)
+    # The plots are of session steps; the open loop has its table only.
+    plotted = BenchResult(dict(meta)) if quality.open_loop() else quality
+    write_plots(plotted, costs, plots_dir or out, cost_title=title)
     return text
 
 
@@ -327,6 +350,9 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Options, Path | None,
     p.add_argument("--replicas", type=int, default=4)
     p.add_argument("--speed", type=float, default=10.0, help="model seconds per wall second (quality part)")
     p.add_argument("--steps", default="4,8,16,32", help="concurrent sessions per step")
+    p.add_argument("--rates", default="",
+                   help="quality part: the shared-prefix open loop at these arrival rates (requests per "
+                        "model second) instead of agent sessions")
     p.add_argument("--duration", type=float, default=150.0, help="model seconds per step")
     p.add_argument("--drain", type=float, default=60.0,
                    help="model seconds to let a step's requests in flight finish")
@@ -363,11 +389,13 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Options, Path | None,
     a = p.parse_args(argv)
     try:
         steps = tuple(int(v) for v in a.steps.split(",") if v.strip())
+        rates = tuple(float(v) for v in a.rates.split(",") if v.strip())
         cost_text = ",".join(t for t in a.cost_routers.split(",") if t != "all")
         cost_routers = ((DEFAULT_ROUTERS if "all" in a.cost_routers.split(",") else ())
                         + _routers(cost_text or "none"))
         opts = Options(
-            preset=a.preset, replicas=a.replicas, speed=a.speed, steps=steps, duration_s=a.duration,
+            preset=a.preset, replicas=a.replicas, speed=a.speed, steps=steps, rates=rates,
+            duration_s=a.duration,
             drain_s=a.drain, seed=a.seed, routers=() if a.skip_quality else _routers(a.routers, a.speed),
             cost_routers=() if a.skip_cost else cost_routers,
             cost_plan=CostPlan(clients=a.cost_clients, duration_s=a.cost_seconds, warmup_s=a.cost_warmup),
@@ -379,6 +407,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Options, Path | None,
         p.error(str(exc))
     if not steps or any(n < 1 for n in steps):
         p.error("--steps: positive integers")
+    if any(not 0 < r < float("inf") for r in rates):
+        p.error("--rates: positive requests per second")
     if a.speed <= 0 or a.cost_speed <= 0 or a.probe_interval <= 0 or a.duration <= 0 or a.drain < 0:
         p.error("--speed, --cost-speed, --probe-interval and --duration must be > 0, --drain >= 0")
     if a.think_time < 0:
