@@ -27,12 +27,12 @@ import argparse
 import ast
 import dataclasses
 import math
-import statistics
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from ab_flow import cluster_config, parse_seeds, variant_settings
+from ab_shared_prefix import cell
 from peer_policies import cluster_for
 
 from kvroute.bench.results import StepResult
@@ -81,14 +81,9 @@ def of(rows: list[Row], name: str) -> list[float]:
     return [r[name] for r in rows]
 
 
-def _cell(values: list[float], digits: int) -> str:
-    present = [v for v in values if not math.isnan(v)]
-    if not present:
-        return "nan"
-    mean = statistics.mean(present)
-    if len(present) == 1:
-        return f"{mean:,.{digits}f}"
-    return f"{mean:,.{digits}f} ({min(present):,.{digits}f}-{max(present):,.{digits}f})"
+def ratio(name: str, mixed: list[Row], share: list[Row]) -> list[float]:
+    """``name`` of each seed's mixed run over the same seed's share."""
+    return [m[name] / s[name] if s[name] else math.nan for m, s in zip(mixed, share, strict=True)]
 
 
 def main() -> int:
@@ -134,18 +129,14 @@ def main() -> int:
             alone_a = [runs[base + j * len(KINDS) + 1][k] for j in range(len(seeds))]
             alone_s = [runs[base + j * len(KINDS) + 2][k] for j in range(len(seeds))]
 
-            def ratio(name: str, mixed: list[Row], share: list[Row]) -> list[float]:
-                return [m[name] / s[name] if s[name] else math.nan
-                        for m, s in zip(mixed, share, strict=True)]
-
-            print(f"| {n}:{multiple:g}x | {v} | {_cell(of(mixed, 'tokens'), 0)} "
-                  f"| {_cell(ratio('tokens', mixed, alone_a), 2)} | {_cell(of(mixed, 'session50'), 1)} "
-                  f"| {_cell(of(mixed, 'next95'), 2)} | {_cell(of(mixed, 'done'), 2)} "
-                  f"| {_cell(ratio('done', mixed, alone_s), 2)} "
-                  f"| {_cell(of(mixed, 'p50'), 2)} / {_cell(of(mixed, 'p95'), 2)} "
-                  f"| {_cell(of(mixed, 'a_hits'), 1)} / {_cell(of(mixed, 's_hits'), 1)} "
-                  f"| {_cell(of(mixed, 'a_shed'), 0)} / {_cell(of(mixed, 's_shed'), 0)} "
-                  f"| {_cell(of(mixed, 'preempt'), 0)} |")
+            print(f"| {n}:{multiple:g}x | {v} | {cell(of(mixed, 'tokens'), 0)} "
+                  f"| {cell(ratio('tokens', mixed, alone_a), 2)} | {cell(of(mixed, 'session50'), 1)} "
+                  f"| {cell(of(mixed, 'next95'), 2)} | {cell(of(mixed, 'done'), 2)} "
+                  f"| {cell(ratio('done', mixed, alone_s), 2)} "
+                  f"| {cell(of(mixed, 'p50'), 2)} / {cell(of(mixed, 'p95'), 2)} "
+                  f"| {cell(of(mixed, 'a_hits'), 1)} / {cell(of(mixed, 's_hits'), 1)} "
+                  f"| {cell(of(mixed, 'a_shed'), 0)} / {cell(of(mixed, 's_shed'), 0)} "
+                  f"| {cell(of(mixed, 'preempt'), 0)} |")
     return 0
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import math
 import statistics
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -48,11 +49,16 @@ def _run(job: tuple[str, dict[str, Any], int, list[float], float, SharedPrefixCo
             for step in run.steps]
 
 
-def _cell(values: list[float], digits: int) -> str:
-    mean = statistics.mean(values)
-    if len(values) == 1:
+def cell(values: list[float], digits: int) -> str:
+    """The mean of ``values`` and, over more than one, their range: ``mean (min-max)``; values
+    that are NaN (a figure a seed lacks) are left out, and none at all reads ``nan``."""
+    present = [v for v in values if not math.isnan(v)]
+    if not present:
+        return "nan"
+    mean = statistics.mean(present)
+    if len(present) == 1:
         return f"{mean:,.{digits}f}"
-    return f"{mean:,.{digits}f} ({min(values):,.{digits}f}-{max(values):,.{digits}f})"
+    return f"{mean:,.{digits}f} ({min(present):,.{digits}f}-{max(present):,.{digits}f})"
 
 
 def main() -> int:
@@ -93,7 +99,7 @@ def main() -> int:
     for k, (multiple, rate) in enumerate(zip(multiples, rates, strict=True)):
         for i, v in enumerate(variants):
             rows = [run[k] for run in runs[i * len(seeds):(i + 1) * len(seeds)]]
-            cells = [_cell([r[name] for r in rows], digits) for name, _, digits in FIGURES]
+            cells = [cell([r[name] for r in rows], digits) for name, _, digits in FIGURES]
             offered = statistics.mean(r["offered"] for r in rows)
             print(f"| {multiple:g}x ({rate:g}/s) | {v} | {offered:.2f} | " + " | ".join(cells) + " |")
     return 0
