@@ -294,7 +294,8 @@ class Dispatcher:
         if ok:
             ttft = flight.ttft_s if streamed else None
             self.scheduler.on_finished(flight.state.id, prompt_tokens=prompt_tokens,
-                                       cached_tokens=cached_tokens, ttft_s=ttft)
+                                       cached_tokens=cached_tokens, ttft_s=ttft,
+                                       output_tokens=output_tokens, decision=flight.decision)
             used = None if prompt_tokens is None or output_tokens is None else prompt_tokens + output_tokens
             self.flow.served(flight.model, flight.tenant, flight.priority, flight.charged, used)
         now = self._timer()

@@ -138,15 +138,20 @@ class PrefixIndex:
 
     # --- lookup --------------------------------------------------------------------------------
 
-    def match(self, hashes: Sequence[int], slots: Mapping[int, int], now: float) -> dict[int, int]:
+    def match(self, hashes: Sequence[int], slots: Mapping[int, int], now: float,
+              since: Mapping[int, int] | None = None) -> dict[int, int]:
         """Deepest match per wanted slot: ``{slot: matched_blocks}`` for slots ``slots`` names.
 
         ``slots`` maps slot -> anything (the caller's candidate index); only those slots are looked
-        for, and the walk from the deepest block stops once all of them are found.
+        for, and the walk from the deepest block stops once all of them are found.  ``since`` gives
+        some slots a later cutoff than the age bound: the first whole second whose entries they
+        still hold (routing/cache_fill.py).
         """
         found: dict[int, int] = {}
         if not slots or not hashes:
             return found
+        if since:
+            return self._match_since(hashes, slots, now, since)
         want = len(slots)
         cutoff = int(now - self.max_age_s)
         get = self._entries.get
@@ -167,6 +172,28 @@ class PrefixIndex:
                             found[slot] = depth
                     if len(found) == want:
                         break
+            depth -= 1
+        return found
+
+    def _match_since(self, hashes: Sequence[int], slots: Mapping[int, int], now: float,
+                     since: Mapping[int, int]) -> dict[int, int]:
+        """``match`` with a cutoff per slot (the age bound's, or ``since``'s where later)."""
+        age = int(now - self.max_age_s)
+        cutoffs = {slot: max(age, since.get(slot, age)) for slot in slots}
+        found: dict[int, int] = {}
+        want = len(cutoffs)
+        get = self._entries.get
+        depth = len(hashes)
+        for h in reversed(hashes):
+            entry = get(h)
+            if entry is not None:
+                stamps = {entry & _SLOT_MASK: entry >> _SLOT_BITS} if isinstance(entry, int) else entry
+                for slot, t in stamps.items():
+                    cutoff = cutoffs.get(slot)
+                    if cutoff is not None and slot not in found and t >= cutoff:
+                        found[slot] = depth
+                if len(found) == want:
+                    break
             depth -= 1
         return found
 

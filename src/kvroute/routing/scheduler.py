@@ -20,6 +20,7 @@ from typing import Any
 
 import xxhash
 
+from kvroute.routing.cache_fill import CacheFill, CacheFillSettings
 from kvroute.routing.config import ModelSettings, RoutingConfig
 from kvroute.routing.decision import Decision, DecisionKind
 from kvroute.routing.exact_index import ExactIndex, Mode
@@ -63,6 +64,7 @@ class Scheduler:
         self._clock = clock
         self._index = PrefixIndex(self.config.index_max_blocks, self.config.index_max_age_s)
         self.exact = ExactIndex(self.config.kv_speculative_ttl_s, self.config.kv_events_stale_s)
+        self._fill = CacheFill()
         self._sessions = SessionTable(self.config.session_ttl_s, self.config.session_max)
         self._picker = PickerState(rng=random.Random(self.config.seed))
         self._learning: dict[str, WorkerLearning] = {}
@@ -228,7 +230,8 @@ class Scheduler:
     def _match(self, key: RoutingKey, hashes: tuple[int, ...], cands: list[Candidate], now: float) -> None:
         """Signal.PREFIX: each candidate's longest match and the prompt tokens it covers — from the
         worker's KV events where they are exact and the request's tokens are known, else from the
-        approximate index."""
+        approximate index (for a request with no client session id, only what the worker is
+        estimated to hold still, and how full its cache is: routing/cache_fill.py)."""
         est = float(key.est_prompt_tokens)
         exact = self.exact
         ids: list[str] = []
@@ -237,12 +240,13 @@ class Scheduler:
             ids = [c.worker.id for c in cands if readable(c.worker.id, now, block)]
         if len(ids) < len(cands):
             slots = self._index.slots_of([(c.worker.id, c.worker.epoch) for c in cands])
+            since = self._estimated_fill(key, slots, cands, ids)
             block_tokens = self._block_tokens
             walk = self._walk
-            if walk is not None and walk[0] is hashes and walk[1] == now:
+            if not since and walk is not None and walk[0] is hashes and walk[1] == now:
                 found = {slot: walk[2][slot] for slot in slots if slot in walk[2]}
             else:
-                found = self._index.match(hashes, slots, now)
+                found = self._index.match(hashes, slots, now, since)
             for slot, depth in found.items():
                 c = cands[slots[slot]]
                 c.matched_blocks = depth
@@ -257,6 +261,28 @@ class Scheduler:
                     c.matched_blocks = held
                     c.held_tokens = min(est, float(held * block))
                     c.cached_tokens = float(exact.resident_blocks(c.worker.id) * block)
+
+    def _estimated_fill(self, key: RoutingKey, slots: dict[int, int], cands: list[Candidate],
+                        exact_ids: list[str]) -> dict[int, int] | None:
+        """For a request with no client session id (where ``approximate_eviction`` is on): each
+        approximate candidate's estimated cache fill (``Candidate.cached_tokens``), and the first
+        second whose index entries each slot still holds, for those that evicted any.  A client's
+        session is left to the cache-survival discount, learnt from its own turns."""
+        if key.client_session or \
+                not self.config.settings_for(key.model).block(CacheFillSettings).approximate_eviction:
+            return None
+        fill = self._fill
+        since: dict[int, int] = {}
+        for c in cands:
+            w = c.worker
+            if w.id not in exact_ids:
+                c.cached_tokens = fill.fill(w.id, w.epoch, w.kv_tokens)
+        for slot, i in slots.items():
+            w = cands[i].worker
+            horizon = fill.horizon(w.id, w.epoch, w.kv_tokens, w.inflight_tokens)
+            if horizon is not None:
+                since[slot] = horizon
+        return since
 
     def _learned(self, cands: list[Candidate], settings: LearningSettings, now: float) -> None:
         """Signal.LEARNED: prefill rate, cache realisation and backlog of each candidate."""
@@ -419,6 +445,7 @@ class Scheduler:
                                             decision.prefill_tokens))
         if key.cacheable and key.token_hashes:
             self.exact.speculate(worker, key.token_hashes, now, decision.predicted_ttft_s)
+        self._fill.computed(worker, decision.worker_epoch, now, decision.prefill_tokens)
         if key.cacheable:
             settings = cfg.block(LearningSettings)
             learned = self._learn(worker, settings)
@@ -439,6 +466,7 @@ class Scheduler:
         worker's backlog less what the worker has prefilled since it was sent, at the same drain
         rate as local requests: facts replayed on catch-up or after an outage add no backlog."""
         if isinstance(record, PrefixRecord):
+            self._fill.computed(record.worker_id, record.epoch, record.time, record.prefill_tokens)
             if self._index.record(record.hashes, record.worker_id, record.epoch, record.time) and \
                     record.prefill_tokens:
                 learned = self._learn(record.worker_id)
@@ -494,12 +522,22 @@ class Scheduler:
         self._sessions.drop_worker(worker_id)
         self._learning.pop(worker_id, None)
         self._learning_as.pop(worker_id, None)
+        self._fill.forget(worker_id)
         self._counts.pop(worker_id, None)
 
     def on_finished(self, worker_id: str, *, prompt_tokens: int | None = None,
-                    cached_tokens: int | None = None, ttft_s: float | None = None) -> None:
-        """A request on ``worker_id`` finished; learn from what the engine reported (any may be None)."""
+                    cached_tokens: int | None = None, ttft_s: float | None = None,
+                    output_tokens: int | None = None, decision: Decision | None = None) -> None:
+        """A request on ``worker_id`` (sent as ``decision``) finished; learn from what the engine
+        reported (any may be None).  What it computed beyond the prefill the decision counted —
+        a prefix it no longer held, the tokens it generated — took cache space too."""
         self._learn(worker_id).on_finished(prompt_tokens, cached_tokens, ttft_s)
+        if decision is None:
+            return
+        more = float(output_tokens or 0)
+        if prompt_tokens is not None and cached_tokens is not None:
+            more += max(0, prompt_tokens - cached_tokens - decision.prefill_tokens)
+        self._fill.computed(worker_id, decision.worker_epoch, self._clock(), more)
 
     def learned(self, worker_id: str) -> WorkerLearning | None:
         """What has been learned about ``worker_id`` so far (None before its first request);

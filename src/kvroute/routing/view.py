@@ -43,8 +43,10 @@ class Candidate:
 
     ``matched_blocks`` is the longest match: in engine blocks when ``exact`` (the worker's KV events
     say what it holds), else in the approximate index's blocks; ``held_tokens`` is the prompt tokens
-    that match covers either way.  ``cached_tokens`` is what the worker's whole cache holds, when
-    ``exact`` (None otherwise): with its KV size, how much of that cache a cold prefill evicts.
+    that match covers either way.  ``cached_tokens`` is what the worker's whole cache holds: known
+    when ``exact``, else estimated from what the routers had it compute (routing/cache_fill.py; only
+    for a request with no client session id), None where neither is known: with its KV size, how
+    much of that cache a cold prefill evicts.
     """
 
     worker: WorkerState

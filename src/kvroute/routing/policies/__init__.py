@@ -10,6 +10,7 @@ its own with :func:`register`.  A policy's settings blocks join the placement gr
 
 from __future__ import annotations
 
+from kvroute.routing.cache_fill import CacheFillSettings
 from kvroute.routing.flow import FlowSettings
 from kvroute.routing.learning import LearningSettings
 from kvroute.routing.policies import auto, balance, prefix, session
@@ -36,7 +37,7 @@ PLACEMENT = SettingsGroup(
     first=("policy", "sticky", "overflow", "max_num_seqs"))
 CACHE = SettingsGroup(
     "cache", "Cache: what the router learns of each replica's prefill speed and cache",
-    (LearningSettings,), first=("prefill_s_per_token", "learn_prefill_speed"))
+    (LearningSettings, CacheFillSettings), first=("prefill_s_per_token", "learn_prefill_speed"))
 OVERLOAD = SettingsGroup(
     "overload", "Overload: flow control (docs/flow-control.md) and a saturated fleet (docs/saturation.md)",
     (FlowSettings, SaturationSettings),

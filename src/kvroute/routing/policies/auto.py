@@ -28,8 +28,9 @@ whole bursts of new sessions to the workers whose previous sessions happened to 
 (docs/routing.md).  ``balanced_sessions`` stays, with ``session_spread`` = 2, as a loose guard so
 that a long head cached on one worker does not collect every new session.
 
-**The cache a copy evicts.**  Where a worker's cache is known exactly (its KV events) and is
-full, a cold prefill there pushes out as many cached tokens as it adds.  When another worker
+**The cache a copy evicts.**  Where a worker's cache is full — known from its KV events, or
+estimated from the tokens the routers had it compute (routing/cache_fill.py) — a cold prefill
+there pushes out as many cached tokens as it adds.  When another worker
 already holds that part of the prompt, the prefill is a second copy, and what it pushes out is
 prefill later requests pay again: a request the client named no session for is charged
 ``evicted_cache_weight`` x those tokens, so a prompt shared by many requests stays on its holders
@@ -95,9 +96,9 @@ class AutoSettings:
     # without pauses it cost 5-17 % of the output.
     evicted_cache_weight: float = setting(
         12.0, "weight on the cached tokens a request with no client session id would evict by "
-              "copying a prefix another worker holds into a worker whose cache is known exactly "
-              "(KV events) and full: each is a prefill later requests are likely to pay again "
-              "(0 disables)")
+              "copying a prefix another worker holds into a worker whose cache is full (known from "
+              "KV events, or estimated: approximate_eviction): each is a prefill later requests "
+              "are likely to pay again (0 disables)")
 
     def __post_init__(self) -> None:
         check_non_negative(self, "inflight_tokens", "waiting_tokens", "backlog_weight", "eviction_weight",
