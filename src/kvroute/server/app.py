@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import hmac
 import logging
 import math
@@ -613,6 +614,19 @@ class RunningRouter:
             await self.runner.cleanup()
         self.app_dir.cleanup()
         return report
+
+
+def freeze_startup_heap() -> None:
+    """Move every object alive now (modules, settings, the app, the fleet) out of the cyclic
+    garbage collector's sight: called once by ``kvroute serve`` when the router is up.
+
+    A full collection otherwise traverses all ~100k objects of the started router (~60 ms of
+    CPU, during requests); frozen, it traverses only what was made since.  Garbage is collected
+    first, so nothing dead is kept; an object frozen here is still freed when its last reference
+    goes, but never found in a reference cycle, which the objects made at start-up are not
+    expected to end in.  Not for in-process routers (tests): each would keep the last ones'."""
+    gc.collect()
+    gc.freeze()
 
 
 async def start_router(settings: Settings, *, host: str = "127.0.0.1", port: int = 0,
