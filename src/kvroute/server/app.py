@@ -28,11 +28,10 @@ from urllib.parse import unquote
 
 import orjson
 from aiohttp import web
-from multidict import CIMultiDict
 
 from kvroute.api.errors import ApiError, ApiStyle, error_body
 from kvroute.api.model_aliases import ModelAliases, body_for
-from kvroute.api.requests import parse_request
+from kvroute.api.requests import RequestHeaders, parse_request
 from kvroute.fleet.kv_events import CacheModeCollector, KvEventMetrics, KvEventWatch
 from kvroute.fleet.probe import Prober
 from kvroute.fleet.registry import Registry
@@ -209,9 +208,8 @@ def front_handler(router: Router, proxy: Proxy, app_origin: Origin,
             failures.labels("bad_request").inc()
             _refuse(writer, trail, started, 400, f"request body is not valid JSON: {exc}", param="body")
             return
-        headers = CIMultiDict((k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers)
         try:
-            key = parse_request(route.name, doc, headers, router.request_options)
+            key = parse_request(route.name, doc, RequestHeaders.of(request.headers), router.request_options)
         except ApiError as exc:
             failures.labels("bad_request").inc()
             _refuse(writer, trail, started, exc.status, exc.message, param=exc.param, code=exc.code)
