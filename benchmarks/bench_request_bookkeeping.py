@@ -1,5 +1,5 @@
 """What a small request's bookkeeping costs in-process, before and after the cuts of issue 26's hot
-path (docs/benchmarks.md, "Router CPU per request: garbage and bookkeeping"): the headers
+path (docs/benchmarks.md, "Garbage and bookkeeping per request"): the headers
 ``parse_request`` reads (a ``CIMultiDict`` built per request, or ``RequestHeaders``), the request
 counter (``labels(...)`` per request, or the cached child) and a decision log line's record (with
 or without the process id, thread and process name no format shows).

@@ -2,7 +2,7 @@
 upstream ``Call``, the front's request and writer, the decision...) are freed by reference
 counting the moment it ends.  A cycle among them made every request garbage for the cyclic
 collector, whose collections then cost a router tens of µs per request (docs/benchmarks.md,
-"Router CPU per request: garbage and the hot path")."""
+"Garbage and bookkeeping per request")."""
 
 from __future__ import annotations
 
