@@ -1,8 +1,8 @@
 """Logs every cyclic garbage collection of a ``kvroute serve`` process: put this directory on the
 router's ``PYTHONPATH`` and set ``KVROUTE_GC_PROBE`` to a directory; at exit the process writes
-``gc.<pid>.txt`` there: the kvroute it ran, then a line per collection (wall time, generation, the thread's CPU µs in it,
-objects collected).  ``summarise.py`` adds them up (docs/benchmarks.md, "Garbage and bookkeeping
-per request"):
+``gc.<pid>.txt`` there: the kvroute it ran, then a line per collection (wall time, generation,
+the thread's CPU µs in it, objects collected).  ``summarise.py`` adds them up
+(docs/benchmarks.md, "Garbage and bookkeeping per request"):
 
     KVROUTE_GC_PROBE=/tmp/gc PYTHONPATH=src:benchmarks/gc_probe \\
         python benchmarks/bench_router_overhead.py --plain --levels 16 --requests 6000 --rounds 2 \\

@@ -24,8 +24,9 @@ def main() -> None:
         counts = [sum(1 for r in run if r[1] == str(g)) for g in range(3)]
         cpu_ms = [sum(int(r[2]) for r in run if r[1] == str(g)) / 1000 for g in range(3)]
         collected = sum(int(r[3]) for r in run)
-        print(f"{os.path.basename(path)} {argv.split()[0]}\n  collections by generation {counts}, CPU ms {cpu_ms} "
-              f"(total {sum(cpu_ms):.1f}), objects collected {collected}")
+        print(f"{os.path.basename(path)} {argv.split()[0]}\n"
+              f"  collections by generation {counts}, CPU ms {cpu_ms} (total {sum(cpu_ms):.1f}), "
+              f"objects collected {collected}")
 
 
 if __name__ == "__main__":
