@@ -13,9 +13,10 @@ figures are medians over every request of a target at that level.
 a second router from another checkout's ``src`` (e.g. main's, from ``git archive``) in front of the
 same replicas, and each round runs direct, then both routers in turn (taking turns going first), so
 the machine's other load falls on both alike; the table then has a row per router, and the median
-over rounds of the router CPU per request beside the total.  ``--variant ARGS`` (repeatable) adds a
-router from this checkout started with more ``kvroute serve`` flags, e.g. what the access log
-costs:
+over rounds of the router CPU per request beside the total, followed by the ratio of each router's
+CPU per request to the baseline's in the same round (median and range over the rounds).
+``--variant ARGS`` (repeatable) adds a router from this checkout started with more ``kvroute serve``
+flags, e.g. what the access log costs:
 
     python benchmarks/bench_router_overhead.py --variant=--access-log \
         --variant="--access-log --log-format json" --variant="--otlp-endpoint {sink}"
@@ -332,6 +333,20 @@ async def main(args: argparse.Namespace) -> None:
           f"stream={stream} cpus={os.cpu_count()} "
           f"load average before/after: {load_before} / {os.getloadavg()[0]:.2f}")
     print(table(results))
+    for direct, routed_runs in results:
+        by_name = {run.target: run for run in routed_runs}
+        base = by_name.get("baseline")
+        if base is None:
+            continue
+        for run in routed_runs:
+            if run is base:
+                continue
+            # The same round's CPU of both routers: the machine's load at that moment fell on both.
+            ratios = [new / old for new, old in zip(run.round_cpu_us, base.round_cpu_us, strict=True) if old]
+            if ratios:
+                spread = f"{min(ratios):.2f}-{max(ratios):.2f}"
+                print(f"{direct.concurrency} streams, {run.target} / baseline router CPU per request, "
+                      f"per round: median {statistics.median(ratios):.2f} ({spread})")
     if args.exact:
         print(f"KV event lag (engine batch timestamp to the router's index), from the exact router's "
               f"kvroute_kv_events_lag_seconds: p50 <= {lag[0]} s, p99 <= {lag[1]} s (bucket bounds)")

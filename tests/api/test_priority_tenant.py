@@ -6,7 +6,7 @@ import pytest
 from multidict import CIMultiDict
 
 from kvroute.api.errors import ApiError
-from kvroute.api.requests import parse_request, priority_of, tenant_of
+from kvroute.api.requests import RequestHeaders, RequestOptions, parse_request, priority_of, tenant_of
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -52,3 +52,20 @@ def test_an_api_key_is_a_tenant_only_as_a_hash() -> None:
     assert tenant_of({"authorization": "Basic abc"}) is None
     key = parse_request("chat", BODY, {"x-api-key": secret})
     assert key.tenant == by_header and secret not in repr(key)
+
+
+@pytest.mark.parametrize("pairs", [
+    [(b"Host", b"x"), (b"X-KVRoute-Priority", b"low"), (b"Authorization", b"Bearer sk-1")],
+    [(b"x-session-id", b"first"), (b"X-Session-Id", b"second"), (b"X-Claude-Code-Agent-Id", b"a1")],
+    [(b"X-Conversation", b"c7"), (b"x-kvroute-tenant", b"t"), (b"X-KVROUTE-TENANT", b"u")],
+    [(b"X-Api-Key", b"k\xe9y"), (b"session_id", b"s")],
+    [],
+])
+def test_the_fronts_header_dict_reads_as_a_multidict(pairs: list[tuple[bytes, bytes]]) -> None:
+    # The listening side hands parse_request a plain dict (RequestHeaders), cheaper than the
+    # CIMultiDict it replaces: the same key, whatever the names' case and repeats.
+    multi = CIMultiDict((k.decode("latin-1"), v.decode("latin-1")) for k, v in pairs)
+    options = RequestOptions(extra_session_headers=("X-Conversation",))
+    for route, body in (("chat", BODY), ("messages", {**BODY, "max_tokens": 5})):
+        assert (parse_request(route, body, RequestHeaders.of(pairs), options)
+                == parse_request(route, body, multi, options))

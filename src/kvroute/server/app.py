@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import hmac
 import logging
 import math
@@ -27,11 +28,10 @@ from urllib.parse import unquote
 
 import orjson
 from aiohttp import web
-from multidict import CIMultiDict
 
 from kvroute.api.errors import ApiError, ApiStyle, error_body
 from kvroute.api.model_aliases import ModelAliases, body_for
-from kvroute.api.requests import parse_request
+from kvroute.api.requests import RequestHeaders, parse_request
 from kvroute.fleet.kv_events import CacheModeCollector, KvEventMetrics, KvEventWatch
 from kvroute.fleet.probe import Prober
 from kvroute.fleet.registry import Registry
@@ -208,9 +208,8 @@ def front_handler(router: Router, proxy: Proxy, app_origin: Origin,
             failures.labels("bad_request").inc()
             _refuse(writer, trail, started, 400, f"request body is not valid JSON: {exc}", param="body")
             return
-        headers = CIMultiDict((k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers)
         try:
-            key = parse_request(route.name, doc, headers, router.request_options)
+            key = parse_request(route.name, doc, RequestHeaders.of(request.headers), router.request_options)
         except ApiError as exc:
             failures.labels("bad_request").inc()
             _refuse(writer, trail, started, exc.status, exc.message, param=exc.param, code=exc.code)
@@ -613,6 +612,19 @@ class RunningRouter:
             await self.runner.cleanup()
         self.app_dir.cleanup()
         return report
+
+
+def freeze_startup_heap() -> None:
+    """Move every object alive now (modules, settings, the app, the fleet) out of the cyclic
+    garbage collector's sight: called once by ``kvroute serve`` when the router is up.
+
+    A full collection otherwise traverses all ~100k objects of the started router (~60 ms of
+    CPU, during requests); frozen, it traverses only what was made since.  Garbage is collected
+    first, so nothing dead is kept; an object frozen here is still freed when its last reference
+    goes, but never found in a reference cycle, which the objects made at start-up are not
+    expected to end in.  Not for in-process routers (tests): each would keep the last ones'."""
+    gc.collect()
+    gc.freeze()
 
 
 async def start_router(settings: Settings, *, host: str = "127.0.0.1", port: int = 0,

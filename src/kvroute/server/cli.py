@@ -211,7 +211,7 @@ class StartupError(RuntimeError):
 
 async def _serve(settings: Settings) -> int:
     """Serve until SIGINT/SIGTERM; returns how many requests the shutdown timeout cut."""
-    from kvroute.server.app import CUT_EXIT_CODE, start_router
+    from kvroute.server.app import CUT_EXIT_CODE, freeze_startup_heap, start_router
     from kvroute.server.dashboard import setup_dashboard
     from kvroute.server.tracing import TracingUnavailable
 
@@ -224,6 +224,7 @@ async def _serve(settings: Settings) -> int:
         raise StartupError(listen_error(host_port(settings.host, settings.port), exc)) from None
     except TracingUnavailable as exc:
         raise StartupError(str(exc)) from None
+    freeze_startup_heap()
     healthy = sum(1 for s in running.registry.states() if s.healthy)
     discovering = f", discovering through {', '.join(settings.discover)}" if settings.discover else ""
     log.info("kvroute listening on %s: %d workers (%d healthy)%s, policy %s, up to %d client connections",

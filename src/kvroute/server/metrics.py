@@ -60,6 +60,17 @@ class RouterMetrics:
             ["model"], buckets=QUEUE_BUCKETS, registry=r,
         )
         r.register(_StateCollector(registry, scheduler_stats))
+        # ``requests``' children by their labels: ``labels()`` costs a lock, a tuple and its
+        # checks on every call, and the hot path counts every request.
+        self._requests_children: dict[tuple[str, str, str], Counter] = {}
+
+    def count_request(self, worker: str, model: str, kind: str) -> None:
+        """Count a request sent to ``worker`` for ``model`` under its decision ``kind``."""
+        labels = (worker, model, kind)
+        child = self._requests_children.get(labels)
+        if child is None:
+            child = self._requests_children[labels] = self.requests.labels(*labels)
+        child.inc()
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric of this router."""

@@ -301,7 +301,7 @@ def child_main(argv: list[str]) -> None:
 
 async def _serve_child(settings: Settings, run_dir: Path, index: int, processes: int,
                        restarted: bool) -> int:
-    from kvroute.server.app import start_router
+    from kvroute.server.app import freeze_startup_heap, start_router
     from kvroute.server.dashboard import setup_dashboard
     from kvroute.server.siblings import Siblings, apply_fleet, copy_drains, fleet_specs
 
@@ -327,6 +327,7 @@ async def _serve_child(settings: Settings, run_dir: Path, index: int, processes:
     siblings.publish()
     if fleet is not None and (latest := await siblings.fleet()) is not None:
         await apply_fleet(running.router, latest)  # admin calls made while this process started
+    freeze_startup_heap()
     log.debug("router process %d (pid %d) serving", index, os.getpid())
     await stop.wait()
     siblings.unpublish()

@@ -672,7 +672,7 @@ class Exchange:
         r, writer, call, flight = self._r, self.writer, self.call, self.flight
         assert call is not None and flight is not None
         state, decision = flight.state, flight.decision
-        r.metrics.requests.labels(state.id, self.key.model, decision.kind.value).inc()
+        r.metrics.count_request(state.id, self.key.model, decision.kind.value)
         r.metrics.prefix_blocks.observe(decision.matched_blocks)
         r.registry.count_request(state.id, decision.kind.value)
         headers = header_lines(head.headers)

@@ -116,7 +116,11 @@ class Call:
         self._conn.resume()
 
     def abort(self) -> None:
-        """Give up on the answer: closing the connection is how an engine learns to stop."""
+        """Give up on the answer: closing the connection is how an engine learns to stop.  Called
+        when the caller is done with the call, complete or not: the sinks are dropped, since a
+        sink is usually a bound method of whoever holds the call, and the reference cycle would
+        leave the request's objects to the cyclic garbage collector instead of freeing them."""
+        self._sink = self._flush = None
         if self.completed:
             return
         self._fail(UpstreamError("reset", "aborted by the router"))
