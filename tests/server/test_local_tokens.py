@@ -13,12 +13,12 @@ import pytest
 pytest.importorskip("tokenizers")
 pytest.importorskip("jinja2")
 
-from tiny_tokenizer import write_tokenizer  # noqa: E402
+from tiny_tokenizer import write_tokenizer
 
-from kvroute.router_settings import Settings, SettingsError  # noqa: E402
-from kvroute.routing.token_chains import Rendering, TokenChains  # noqa: E402
-from kvroute.server import local_tokens  # noqa: E402
-from kvroute.server.local_tokens import ChatTokenizer, TemplateError, shared_cut  # noqa: E402
+from kvroute.router_settings import Settings, SettingsError
+from kvroute.routing.token_chains import Rendering, TokenChains
+from kvroute.server import local_tokens
+from kvroute.server.local_tokens import ChatTokenizer, TemplateError, shared_cut
 
 SYSTEM = {"role": "system", "content": "You review pull requests for a storage engine; be terse."}
 U1 = {"role": "user", "content": "What is the capital of France?"}
@@ -51,12 +51,14 @@ CASES = [
     ("the system prompt changed", chat(SYSTEM, U1), chat({**SYSTEM, "content": "Be kind."}, U1, A1, U2),
      "some"),  # the bos token before it is still shared
     ("tools added", chat(SYSTEM, U1), chat(SYSTEM, U1, A1, U2, tools=TOOLS), "some"),
-    ("a message's text grows", chat(SYSTEM, U1), chat(SYSTEM, {**U1, "content": U1["content"] + " ok"}), "some"),
+    ("a message's text grows", chat(SYSTEM, U1),
+     chat(SYSTEM, {**U1, "content": U1["content"] + " ok"}), "some"),
     # Text added right where a special token was: the words on either side merge differently.
-    ("a word grows into the next turn", chat({**U2, "content": "And of Italy? 1234"}, add_generation_prompt=False),
+    ("a word grows into the next turn",
+     chat({**U2, "content": "And of Italy? 1234"}, add_generation_prompt=False),
      chat(U2, add_generation_prompt=False), "some"),
-    ("no generation prompt, then one", chat(SYSTEM, U1, add_generation_prompt=False), chat(SYSTEM, U1, A1, U2),
-     "all"),
+    ("no generation prompt, then one", chat(SYSTEM, U1, add_generation_prompt=False),
+     chat(SYSTEM, U1, A1, U2), "all"),
 ]
 
 
@@ -115,7 +117,8 @@ def test_the_template_gets_what_transformers_gives_it(tok: ChatTokenizer) -> Non
 
 @pytest.mark.parametrize("doc", [
     chat({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:"}}]}),
-    chat({**A1, "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}),
+    chat({**A1, "tool_calls": [{"id": "1", "type": "function",
+                                "function": {"name": "f", "arguments": "{}"}}]}),
     chat(U1, chat_template="{{ messages }}"),
     chat(U1, A1, add_generation_prompt=False, continue_final_message=True),
     chat({"role": "developer", "content": "be terse"}, U1),
@@ -162,12 +165,14 @@ def test_a_folder_without_a_template_is_refused(tmp_path: Path) -> None:
         ChatTokenizer(tmp_path)
 
 
-def test_the_setting_names_a_folder_and_needs_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_setting_names_a_folder_and_needs_the_extra(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     folder = write_tokenizer(tmp_path / "model")
     config = Settings(models={}, routing={"tokenizer": str(folder)}).routing_config()
     assert config.default.tokenizer == str(folder)
-    with pytest.raises(SettingsError, match="no tokenizer.json"):
+    with pytest.raises(SettingsError, match=r"no tokenizer\.json"):
         Settings(routing={"tokenizer": str(tmp_path)}).routing_config()
     monkeypatch.setattr(local_tokens, "find_spec", lambda name: None if name == "tokenizers" else object())
-    with pytest.raises(SettingsError, match=r"tokenizers is not installed: pip install 'kvroute\[tokenizer\]'"):
+    missing = r"tokenizers is not installed: pip install 'kvroute\[tokenizer\]'"
+    with pytest.raises(SettingsError, match=missing):
         Settings(routing={"tokenizer": str(folder)}).routing_config()
