@@ -113,7 +113,7 @@ class EngineTokens:
         config = scheduler.config
         for settings in (config.default, *config.models.values()):
             folder = settings.block(TokenizerSettings).tokenizer
-            if folder is not None and folder not in self._local:
+            if folder and folder not in self._local:
                 self._local[folder] = ChatTokenizer(folder)  # TemplateError: the router does not start
 
     async def keyed(self, route: str, doc: Mapping[str, Any], key: RoutingKey) -> RoutingKey:
@@ -127,7 +127,7 @@ class EngineTokens:
         block = self._scheduler.exact.block_size(best.id)
         assert block is not None
         folder = self._scheduler.settings_for(key.model).block(TokenizerSettings).tokenizer
-        if folder is not None:
+        if folder:
             local = self._local_keyed(folder, route, doc, key, block)
             if local is not None:
                 return local

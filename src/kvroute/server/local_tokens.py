@@ -60,16 +60,16 @@ def extra_missing() -> str | None:
 class TokenizerSettings:
     """How the router tokenizes a request for exact mode."""
 
-    tokenizer: str | None = setting(
-        None, "exact mode: the model's folder (tokenizer.json, and the chat template in "
-              "tokenizer_config.json or chat_template.jinja) to tokenize requests in the router "
-              "instead of a round trip to an engine's /tokenize; needs kvroute[tokenizer]")
+    tokenizer: str = setting(
+        "", "exact mode: the model's folder (tokenizer.json, and the chat template in "
+            "tokenizer_config.json or chat_template.jinja) to tokenize requests in the router instead "
+            "of a round trip to an engine's /tokenize ('': the engine's); needs kvroute[tokenizer]")
 
     def __post_init__(self) -> None:
-        if self.tokenizer is None:
-            return
-        if not isinstance(self.tokenizer, str) or not self.tokenizer:
+        if not isinstance(self.tokenizer, str):
             raise ValueError("tokenizer must be the path of a model's folder")
+        if not self.tokenizer:
+            return
         missing = extra_missing()
         if missing is not None:
             raise ValueError(f"tokenizer is set but {missing} is not installed: {EXTRA}")
