@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from importlib.util import find_spec
+from itertools import compress
 from pathlib import Path
 from typing import Any
 
@@ -270,8 +271,9 @@ class ChatTokenizer:
         listed = enc.ids
         cuts = array("q")
         special = self._special
-        # Offsets only of the special tokens: the whole list would cost a tuple per token.
-        for i in [i for i, token in enumerate(listed) if token in special]:
+        # Offsets only of the special tokens (the whole list would cost a tuple per token), found
+        # by a scan in C.
+        for i in compress(range(len(listed)), map(special.__contains__, listed)):
             span = enc.token_to_chars(i)
             if span is not None:  # every token of a single text has its characters
                 cuts.extend((span[0], span[1], i))
