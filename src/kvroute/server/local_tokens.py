@@ -182,7 +182,7 @@ class ChatTokenizer:
             self._tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
             config_file = path / "tokenizer_config.json"
             config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
-        except (OSError, ValueError, Exception) as exc:  # tokenizers raises its own Exception
+        except Exception as exc:  # OSError, bad JSON, and tokenizers' own plain Exception
             raise TemplateError(f"{path}: {exc}") from None
         self._tokenizer.no_truncation()
         self._tokenizer.no_padding()
