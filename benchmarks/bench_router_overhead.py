@@ -30,7 +30,11 @@ publish KV-cache events and adds a router that routes on them (exact mode: every
 by a replica's ``/tokenize``), beside one that ignores them; ``--prompt-bytes`` sets the prompt's
 size (900 by default); with ``--conversation`` each client holds one conversation that grows by a
 short turn per request (a 32 KB conversation's next turn: ``--exact --conversation
---prompt-bytes 32768``).
+--prompt-bytes 32768``).  ``--local-tokenizer DIR`` (with ``--exact``) adds a third exact router
+that tokenizes in the router (the setting ``tokenizer``: DIR's tokenizer.json and chat template)
+instead of asking a replica's ``/tokenize``; the simulator's pseudo-tokens are not a real
+tokenizer's, so that router's blocks never match the replicas' events: what it measures is the
+cost of tokenizing, not of routing on the matches.
 """
 
 from __future__ import annotations
@@ -188,6 +192,43 @@ def event_lag(metrics: str) -> tuple[float, float]:
     return p50, p99
 
 
+def tokenize_times(metrics: str) -> tuple[float, float, str]:
+    """Upper bounds of the p50 and p99 of ``kvroute_tokenize_seconds`` (bucket bounds, every path
+    summed) and the requests by path and outcome, from an exact router's /metrics."""
+    buckets: dict[float, float] = {}
+    for sample in parse_exposition(metrics, ["kvroute_tokenize_seconds_bucket"]):
+        bound = float(sample.labels["le"])
+        buckets[bound] = buckets.get(bound, 0.0) + sample.value
+    paths = ", ".join(f"{s.labels['path']} {s.labels['outcome']} {s.value:.0f}"
+                      for s in parse_exposition(metrics, ["kvroute_tokenize_total"]) if s.value)
+    if not buckets or not buckets[math.inf]:
+        return math.nan, math.nan, paths
+    total = buckets[math.inf]
+    ordered = sorted(buckets.items())
+    p50 = next(b for b, n in ordered if n >= 0.5 * total)
+    p99 = next(b for b, n in ordered if n >= 0.99 * total)
+    return p50, p99, paths
+
+
+def exact_table(results: list[tuple[Run, list[Run]]], tokenizing: dict[str, tuple[float, float, str]]) -> str:
+    """The exact routers beside the plain one: added TTFB p50/p99 over direct, router CPU per
+    request (median of rounds) and the time tokenizing took (all requests of the run)."""
+    lines = ["| streams | router | added TTFB p50 (ms) | added TTFB p99 (ms) | router CPU per request, "
+             "median of rounds (µs) | tokenizing p50 / p99 (ms, bucket bounds) | tokenized by |",
+             "|---:|---|---:|---:|---:|---:|---|"]
+    for direct, routed_runs in results:
+        d50, d99 = statistics.median(direct.ttfb_ms), direct.pct(0.99)
+        for routed in routed_runs:
+            if routed.target not in ("router", "router+exact", "router+exact+local"):
+                continue
+            p50, p99, paths = tokenizing.get(routed.target, (math.nan, math.nan, ""))
+            lines.append(
+                f"| {direct.concurrency} | {routed.target} | {statistics.median(routed.ttfb_ms) - d50:+.2f} "
+                f"| {routed.pct(0.99) - d99:+.2f} | {statistics.median(routed.round_cpu_us):.0f} "
+                f"| {p50 * 1000:.2f} / {p99 * 1000:.2f} | {paths} |")
+    return "\n".join(lines)
+
+
 def merge(runs: list[Run]) -> Run:
     return Run(runs[0].target, runs[0].concurrency, sum(r.requests for r in runs),
                sum(r.seconds for r in runs), [t for r in runs for t in r.ttfb_ms],
@@ -269,6 +310,11 @@ async def main(args: argparse.Namespace) -> None:
         asked["router+alias"] = args.alias
     if args.exact:
         wanted.append(("router+exact", None, []))
+    if args.local_tokenizer:
+        if not args.exact:
+            raise SystemExit("--local-tokenizer needs --exact")
+        folder = orjson.dumps(args.local_tokenizer).decode()  # --set reads TOML: a quoted string
+        wanted.append(("router+exact+local", None, ["--set", f"tokenizer={folder}"]))
     sink = await otlp_sink() if any("{sink}" in v for v in args.variant) else None
     for variant in args.variant:
         flags = variant.replace("{sink}", sink[1] if sink else "").split()
@@ -278,11 +324,12 @@ async def main(args: argparse.Namespace) -> None:
         port = free_ports(1)
         # The exact router subscribes where the replicas' /server_info says they publish.
         router_env = {k: v for k, v in env.items() if k != "KVROUTE_KV_EVENTS_ENDPOINT"} \
-            if name == "router+exact" else env
+            if name.startswith("router+exact") else env
         routers[name] = (start_router(name, src, worker_args, port, args.log_level, logs, router_env, flags),
                          f"http://127.0.0.1:{port}")
     load_before = f"{os.getloadavg()[0]:.2f}"
     lag = (math.nan, math.nan)
+    tokenizing: dict[str, tuple[float, float, str]] = {}
     stream = not args.plain
     try:
         try:
@@ -321,6 +368,10 @@ async def main(args: argparse.Namespace) -> None:
             if args.exact:
                 async with http.get(routers["router+exact"][1] + "/metrics") as resp:
                     lag = event_lag(await resp.text())
+                for name in ("router+exact", "router+exact+local"):
+                    if name in routers:
+                        async with http.get(routers[name][1] + "/metrics") as resp:
+                            tokenizing[name] = tokenize_times(await resp.text())
     finally:
         procs = [proc for proc, _ in routers.values()] + [sim]
         for proc in procs:
@@ -350,6 +401,7 @@ async def main(args: argparse.Namespace) -> None:
     if args.exact:
         print(f"KV event lag (engine batch timestamp to the router's index), from the exact router's "
               f"kvroute_kv_events_lag_seconds: p50 <= {lag[0]} s, p99 <= {lag[1]} s (bucket bounds)")
+        print(exact_table(results, tokenizing))
     if args.json:
         doc = [{"direct": asdict(d) | {"rps": d.rps}, **{r.target: asdict(r) | {"rps": r.rps} for r in rs}}
                for d, rs in results]
@@ -371,6 +423,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--exact", action="store_true",
                    help="the replicas publish KV events; a second router routes on them (exact mode, "
                         "each request tokenized by a replica's /tokenize), beside one that ignores them")
+    p.add_argument("--local-tokenizer", metavar="DIR",
+                   help="with --exact: a third exact router tokenizing locally from this model folder "
+                        "(e.g. ~/.cache/kvroute-vllm/model/SmolLM2-135M-Instruct)")
     p.add_argument("--prompt-bytes", type=int, default=900, help="bytes of each prompt (default 900)")
     p.add_argument("--conversation", action="store_true",
                    help="each client holds one conversation: its first prompt, then a short turn a request")

@@ -28,6 +28,7 @@ from kvroute.guard.blocks import GUARD
 from kvroute.routing.config import ModelSettings, RoutingConfig, blocks_of, defaults
 from kvroute.routing.policies import routing_groups
 from kvroute.routing.settings import SettingsGroup
+from kvroute.server.local_tokens import TOKENIZER
 from kvroute.sync.trust import MIN_SECRET_BYTES
 
 _TRUE = frozenset(("1", "true", "yes", "on"))
@@ -43,8 +44,9 @@ class SettingsError(ValueError):
 def settings_groups() -> tuple[SettingsGroup, ...]:
     """Every per-model settings group a router carries, in the order help and docs list them: the
     routing core's (placement with each policy's block, cache, overload), then the fleet guard's,
-    which sits above routing and so joins here.  The one place the groups are assembled."""
-    return (*routing_groups(), GUARD)
+    which sits above routing and so joins here, and how exact mode tokenizes (the server's).  The
+    one place the groups are assembled."""
+    return (*routing_groups(), GUARD, TOKENIZER)
 
 
 def model_settings(**values: Any) -> ModelSettings:

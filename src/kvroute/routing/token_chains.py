@@ -8,6 +8,12 @@ hashes and only the new ones are computed.
 What is remembered is bounded twice: by conversations and by tokens (kept as 8-byte ids, the form
 they are hashed in: a token id decoded from JSON costs ~36 bytes as a Python int in a list, and an
 agent's conversation can hold 100k of them).
+
+A router that tokenizes locally (server/local_tokens.py) also keeps, in the same entry, the text it
+rendered the prompt into and where that text's tokens may be cut (``Rendering``), so that the next
+turn encodes only the text after the last cut the two renderings share.  That text is not counted
+against ``max_tokens``: at about four characters a token and a byte a character it weighs about
+half the tokens' eight bytes.
 """
 
 from __future__ import annotations
@@ -23,11 +29,22 @@ from kvroute.routing.key import RoutingKey
 from kvroute.routing.scheduler import session_hash
 
 
+@dataclass(frozen=True, slots=True)
+class Rendering:
+    """A prompt as a local tokenizer rendered it: ``text``, and ``cuts``, the (start character,
+    end character, token index) of each special token in it, flattened into one array in text
+    order: the tokens before a special token do not depend on the text from it on."""
+
+    text: str
+    cuts: array[int]
+
+
 @dataclass(slots=True)
 class _Chain:
     tokens: Sequence[int]
     block: int
     hashes: tuple[int, ...]
+    rendering: Rendering | None
 
 
 def _shared_blocks(a: Sequence[int], b: Sequence[int], block: int, limit: int) -> int:
@@ -59,16 +76,27 @@ class TokenChains:
     def __len__(self) -> int:
         return len(self._chains)
 
-    def hashes(self, conversation: int | None, tokens: Sequence[int], block: int) -> tuple[int, ...]:
+    def previous(self, conversation: int | None) -> tuple[Sequence[int], Rendering] | None:
+        """The tokens and rendering the conversation's previous turn was remembered with, where a
+        local tokenizer rendered it (its place in the least-recently-used order unchanged)."""
+        chain = None if conversation is None else self._chains.get(conversation)
+        if chain is None or chain.rendering is None:
+            return None
+        return chain.tokens, chain.rendering
+
+    def hashes(self, conversation: int | None, tokens: Sequence[int], block: int,
+               rendering: Rendering | None = None) -> tuple[int, ...]:
         """The own hashes of ``tokens``' full ``block``-token blocks; ``conversation`` (a session's
-        key, None: none) names what the previous turn computed."""
+        key, None: none) names what the previous turn computed; ``rendering``: the text the tokens
+        were encoded from, kept for the next turn (``previous``)."""
         if conversation is None:
             return tuple(token_block_hashes(tokens, block))
         chains = self._chains
         prev = chains.pop(conversation, None)
         if prev is not None:
             self.tokens -= len(prev.tokens)
-        packed = array("Q", tokens)  # what hashing packs them into anyway; compared as memory
+        # What hashing packs them into anyway; compared as memory.  A local tokenizer's are packed.
+        packed = tokens if isinstance(tokens, array) and tokens.typecode == "Q" else array("Q", tokens)
         n = len(packed) // block
         if prev is None or prev.block != block:
             out = tuple(token_block_hashes(packed, block))
@@ -78,15 +106,17 @@ class TokenChains:
             parent = head[-1] if head else None
             out = head + tuple(token_block_hashes(packed[shared * block:], block, parent))
         if len(packed) <= self.max_tokens:
-            chains[conversation] = _Chain(packed, block, out)
+            chains[conversation] = _Chain(packed, block, out, rendering)
             self.tokens += len(packed)
         while chains and (len(chains) > self.max_entries or self.tokens > self.max_tokens):
             self.tokens -= len(chains.popitem(last=False)[1].tokens)
         return out
 
 
-def with_tokens(key: RoutingKey, tokens: Sequence[int], block: int, chains: TokenChains) -> RoutingKey:
+def with_tokens(key: RoutingKey, tokens: Sequence[int], block: int, chains: TokenChains,
+                rendering: Rendering | None = None) -> RoutingKey:
     """``key`` with the own hashes of its engine tokens (``block`` tokens a block) and their count
-    as its prompt size: what both edges (HTTP and the virtual cluster) hand the dispatcher."""
-    hashes = chains.hashes(session_hash(key), tokens, block)
+    as its prompt size: what both edges (HTTP and the virtual cluster) hand the dispatcher;
+    ``rendering``: what a local tokenizer encoded them from."""
+    hashes = chains.hashes(session_hash(key), tokens, block, rendering)
     return dataclasses.replace(key, token_hashes=hashes, token_block=block, est_prompt_tokens=len(tokens))

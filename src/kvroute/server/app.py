@@ -48,7 +48,7 @@ from kvroute.server.admin import setup_admin
 from kvroute.server.api_keys import KeyCheck
 from kvroute.server.context import ROUTER, Router, RouteSync
 from kvroute.server.discovery import DiscoveryWatch
-from kvroute.server.engine_tokens import EngineTokens
+from kvroute.server.engine_tokens import EngineTokens, TokenizeMetrics
 from kvroute.server.front import (
     Cut,
     FrontLimits,
@@ -544,7 +544,8 @@ def build_app(settings: Settings, *, scheduler: Scheduler | None = None, sync: R
         lambda wid: (r.state.url if (r := registry.get(wid)) is not None else None),
         KvEventMetrics(router.metrics.prometheus), known_urls=[w.url for w in settings.workers])
     registry.subscribe(router.kv_events)
-    router.tokens = EngineTokens(registry, scheduler, lambda: router.upstream)
+    router.tokens = EngineTokens(registry, scheduler, lambda: router.upstream,
+                                 metrics=TokenizeMetrics(router.metrics.prometheus))
     router.metrics.prometheus.register(
         CacheModeCollector(scheduler.exact, lambda: [r.id for r in registry.records()]))
     for families in (doctor.families, drift.families):

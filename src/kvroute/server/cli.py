@@ -213,6 +213,7 @@ async def _serve(settings: Settings) -> int:
     """Serve until SIGINT/SIGTERM; returns how many requests the shutdown timeout cut."""
     from kvroute.server.app import CUT_EXIT_CODE, freeze_startup_heap, start_router
     from kvroute.server.dashboard import setup_dashboard
+    from kvroute.server.local_tokens import TemplateError
     from kvroute.server.tracing import TracingUnavailable
 
     # With settings.redis_url, start_router shares routing state through the Redis bus.
@@ -222,7 +223,7 @@ async def _serve(settings: Settings) -> int:
                                      setup=(setup_dashboard,))
     except OSError as exc:
         raise StartupError(listen_error(host_port(settings.host, settings.port), exc)) from None
-    except TracingUnavailable as exc:
+    except (TracingUnavailable, TemplateError) as exc:
         raise StartupError(str(exc)) from None
     freeze_startup_heap()
     healthy = sum(1 for s in running.registry.states() if s.healthy)

@@ -7,22 +7,30 @@ model files and cannot disagree with the engine about either; it costs one round
 worker (the least loaded exact one), bounded by ``timeout_s`` — on any failure the request is
 routed on the approximate index, as if no worker were exact.  The block hashes are cached per
 conversation (routing/token_chains.py): a turn hashes only the blocks its previous turn lacked.
+
+Where the model's settings name a ``tokenizer`` folder, the router tokenizes the request itself
+(server/local_tokens.py: no round trip, and a conversation's next turn encodes only its tail); what
+that cannot vouch for still goes to ``/tokenize``.  ``kvroute_tokenize_total{path,outcome}`` counts
+which path tokenized each request.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgspec
 import orjson
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from kvroute.fleet.registry import Registry
 from kvroute.routing.key import RoutingKey
-from kvroute.routing.scheduler import Scheduler
+from kvroute.routing.scheduler import Scheduler, session_hash
 from kvroute.routing.token_chains import TokenChains, with_tokens
+from kvroute.server.local_tokens import ChatTokenizer, TemplateError, TokenizerSettings
 from kvroute.server.upstream import UpstreamError, UpstreamPool
 
 log = logging.getLogger("kvroute.tokens")
@@ -59,33 +67,123 @@ class _Tokenized(msgspec.Struct):
 _reply = msgspec.json.Decoder(_Tokenized)
 
 
+_SECONDS_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 2.5)
+
+
+class TokenizeMetrics:
+    """``kvroute_tokenize_total{path,outcome}``, ``kvroute_tokenize_seconds{path}`` and
+    ``kvroute_tokenize_tokens_total{part}``."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "kvroute_tokenize", "Requests tokenized for exact mode, by path (local: the router's own "
+            "tokenizer; engine: an engine's /tokenize) and outcome (ok; declined: left by the local "
+            "tokenizer to the engine; failed: no tokens, routed on the approximate index)",
+            ["path", "outcome"], registry=registry)
+        self.seconds = Histogram(
+            "kvroute_tokenize_seconds", "Seconds spent tokenizing a request for exact mode, by path",
+            ["path"], buckets=_SECONDS_BUCKETS, registry=registry)
+        self.tokens = Counter(
+            "kvroute_tokenize_tokens", "Tokens the local tokenizer produced, by part (reused: kept from "
+            "the conversation's previous turn; encoded: encoded for this request)",
+            ["part"], registry=registry)
+        # The hot path's children, bound once.
+        self.local_seconds = self.seconds.labels("local")
+        self.engine_seconds = self.seconds.labels("engine")
+        self.reused = self.tokens.labels("reused")
+        self.encoded = self.tokens.labels("encoded")
+        self.local_ok = self.requests.labels("local", "ok")
+
+
 class EngineTokens:
-    """The router's tokenizer for exact mode: the engine's ``/tokenize`` (through the proxy's
-    upstream pool), with hashes cached per conversation."""
+    """The router's tokenizer for exact mode: the model's own tokenizer where its settings name
+    one, else (and for what that declines) the engine's ``/tokenize`` through the proxy's upstream
+    pool; hashes cached per conversation."""
 
     def __init__(self, registry: Registry, scheduler: Scheduler, pool: Callable[[], UpstreamPool | None], *,
-                 timeout_s: float = 2.0) -> None:
+                 timeout_s: float = 2.0, metrics: TokenizeMetrics | None = None) -> None:
         self._registry = registry
         self._scheduler = scheduler
         self._pool = pool
         self._timeout_s = timeout_s
         self._chains = TokenChains()
+        self._metrics = metrics
+        # Local tokenizers by folder, loaded once; None: the folder could not be used (logged).
+        self._local: dict[str, ChatTokenizer | None] = {}
+        config = scheduler.config
+        for settings in (config.default, *config.models.values()):
+            folder = settings.block(TokenizerSettings).tokenizer
+            if folder and folder not in self._local:
+                self._local[folder] = ChatTokenizer(folder)  # TemplateError: the router does not start
 
     async def keyed(self, route: str, doc: Mapping[str, Any], key: RoutingKey) -> RoutingKey:
         """``key`` with the prompt's own token-block hashes when some worker of its model is exact
-        (and its engine tokenized the prompt), else ``key`` unchanged."""
+        (and the prompt could be tokenized), else ``key`` unchanged."""
         if not key.cacheable or key.cache_salt is not None:
             return key
         best = self._scheduler.exact_worker(key.model, self._registry.states())
-        body = tokenize_body(route, doc, key.model)
-        if best is None or body is None:
+        if best is None:
             return key
         block = self._scheduler.exact.block_size(best.id)
         assert block is not None
+        folder = self._scheduler.settings_for(key.model).block(TokenizerSettings).tokenizer
+        if folder:
+            local = self._local_keyed(folder, route, doc, key, block)
+            if local is not None:
+                return local
+        body = tokenize_body(route, doc, key.model)
+        if body is None:
+            return key
+        started = time.perf_counter()
         tokens = await self._tokenize(best.url, body)
+        metrics = self._metrics
+        if metrics is not None:
+            metrics.engine_seconds.observe(time.perf_counter() - started)
+            metrics.requests.labels("engine", "ok" if tokens is not None else "failed").inc()
         if tokens is None:
             return key
         return with_tokens(key, tokens, block, self._chains)
+
+    def _tokenizer(self, folder: str) -> ChatTokenizer | None:
+        if folder in self._local:
+            return self._local[folder]
+        try:  # a folder named since start-up (settings changed at run time)
+            found: ChatTokenizer | None = ChatTokenizer(folder)
+        except TemplateError as exc:
+            log.error("tokenizer %s cannot be used, tokenizing through the engines: %s", folder, exc)
+            found = None
+        self._local[folder] = found
+        return found
+
+    def _local_keyed(self, folder: str, route: str, doc: Mapping[str, Any], key: RoutingKey,
+                     block: int) -> RoutingKey | None:
+        """``key`` keyed by the local tokenizer, or None where it declined (or cannot be used)."""
+        local = self._tokenizer(folder)
+        metrics = self._metrics
+        if local is None:
+            if metrics is not None:
+                metrics.requests.labels("local", "failed").inc()
+            return None
+        started = time.perf_counter()
+        if route == "chat":
+            conversation = session_hash(key)
+            got = local.tokens(doc, self._chains.previous(conversation))
+        elif route == "completions" and isinstance(prompt := doc.get("prompt"), str):
+            got = local.prompt_tokens(prompt)
+        else:
+            got = None
+        if got is None:
+            if metrics is not None:
+                metrics.requests.labels("local", "declined").inc()
+            return None
+        tokens, rendering, kept = got
+        out = with_tokens(key, tokens, block, self._chains, rendering)
+        if metrics is not None:
+            metrics.local_seconds.observe(time.perf_counter() - started)
+            metrics.local_ok.inc()
+            metrics.reused.inc(kept)
+            metrics.encoded.inc(len(tokens) - kept)
+        return out
 
     async def _tokenize(self, url: str, body: Mapping[str, Any]) -> list[int] | None:
         # Through the proxy's own keep-alive pool: an aiohttp round trip cost twice the router's

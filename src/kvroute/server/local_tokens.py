@@ -1,0 +1,327 @@
+"""Tokenizing a chat request in the router, the way vLLM does, from the model's own files.
+
+Exact mode (routing/exact_index.py) needs a request's token ids as the engine computes them, chat
+template included.  ``server/engine_tokens.py`` asks an engine's ``/tokenize`` (a round trip per
+request); with the per-model setting ``tokenizer`` (a path to the model's folder) it asks this
+module instead: HF ``tokenizers`` for the ids and ``jinja2`` for the chat template, rendered with
+what transformers' ``apply_chat_template`` gives a template (``raise_exception``, ``strftime_now``,
+its ``tojson``, the special tokens by name, ``{% generation %}``), over the messages as vLLM's
+renderer hands them over.  Both are the optional extra ``kvroute[tokenizer]``.
+
+What this module cannot vouch for it declines (``render`` answers None) and the request goes to
+the engine's ``/tokenize`` as before: media or other non-text content parts, tool calls in the
+history, a request's own ``chat_template``, ``continue_final_message``.
+
+A conversation's next turn encodes only its tail: the template is rendered whole (a template is a
+program; only it knows what a turn adds), then the text is compared with the previous turn's
+rendering, and the tokens before the last special token both renderings share are kept.  That cut
+is safe because ``tokenizers`` splits the text at its special tokens before anything else, so the
+tokens before one never depend on the text after it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from array import array
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from importlib.util import find_spec
+from itertools import compress
+from pathlib import Path
+from typing import Any
+
+from kvroute.routing.settings import SettingsGroup, setting
+from kvroute.routing.token_chains import Rendering
+
+EXTRA = "pip install 'kvroute[tokenizer]'"
+
+# vLLM drops Claude Code's attribution line from system text (vllm/renderers/chat_utils.py); a
+# system message that starts with it is left to the engine.
+_BILLING_HEADER = "x-anthropic-billing-header"
+
+# A template that loops over a message's content takes it as a list of parts (vLLM's "openai"
+# content format); others get the text parts joined by newlines (its "string" format).  vLLM reads
+# this off the template's syntax tree; these are the loops it finds.
+_CONTENT_LOOP = re.compile(
+    r"\{%-?\s*for\s+\w+\s+in\s+(?:content\b|\w+(?:\.content\b|\[\s*['\"]content['\"]\s*\]))")
+
+# What transformers' special_tokens_map names (its SPECIAL_TOKENS_ATTRIBUTES).
+_NAMED_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+
+def extra_missing() -> str | None:
+    """What of ``kvroute[tokenizer]`` is not installed (None: both are)."""
+    missing = [name for name in ("tokenizers", "jinja2") if find_spec(name) is None]
+    return ", ".join(missing) if missing else None
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizerSettings:
+    """How the router tokenizes a request for exact mode."""
+
+    tokenizer: str = setting(
+        "", "exact mode: the model's folder (tokenizer.json, and the chat template in "
+            "tokenizer_config.json or chat_template.jinja) to tokenize requests in the router instead "
+            "of a round trip to an engine's /tokenize ('': the engine's); needs kvroute[tokenizer]")
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tokenizer, str):
+            raise ValueError("tokenizer must be the path of a model's folder")
+        if not self.tokenizer:
+            return
+        missing = extra_missing()
+        if missing is not None:
+            raise ValueError(f"tokenizer is set but {missing} is not installed: {EXTRA}")
+        if not (Path(self.tokenizer) / "tokenizer.json").is_file():
+            raise ValueError(f"tokenizer: no tokenizer.json in {self.tokenizer}")
+
+
+TOKENIZER = SettingsGroup(
+    "tokenizer", "Tokenizer: how exact mode tokenizes requests (docs/routing.md)", (TokenizerSettings,),
+    first=("tokenizer",))
+
+
+class TemplateError(ValueError):
+    """The model folder's tokenizer or chat template cannot be used; the message says why."""
+
+
+def _token_text(value: Any) -> str | None:
+    # tokenizer_config.json spells a special token as its text or as an AddedToken's fields.
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping) and isinstance(value.get("content"), str):
+        return str(value["content"])
+    return None
+
+
+def _chat_template(folder: Path, config: Mapping[str, Any]) -> str:
+    """The folder's default chat template: chat_template.jinja where present (transformers reads
+    it over the config's), else tokenizer_config.json's (a list of named ones: "default")."""
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    template = config.get("chat_template")
+    if isinstance(template, list):
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, Mapping)}
+        template = named.get("default")
+    if not isinstance(template, str):
+        raise TemplateError(f"{folder}: no chat template (tokenizer_config.json's chat_template or "
+                            "chat_template.jinja)")
+    return template
+
+
+def _compile(template: str) -> Any:
+    """The template compiled once, in the environment transformers renders chat templates in."""
+    import jinja2
+    from jinja2 import nodes
+    from jinja2.ext import Extension, loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Generation(Extension):
+        # ``{% generation %}...{% endgeneration %}`` marks the assistant's tokens for training
+        # masks; rendering keeps its body as it is.
+        tags = {"generation"}  # noqa: RUF012  (jinja's Extension declares it so)
+
+        def parse(self, parser: Any) -> Any:
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller: Callable[[], str]) -> str:
+            return caller()
+
+    def raise_exception(message: str) -> None:
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
+               sort_keys: bool = False) -> str:
+        # transformers' own: no HTML escaping, unlike jinja's.
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+
+    def strftime_now(format: str) -> str:
+        return datetime.now().strftime(format)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[Generation, loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    try:
+        return env.from_string(template)
+    except jinja2.TemplateSyntaxError as exc:
+        raise TemplateError(f"chat template: {exc}") from None
+
+
+def _tool(tool: Any) -> dict[str, Any] | None:
+    """A request's tool as vLLM hands it to the template (``ChatCompletionToolsParam.model_dump``:
+    every field, unset ones as None, ``strict`` and ``defer_loading`` only when set)."""
+    if not isinstance(tool, Mapping) or tool.get("type", "function") != "function":
+        return None
+    fn = tool.get("function")
+    if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str) or set(tool) - {"type", "function"}:
+        return None
+    known = ("name", "description", "parameters", "strict", "defer_loading")
+    if set(fn) - set(known):
+        return None
+    out: dict[str, Any] = {k: fn.get(k) for k in known[:3]}
+    out.update({k: fn[k] for k in known[3:] if fn.get(k) is not None})
+    return {"type": "function", "function": out}
+
+
+class ChatTokenizer:
+    """A model's tokenizer and chat template, loaded from its folder."""
+
+    def __init__(self, folder: str | Path) -> None:
+        from tokenizers import Tokenizer
+
+        path = Path(folder)
+        try:
+            self._tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+            config_file = path / "tokenizer_config.json"
+            config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
+        except Exception as exc:  # OSError, bad JSON, and tokenizers' own plain Exception
+            raise TemplateError(f"{path}: {exc}") from None
+        self._tokenizer.no_truncation()
+        self._tokenizer.no_padding()
+        source = _chat_template(path, config)
+        self._template = _compile(source)
+        self._wrap_parts = _CONTENT_LOOP.search(source) is not None
+        self._uses_tools = "tools" in source
+        self._names = {name: text for name in _NAMED_TOKENS
+                       if (text := _token_text(config.get(name))) is not None}
+        added = self._tokenizer.get_added_tokens_decoder()
+        self._special = frozenset(i for i, t in added.items() if t.special)
+
+    def messages(self, doc: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+        """The request's messages as vLLM's renderer hands them to the template, or None where
+        they hold what this module leaves to the engine."""
+        messages = doc.get("messages")
+        if not isinstance(messages, list) or not messages:
+            return None
+        out: list[dict[str, Any]] = []
+        for message in messages:
+            if not isinstance(message, Mapping):
+                return None
+            role = message.get("role")
+            if not isinstance(role, str) or role == "developer" or message.get("tool_calls") \
+                    or message.get("reasoning") is not None:
+                return None
+            # vLLM hands a tool's answer over as text whatever the template's content format.
+            content = self._content(message.get("content"), wrap=self._wrap_parts and role != "tool")
+            if content is None or (role == "system" and isinstance(content, str)
+                                   and content.startswith(_BILLING_HEADER)):
+                return None
+            item: dict[str, Any] = {"role": role, "content": content}
+            if role == "tool" and "tool_call_id" in message:
+                item["tool_call_id"] = message["tool_call_id"]
+            if isinstance(message.get("name"), str):
+                item["name"] = message["name"]
+            out.append(item)
+        return out
+
+    @staticmethod
+    def _content(content: Any, wrap: bool) -> str | list[dict[str, str]] | None:
+        if isinstance(content, str):
+            texts = [content]
+        elif isinstance(content, list) and content and all(
+                isinstance(p, Mapping) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                for p in content):
+            texts = [p["text"] for p in content]
+        else:
+            return None
+        if wrap:
+            return [{"type": "text", "text": t} for t in texts]
+        return "\n".join(texts)
+
+    def render(self, doc: Mapping[str, Any]) -> str | None:
+        """The prompt text vLLM renders a chat request into, or None where this module leaves
+        the request to the engine (the module docstring says what)."""
+        if "chat_template" in doc or doc.get("continue_final_message") or "documents" in doc:
+            return None
+        add_generation = doc.get("add_generation_prompt", True)
+        kwargs = doc.get("chat_template_kwargs") or {}
+        if not isinstance(add_generation, bool) or not isinstance(kwargs, Mapping) \
+                or {"chat_template", "tokenize", "messages", "tools"} & set(kwargs):
+            return None
+        messages = self.messages(doc)
+        if messages is None:
+            return None
+        tools = None
+        # A template that never names them renders the same with or without them.
+        if self._uses_tools and doc.get("tools") is not None:
+            raw = doc["tools"]
+            tools = [_tool(t) for t in raw] if isinstance(raw, list) else [None]
+            if any(t is None for t in tools):
+                return None
+        try:
+            text: str = self._template.render(
+                {**self._names, **kwargs, "messages": messages, "tools": tools, "documents": None,
+                 "add_generation_prompt": add_generation})
+        except Exception:  # the template refused the request: the engine answers it, with its reason
+            return None
+        return text
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> tuple[array[int], array[int]]:
+        """``text``'s token ids and its cuts (``Rendering.cuts``: start, end, token index of each
+        special token)."""
+        enc = self._tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        listed = enc.ids
+        cuts = array("q")
+        special = self._special
+        # Offsets only of the special tokens (the whole list would cost a tuple per token), found
+        # by a scan in C.
+        for i in compress(range(len(listed)), map(special.__contains__, listed)):
+            span = enc.token_to_chars(i)
+            if span is not None:  # every token of a single text has its characters
+                cuts.extend((span[0], span[1], i))
+        return array("Q", listed), cuts
+
+    def prompt_tokens(self, prompt: str) -> tuple[array[int], None, int]:
+        """A completions prompt's token ids (with the special tokens the tokenizer adds, as vLLM's
+        completions do by default); nothing is kept from another request."""
+        return self.encode(prompt, add_special_tokens=True)[0], None, 0
+
+    def tokens(self, doc: Mapping[str, Any], previous: tuple[Sequence[int], Rendering] | None
+               ) -> tuple[array[int], Rendering | None, int] | None:
+        """A chat request's token ids, its rendering and how many of the ids were kept from
+        ``previous`` (the conversation's last turn: its ids and rendering), or None where the
+        request is left to the engine."""
+        text = self.render(doc)
+        if text is None:
+            return None
+        add_special = doc.get("add_special_tokens", False)
+        if not isinstance(add_special, bool):
+            return None
+        cut = -1 if previous is None or add_special else shared_cut(previous[1], text)
+        if previous is None or cut < 0:
+            ids, cuts = self.encode(text, add_special)
+            return ids, Rendering(text, cuts), 0
+        old_ids, old = previous
+        start, kept = old.cuts[3 * cut], old.cuts[3 * cut + 2]
+        tail, tail_cuts = self.encode(text[start:])
+        ids = array("Q", old_ids[:kept]) if not isinstance(old_ids, array) else old_ids[:kept]
+        ids.extend(tail)
+        cuts = old.cuts[:3 * cut]
+        for i in range(0, len(tail_cuts), 3):
+            cuts.extend((tail_cuts[i] + start, tail_cuts[i + 1] + start, tail_cuts[i + 2] + kept))
+        return ids, Rendering(text, cuts), kept
+
+
+def shared_cut(previous: Rendering, text: str) -> int:
+    """The last of ``previous``'s cuts (its index) whose special token ``text`` holds at the same
+    place with the same text before it, or -1: the tokens before that cut are ``text``'s too.
+    Binary search: a cut is shared only if every cut before it is."""
+    cuts, old = previous.cuts, previous.text
+    lo, hi = -1, len(cuts) // 3  # cut lo is shared (or none), cut hi is not (or past the last)
+    if hi and text.startswith(old[:cuts[3 * hi - 2]]):
+        return hi - 1  # the usual next turn: the whole previous rendering up to its last cut
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if text.startswith(old[:cuts[3 * mid + 1]]):
+            lo = mid
+        else:
+            hi = mid
+    return lo

@@ -1,0 +1,178 @@
+"""The local tokenizer (server/local_tokens.py): the tail rule, table-driven, on a small real
+tokenizer: whatever the next turn changes, its ids equal a whole re-encoding, and only what follows
+the last shared special token is encoded again; the template's environment is transformers'."""
+
+from __future__ import annotations
+
+from array import array
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("tokenizers")
+pytest.importorskip("jinja2")
+
+from tiny_tokenizer import write_tokenizer
+
+from kvroute.router_settings import Settings, SettingsError
+from kvroute.routing.token_chains import Rendering, TokenChains
+from kvroute.server import local_tokens
+from kvroute.server.local_tokens import ChatTokenizer, TemplateError, shared_cut
+
+SYSTEM = {"role": "system", "content": "You review pull requests for a storage engine; be terse."}
+U1 = {"role": "user", "content": "What is the capital of France?"}
+A1 = {"role": "assistant", "content": "Paris."}
+U2 = {"role": "user", "content": "And of Italy? 12345"}
+A2 = {"role": "assistant", "content": "Rome."}
+U3 = {"role": "user", "content": "def route(request): return min(workers)"}
+TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "find a <page> & more",
+                                           "parameters": {"type": "object", "properties": {}}}}]
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory: pytest.TempPathFactory) -> ChatTokenizer:
+    return ChatTokenizer(write_tokenizer(tmp_path_factory.mktemp("tok")))
+
+
+def chat(*messages: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"messages": list(messages), **extra}
+
+
+# (previous turn, next turn, what the next turn keeps: "all" of the previous rendering up to its
+# last special token, or "some" of it; every rendering starts with the bos token, so some is kept)
+CASES = [
+    ("a turn appended", chat(SYSTEM, U1), chat(SYSTEM, U1, A1, U2), "all"),
+    ("two turns appended", chat(SYSTEM, U1, A1, U2), chat(SYSTEM, U1, A1, U2, A2, U3), "all"),
+    ("the same request again", chat(SYSTEM, U1), chat(SYSTEM, U1), "all"),
+    ("the last message edited", chat(SYSTEM, U1, A1, U2), chat(SYSTEM, U1, A1, U3), "some"),
+    ("a reply regenerated (shorter)", chat(SYSTEM, U1, A1, U2), chat(SYSTEM, U1), "some"),
+    ("an earlier message edited", chat(SYSTEM, U1, A1, U2), chat(SYSTEM, U3, A1, U2), "some"),
+    ("the system prompt changed", chat(SYSTEM, U1), chat({**SYSTEM, "content": "Be kind."}, U1, A1, U2),
+     "some"),  # the bos token before it is still shared
+    ("tools added", chat(SYSTEM, U1), chat(SYSTEM, U1, A1, U2, tools=TOOLS), "some"),
+    ("a message's text grows", chat(SYSTEM, U1),
+     chat(SYSTEM, {**U1, "content": U1["content"] + " ok"}), "some"),
+    # Text added right where a special token was: the words on either side merge differently.
+    ("a word grows into the next turn",
+     chat({**U2, "content": "And of Italy? 1234"}, add_generation_prompt=False),
+     chat(U2, add_generation_prompt=False), "some"),
+    ("no generation prompt, then one", chat(SYSTEM, U1, add_generation_prompt=False),
+     chat(SYSTEM, U1, A1, U2), "all"),
+]
+
+
+@pytest.mark.parametrize(("name", "before", "after", "keeps"), CASES, ids=[c[0] for c in CASES])
+def test_a_next_turn_encodes_only_its_tail_and_equals_a_whole_encoding(
+        tok: ChatTokenizer, name: str, before: dict[str, Any], after: dict[str, Any], keeps: str) -> None:
+    first = tok.tokens(before, None)
+    assert first is not None
+    ids, rendering, kept = first
+    assert kept == 0
+    got = tok.tokens(after, (ids, rendering))
+    assert got is not None
+    new_ids, new_rendering, kept = got
+    text = tok.render(after)
+    assert text is not None and new_rendering is not None and new_rendering.text == text
+    whole, whole_cuts = tok.encode(text)
+    assert list(new_ids) == list(whole), name
+    assert list(new_rendering.cuts) == list(whole_cuts), name
+    last_cut = rendering.cuts[-1]  # the previous rendering's last special token (the generation prompt)
+    if keeps == "all":
+        assert kept == last_cut
+    else:
+        assert 0 < kept < last_cut
+
+
+def r(text: str, *cuts: tuple[int, int, int]) -> Rendering:
+    return Rendering(text, array("q", [v for c in cuts for v in c]))
+
+
+SHARED_CUT = [
+    # (previous rendering, next text, the cut kept)
+    (r("<s>ab<e>", (0, 3, 0), (5, 8, 2)), "<s>ab<e>cd", 1),
+    (r("<s>ab<e>", (0, 3, 0), (5, 8, 2)), "<s>ab<e", 0),  # the last special token is not whole
+    (r("<s>ab<e>", (0, 3, 0), (5, 8, 2)), "<s>ax<e>", 0),  # text before it differs
+    (r("<s>ab<e>", (0, 3, 0), (5, 8, 2)), "x<s>ab<e>", -1),
+    (r("abc"), "abc", -1),  # no special tokens: nothing can be kept
+    (r("<s>a<s>b<s>c<s>", (0, 3, 0), (4, 7, 2), (8, 11, 4), (12, 15, 6)), "<s>a<s>b<s>X<s>", 2),
+    (r("<s>a<s>b<s>c<s>", (0, 3, 0), (4, 7, 2), (8, 11, 4), (12, 15, 6)), "<s>a<s>", 1),
+]
+
+
+@pytest.mark.parametrize(("previous", "text", "cut"), SHARED_CUT)
+def test_the_last_shared_cut(previous: Rendering, text: str, cut: int) -> None:
+    assert shared_cut(previous, text) == cut
+
+
+def test_the_template_gets_what_transformers_gives_it(tok: ChatTokenizer) -> None:
+    text = tok.render(chat(U1, tools=TOOLS))
+    assert text is not None
+    # bos_token by name; tojson without HTML escaping, non-ASCII kept, tools in vLLM's shape.
+    assert text.startswith("<|im_start|><|im_start|>system\nTools: [")
+    assert '"description": "find a <page> & more"' in text
+    # raise_exception: the template refuses; the engine is left to answer (with its reason).
+    assert tok.render(chat({"role": "critic", "content": "x"})) is None
+
+
+@pytest.mark.parametrize("doc", [
+    chat({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:"}}]}),
+    chat({**A1, "tool_calls": [{"id": "1", "type": "function",
+                                "function": {"name": "f", "arguments": "{}"}}]}),
+    chat(U1, chat_template="{{ messages }}"),
+    chat(U1, A1, add_generation_prompt=False, continue_final_message=True),
+    chat({"role": "developer", "content": "be terse"}, U1),
+    chat({"role": "system", "content": "x-anthropic-billing-header: cch=1\nbe terse"}, U1),
+    {"messages": []},
+])
+def test_what_it_cannot_vouch_for_is_left_to_the_engine(tok: ChatTokenizer, doc: dict[str, Any]) -> None:
+    assert tok.tokens(doc, None) is None
+
+
+def test_text_parts_are_joined_as_vllm_joins_them(tok: ChatTokenizer) -> None:
+    parts = [{"type": "text", "text": "What is"}, {"type": "text", "text": "the capital?"}]
+    assert tok.render(chat({"role": "user", "content": parts})) == \
+        tok.render(chat({"role": "user", "content": "What is\nthe capital?"}))
+
+
+def test_a_template_that_loops_over_content_gets_parts(tmp_path: Path) -> None:
+    template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% for part in m['content'] %}"
+                "[{{ part['text'] }}]{% endfor %}<|im_end|>\n{% endfor %}")
+    tok = ChatTokenizer(write_tokenizer(tmp_path, template))
+    assert tok.render(chat(U1, add_generation_prompt=False)) == \
+        "<|im_start|>user\n[What is the capital of France?]<|im_end|>\n"
+
+
+def test_the_chains_carry_the_rendering_to_the_next_turn(tok: ChatTokenizer) -> None:
+    chains = TokenChains()
+    first = tok.tokens(chat(SYSTEM, U1), chains.previous(7))
+    assert first is not None and first[2] == 0
+    chains.hashes(7, first[0], 4, first[1])
+    previous = chains.previous(7)
+    assert previous is not None and previous[1] is first[1]
+    second = tok.tokens(chat(SYSTEM, U1, A1, U2), previous)
+    assert second is not None and second[2] > 0
+    assert chains.previous(None) is None and chains.previous(8) is None
+
+
+def test_a_folder_without_a_template_is_refused(tmp_path: Path) -> None:
+    write_tokenizer(tmp_path)
+    (tmp_path / "tokenizer_config.json").write_text("{}")
+    with pytest.raises(TemplateError, match="no chat template"):
+        ChatTokenizer(tmp_path)
+    (tmp_path / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }}")
+    with pytest.raises(TemplateError, match="chat template"):
+        ChatTokenizer(tmp_path)
+
+
+def test_the_setting_names_a_folder_and_needs_the_extra(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = write_tokenizer(tmp_path / "model")
+    config = Settings(models={}, routing={"tokenizer": str(folder)}).routing_config()
+    assert config.default.tokenizer == str(folder)
+    with pytest.raises(SettingsError, match=r"no tokenizer\.json"):
+        Settings(routing={"tokenizer": str(tmp_path)}).routing_config()
+    monkeypatch.setattr(local_tokens, "find_spec", lambda name: None if name == "tokenizers" else object())
+    missing = r"tokenizers is not installed: pip install 'kvroute\[tokenizer\]'"
+    with pytest.raises(SettingsError, match=missing):
+        Settings(routing={"tokenizer": str(folder)}).routing_config()
