@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 from kvroute.api.model_aliases import AliasError, ModelAliases, parse_alias
 from kvroute.api.requests import RequestOptions
+from kvroute.api.tokenizer_settings import TokenizerSettings
 from kvroute.fleet.breaker import BreakerSettings
 from kvroute.fleet.discovery import parse_source
 from kvroute.fleet.kv_event_sources import KvEventSettings
@@ -28,7 +29,6 @@ from kvroute.guard.blocks import GUARD
 from kvroute.routing.config import ModelSettings, RoutingConfig, blocks_of, defaults
 from kvroute.routing.policies import routing_groups
 from kvroute.routing.settings import SettingsGroup
-from kvroute.server.local_tokens import TOKENIZER
 from kvroute.sync.trust import MIN_SECRET_BYTES
 
 _TRUE = frozenset(("1", "true", "yes", "on"))
@@ -44,9 +44,10 @@ class SettingsError(ValueError):
 def settings_groups() -> tuple[SettingsGroup, ...]:
     """Every per-model settings group a router carries, in the order help and docs list them: the
     routing core's (placement with each policy's block, cache, overload), then the fleet guard's,
-    which sits above routing and so joins here, and how exact mode tokenizes (the server's).  The
-    one place the groups are assembled."""
-    return (*routing_groups(), GUARD, TOKENIZER)
+    which sits above routing and so joins here; how exact mode tokenizes (the server's) joins
+    the cache group.  The one place the groups are assembled."""
+    placement, cache, overload = routing_groups()
+    return placement, cache.joined((TokenizerSettings,)), overload, GUARD
 
 
 def model_settings(**values: Any) -> ModelSettings:

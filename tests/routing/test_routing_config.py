@@ -117,7 +117,7 @@ def test_groups_are_registered_explicitly_and_defaults_come_from_them() -> None:
     assert "canary" not in routing and "guard_drift_below" not in routing
     assert everything["canary"] is True and everything["guard_drift_below"] == 0.3
     assert routing.items() <= everything.items()
-    assert [g.name for g in settings_groups()] == ["placement", "cache", "overload", "guard", "tokenizer"]
+    assert [g.name for g in settings_groups()] == ["placement", "cache", "overload", "guard"]
     # Each group lists its few most-tuned settings first.
     names = [i.name for i in setting_infos(settings_groups())]
     assert names[:4] == ["policy", "sticky", "overflow", "max_num_seqs"]

@@ -15,9 +15,9 @@ pytest.importorskip("jinja2")
 
 from tiny_tokenizer import write_tokenizer
 
+from kvroute.api import tokenizer_settings
 from kvroute.router_settings import Settings, SettingsError
 from kvroute.routing.token_chains import Rendering, TokenChains
-from kvroute.server import local_tokens
 from kvroute.server.local_tokens import ChatTokenizer, TemplateError, shared_cut
 
 SYSTEM = {"role": "system", "content": "You review pull requests for a storage engine; be terse."}
@@ -172,7 +172,7 @@ def test_the_setting_names_a_folder_and_needs_the_extra(tmp_path: Path,
     assert config.default.tokenizer == str(folder)
     with pytest.raises(SettingsError, match=r"no tokenizer\.json"):
         Settings(routing={"tokenizer": str(tmp_path)}).routing_config()
-    monkeypatch.setattr(local_tokens, "find_spec", lambda name: None if name == "tokenizers" else object())
+    monkeypatch.setattr(tokenizer_settings, "find_spec", lambda name: None if name == "tokenizers" else object())
     missing = r"tokenizers is not installed: pip install 'kvroute\[tokenizer\]'"
     with pytest.raises(SettingsError, match=missing):
         Settings(routing={"tokenizer": str(folder)}).routing_config()

@@ -26,11 +26,12 @@ import msgspec
 import orjson
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from kvroute.api.tokenizer_settings import TokenizerSettings
 from kvroute.fleet.registry import Registry
 from kvroute.routing.key import RoutingKey
 from kvroute.routing.scheduler import Scheduler, session_hash
 from kvroute.routing.token_chains import TokenChains, with_tokens
-from kvroute.server.local_tokens import ChatTokenizer, TemplateError, TokenizerSettings
+from kvroute.server.local_tokens import ChatTokenizer, TemplateError
 from kvroute.server.upstream import UpstreamError, UpstreamPool
 
 log = logging.getLogger("kvroute.tokens")

@@ -25,17 +25,12 @@ import json
 import re
 from array import array
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
-from importlib.util import find_spec
 from itertools import compress
 from pathlib import Path
 from typing import Any
 
-from kvroute.routing.settings import SettingsGroup, setting
 from kvroute.routing.token_chains import Rendering
-
-EXTRA = "pip install 'kvroute[tokenizer]'"
 
 # vLLM drops Claude Code's attribution line from system text (vllm/renderers/chat_utils.py); a
 # system message that starts with it is left to the engine.
@@ -49,38 +44,6 @@ _CONTENT_LOOP = re.compile(
 
 # What transformers' special_tokens_map names (its SPECIAL_TOKENS_ATTRIBUTES).
 _NAMED_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
-
-
-def extra_missing() -> str | None:
-    """What of ``kvroute[tokenizer]`` is not installed (None: both are)."""
-    missing = [name for name in ("tokenizers", "jinja2") if find_spec(name) is None]
-    return ", ".join(missing) if missing else None
-
-
-@dataclass(frozen=True, slots=True)
-class TokenizerSettings:
-    """How the router tokenizes a request for exact mode."""
-
-    tokenizer: str = setting(
-        "", "exact mode: the model's folder (tokenizer.json, and the chat template in "
-            "tokenizer_config.json or chat_template.jinja) to tokenize requests in the router instead "
-            "of a round trip to an engine's /tokenize ('': the engine's); needs kvroute[tokenizer]")
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.tokenizer, str):
-            raise ValueError("tokenizer must be the path of a model's folder")
-        if not self.tokenizer:
-            return
-        missing = extra_missing()
-        if missing is not None:
-            raise ValueError(f"tokenizer is set but {missing} is not installed: {EXTRA}")
-        if not (Path(self.tokenizer) / "tokenizer.json").is_file():
-            raise ValueError(f"tokenizer: no tokenizer.json in {self.tokenizer}")
-
-
-TOKENIZER = SettingsGroup(
-    "tokenizer", "Tokenizer: how exact mode tokenizes requests (docs/routing.md)", (TokenizerSettings,),
-    first=("tokenizer",))
 
 
 class TemplateError(ValueError):
