@@ -172,7 +172,8 @@ def test_the_setting_names_a_folder_and_needs_the_extra(tmp_path: Path,
     assert config.default.tokenizer == str(folder)
     with pytest.raises(SettingsError, match=r"no tokenizer\.json"):
         Settings(routing={"tokenizer": str(tmp_path)}).routing_config()
-    monkeypatch.setattr(tokenizer_settings, "find_spec", lambda name: None if name == "tokenizers" else object())
+    monkeypatch.setattr(tokenizer_settings, "find_spec",
+                        lambda name: None if name == "tokenizers" else object())
     missing = r"tokenizers is not installed: pip install 'kvroute\[tokenizer\]'"
     with pytest.raises(SettingsError, match=missing):
         Settings(routing={"tokenizer": str(folder)}).routing_config()
