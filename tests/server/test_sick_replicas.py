@@ -226,6 +226,23 @@ async def test_a_slow_replica_is_ejected_as_a_latency_outlier(sim_fleet, router,
     assert wid not in served and len(served) == 2
 
 
+async def test_a_slow_replica_is_not_ejected_for_latency_while_the_fleet_is_saturated(sim_fleet, router, http,
+                                                                                        monkeypatch):
+    # Saturated, every replica queues and the slowest holds the hottest prefixes: the same slow
+    # replica as above stays (the reading itself is tested in tests/routing/test_saturation.py).
+    fleet = await sim_fleet(3)
+    r = await router(fleet.urls, policy="round-robin", outlier_min_samples=5, outlier_min_excess_s=0.02,
+                     breaker_cooldown_s=60.0)
+    monkeypatch.setattr(r.router.dispatch, "saturated", lambda model: True)
+    victim = fleet.replicas[0]
+    wid = next(rec.id for rec in r.registry.records() if rec.state.url == victim.url)
+    await set_fault(http, victim.url, kind="slow", factor=50.0)
+    for i in range(30):
+        status, _, _, _ = await chat(http, r, i, stream=True)
+        assert status == 200
+    assert not r.registry.get(wid).state.ejected and r.registry.get(wid).breaker.samples == 0
+
+
 async def test_a_stream_whose_head_came_but_no_event_is_still_retried(echo_engines, router, http):
     ok, stalled = await echo_engines(2)
     stalled.mode = "stall"

@@ -719,7 +719,11 @@ class Exchange:
             writer.on_pause(None)
             call.abort()  # closing the connection is what makes the engine abort the request
             if outcome < 500:  # whole, or its client left while it flowed: nothing against the worker
-                r.registry.mark_success(state.id, ttft_s=flight.ttft_s, predicted_s=decision.predicted_ttft_s,
+                # While the fleet is saturated every replica queues and the slowest is the one
+                # holding the hottest prefixes: its time to first token says load, not sickness,
+                # and ejecting it would move those prefixes (and the load) onto cold caches.
+                ttft = None if r.dispatch.saturated(self.key.model) else flight.ttft_s
+                r.registry.mark_success(state.id, ttft_s=ttft, predicted_s=decision.predicted_ttft_s,
                                         read_gap_s=self._read_gap_s() if sse and completed else None)
             self._finished(outcome, completed)
 
