@@ -149,3 +149,28 @@ def test_model_settings_stay_frozen() -> None:
     with pytest.raises(AttributeError, match="immutable"):
         p.stay_tokens = 1.0
     assert repr(p) == "ModelSettings(stay_tokens=64.0)"
+
+
+def test_none_is_accepted_only_where_a_setting_says_so() -> None:
+    assert ModelSettings(session_spread=None).session_spread is None  # setting(2, ..., optional=True)
+    assert ModelSettings(max_num_seqs=None).max_num_seqs is None  # its default is None
+    with pytest.raises(ValueError, match="stay_tokens must be set"):
+        ModelSettings(stay_tokens=None)
+
+
+def test_optional_settings_agree_with_their_annotations() -> None:
+    # ``takes_none`` reads ``setting(..., optional=True)`` because a block compiled by mypyc loses its
+    # annotations' text; where the text is still there (the pure-Python build), the two must agree.
+    import dataclasses
+
+    from kvroute.router_settings import settings_groups
+    from kvroute.routing.config import blocks_of
+    from kvroute.routing.settings import takes_none
+
+    checked = 0
+    for kind in blocks_of(settings_groups()):
+        for f in dataclasses.fields(kind):
+            if isinstance(f.type, str):
+                checked += 1
+                assert takes_none(f) == ("None" in f.type), f"{kind.__name__}.{f.name}"
+    assert checked > 0

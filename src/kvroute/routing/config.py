@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from kvroute.routing.policies import POLICIES, routing_groups
-from kvroute.routing.settings import BlockT, PlacementSettings, SettingsGroup, help_of
+from kvroute.routing.settings import BlockT, PlacementSettings, SettingsGroup, help_of, takes_none
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,7 +245,7 @@ def _check_kind(f: dataclasses.Field[Any], value: Any) -> None:
     field allows it (each block checks its own ranges)."""
     default, name = f.default, f.name
     if value is None:
-        if default is not None and "None" not in str(f.type):
+        if not takes_none(f):
             raise ValueError(f"{name} must be set")
     elif isinstance(default, bool):
         if not isinstance(value, bool):

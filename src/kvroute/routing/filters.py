@@ -52,22 +52,22 @@ def _load_within_slack(view: View, cands: list[Candidate]) -> list[Candidate]:
     return [c for c in cands if c.busy <= limit]
 
 
-ready = Filter("ready", _ready)
+ready: Filter = Filter("ready", _ready)
 """Healthy, not draining and not ejected by the circuit breaker (hard)."""
 
-serves_model = Filter("serves_model", _serves_model)
+serves_model: Filter = Filter("serves_model", _serves_model)
 """Serves the requested model; a worker whose models are not yet known is accepted (hard)."""
 
-context_fits = Filter("context_fits", _context_fits)
+context_fits: Filter = Filter("context_fits", _context_fits)
 """Context window holds the estimated prompt plus the requested output (soft)."""
 
-free_slot = Filter("free_slot", _free_slot)
+free_slot: Filter = Filter("free_slot", _free_slot)
 """Has a free sequence slot, by the engine's count or the router's, whichever is higher (soft)."""
 
-load_within_slack = Filter("load_within_slack", _load_within_slack, frozenset({Signal.BINDING}))
+load_within_slack: Filter = Filter("load_within_slack", _load_within_slack, frozenset({Signal.BINDING}))
 """The prompt-size slack as a guard for placements: candidates carrying at most ``slack`` more
 requests than the freest, so a cached head cannot pull every new conversation onto one worker.  A
 session's own worker is exempt (the policy's cost decides whether it stays)."""
 
-BASE = (ready, serves_model, context_fits, free_slot)
+BASE: tuple[Filter, ...] = (ready, serves_model, context_fits, free_slot)
 """What every built-in policy filters on first."""

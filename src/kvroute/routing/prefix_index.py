@@ -100,11 +100,14 @@ class PrefixIndex:
             return False
         t = int(now)
         packed = (t << _SLOT_BITS) | slot
+        # Every new entry shares this one int object; a compiled build would box ``packed`` anew
+        # for each (+32 B a block, docs/benchmarks.md).
+        fresh: int | dict[int, int] = packed
         entries = self._entries
         for h in hashes:
             old = entries.get(h)
             if old is None:
-                entries[h] = packed
+                entries[h] = fresh
                 continue
             entries.move_to_end(h)
             if isinstance(old, int):

@@ -26,17 +26,17 @@ def _deepest_match(view: View, cands: list[Candidate]) -> list[float]:
     return [-float(c.matched_blocks) for c in cands]
 
 
-inflight = Scorer("inflight", _inflight)
+inflight: Scorer = Scorer("inflight", _inflight)
 """Requests in flight from every router instance."""
 
-engine_load = Scorer("engine_load", _engine_load)
+engine_load: Scorer = Scorer("engine_load", _engine_load)
 """vLLM's data-parallel balancer: ``4 * waiting + running``, at least the in-flight count."""
 
-active_sessions = Scorer("active_sessions", _active_sessions, frozenset({Signal.SESSIONS}))
+active_sessions: Scorer = Scorer("active_sessions", _active_sessions, frozenset({Signal.SESSIONS}))
 """Sessions recently active on the worker."""
 
-kv_usage = Scorer("kv_usage", _kv_usage)
+kv_usage: Scorer = Scorer("kv_usage", _kv_usage)
 """The engine's KV-cache usage (0 when not reported)."""
 
-deepest_match = Scorer("deepest_match", _deepest_match, frozenset({Signal.PREFIX}))
+deepest_match: Scorer = Scorer("deepest_match", _deepest_match, frozenset({Signal.PREFIX}))
 """More cached blocks is better."""

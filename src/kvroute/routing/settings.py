@@ -24,17 +24,27 @@ DEFAULT_MAX_NUM_SEQS = 256
 BlockT = TypeVar("BlockT")
 
 
-def setting(default: Any, help: str) -> Any:
+def setting(default: Any, help: str, *, optional: bool = False) -> Any:
     """A block field with its documentation (shown by ``kvroute serve --help-settings`` and
-    docs/server.md's generated tables)."""
+    docs/server.md's generated tables).  ``optional``: None is accepted too, though the default
+    is not None (``int | None = setting(2, ..., optional=True)``); it is said here because a
+    block compiled by mypyc no longer carries its annotations as text (docs/design.md)."""
     if isinstance(default, list | dict | set):
         raise TypeError("settings must have immutable defaults")
-    return field(default=default, metadata={"help": help})
+    metadata: dict[str, Any] = {"help": help}
+    if optional:
+        metadata["optional"] = True
+    return field(default=default, metadata=metadata)
 
 
 def help_of(f: dataclasses.Field[Any]) -> str:
     """The documentation of a block field ('' when it has none)."""
     return str(f.metadata.get("help", ""))
+
+
+def takes_none(f: dataclasses.Field[Any]) -> bool:
+    """Whether a block field accepts None: its default is None, or ``setting(..., optional=True)``."""
+    return f.default is None or bool(f.metadata.get("optional", False))
 
 
 class Blocks(Protocol):

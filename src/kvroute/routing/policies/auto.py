@@ -88,7 +88,7 @@ class AutoSettings:
              "1: scale matches by the reported/predicted hit ratio)")
     session_spread: int | None = setting(
         2, "new sessions go to workers with at most this many more active sessions than the least "
-           "(none: off)")
+           "(none: off)", optional=True)
     active_session_tokens: float = setting(
         8192.0, "token-equivalents of future load per other session active on a worker (0 disables)")
     # 12: shared-prefix groups at 1-5x the base rate, seeds 0-3 (docs/saturation.md); 3 and 7
