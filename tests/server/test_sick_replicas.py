@@ -206,13 +206,19 @@ async def test_a_killed_replica_under_twenty_concurrent_requests_fails_none_that
     assert sum(ok for ok, _ in results) == 20
 
 
-async def test_a_slow_replica_is_ejected_as_a_latency_outlier(sim_fleet, router, http):
+async def _one_slow_replica(sim_fleet, router, http):
+    """A router over three simulated replicas, the first 50x slower: the router and its id."""
     fleet = await sim_fleet(3)
     r = await router(fleet.urls, policy="round-robin", outlier_min_samples=5, outlier_min_excess_s=0.02,
                      breaker_cooldown_s=60.0)
     victim = fleet.replicas[0]
     wid = next(rec.id for rec in r.registry.records() if rec.state.url == victim.url)
     await set_fault(http, victim.url, kind="slow", factor=50.0)
+    return r, wid
+
+
+async def test_a_slow_replica_is_ejected_as_a_latency_outlier(sim_fleet, router, http):
+    r, wid = await _one_slow_replica(sim_fleet, router, http)
     for i in range(60):
         status, _, _, _ = await chat(http, r, i, stream=True)
         assert status == 200
@@ -230,13 +236,8 @@ async def test_a_slow_replica_is_not_ejected_for_latency_while_the_fleet_is_satu
                                                                                         monkeypatch):
     # Saturated, every replica queues and the slowest holds the hottest prefixes: the same slow
     # replica as above stays (the reading itself is tested in tests/routing/test_saturation.py).
-    fleet = await sim_fleet(3)
-    r = await router(fleet.urls, policy="round-robin", outlier_min_samples=5, outlier_min_excess_s=0.02,
-                     breaker_cooldown_s=60.0)
+    r, wid = await _one_slow_replica(sim_fleet, router, http)
     monkeypatch.setattr(r.router.dispatch, "saturated", lambda model: True)
-    victim = fleet.replicas[0]
-    wid = next(rec.id for rec in r.registry.records() if rec.state.url == victim.url)
-    await set_fault(http, victim.url, kind="slow", factor=50.0)
     for i in range(30):
         status, _, _, _ = await chat(http, r, i, stream=True)
         assert status == 200

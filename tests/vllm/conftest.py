@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
-from vllm_helpers import ADMIN_TOKEN
+from vllm_helpers import ADMIN_TOKEN, serving
 
 from kvroute.router_settings import Settings, WorkerSpec
-from kvroute.server.app import RunningRouter, start_router
+from kvroute.server.app import RunningRouter
 from kvroute_dev.vllm_env import VllmEnv, default_home, problems
 from kvroute_dev.vllm_replicas import ReplicaFleet, ReplicaOptions, start_replicas
 
@@ -67,9 +67,5 @@ async def router(vllm_fleet: ReplicaFleet) -> AsyncIterator[RunningRouter]:
         # engine counters these tests compare (the guard's own real-vLLM test is the doctor's).
         routing={"canary": False},
     )
-    settings.validate()
-    running = await start_router(settings, host="127.0.0.1", port=0)
-    try:
+    async with serving(settings) as running:
         yield running
-    finally:
-        await running.close()

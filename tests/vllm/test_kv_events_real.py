@@ -11,12 +11,11 @@ from collections.abc import AsyncIterator, Callable
 
 import openai
 import pytest
-from vllm_helpers import ADMIN_TOKEN
+from vllm_helpers import exact_router_for
 
 from kvroute.fleet.registry import worker_id_for
 from kvroute.prometheus_text import parse_exposition, total, where
-from kvroute.router_settings import Settings, WorkerSpec
-from kvroute.server.app import RunningRouter, start_router
+from kvroute.server.app import RunningRouter
 from kvroute_dev.vllm_replicas import ReplicaFleet
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
@@ -26,18 +25,9 @@ WORDS = "The storage engine keeps pages in a buffer pool and writes a log before
 
 @pytest.fixture
 async def exact_router(vllm_fleet: ReplicaFleet) -> AsyncIterator[RunningRouter]:
-    """A router told where each replica publishes (they share a host, so it must be told)."""
-    assert all(r.kv_events for r in vllm_fleet.replicas), "the directory's replicas publish KV events"
-    settings = Settings(
-        workers=tuple(WorkerSpec(url=r.url) for r in vllm_fleet.replicas), admin_token=ADMIN_TOKEN,
-        probe_interval_s=0.5, first_byte_floor_s=120.0, routing={"canary": False},
-        kv_events={r.url: r.kv_events or "" for r in vllm_fleet.replicas})
-    settings.validate()
-    running = await start_router(settings, host="127.0.0.1", port=0)
-    try:
+    """A router told where each replica publishes."""
+    async with exact_router_for(vllm_fleet) as running:
         yield running
-    finally:
-        await running.close()
 
 
 async def until(cond: Callable[[], bool], timeout: float = 60.0) -> None:

@@ -18,11 +18,10 @@ import aiohttp
 import openai
 import pytest
 from test_kv_events_real import WORDS, ask, last_decision, until
-from vllm_helpers import ADMIN_TOKEN
+from vllm_helpers import exact_router_for
 
 from kvroute.prometheus_text import parse_exposition
-from kvroute.router_settings import Settings, WorkerSpec
-from kvroute.server.app import RunningRouter, start_router
+from kvroute.server.app import RunningRouter
 from kvroute.server.local_tokens import ChatTokenizer
 from kvroute_dev.vllm_env import VllmEnv
 from kvroute_dev.vllm_replicas import ReplicaFleet
@@ -117,17 +116,8 @@ def test_a_tool_using_template_renders_as_transformers_renders_it(vllm_env: Vllm
 
 @pytest.fixture
 async def local_router(vllm_env: VllmEnv, vllm_fleet: ReplicaFleet) -> AsyncIterator[RunningRouter]:
-    settings = Settings(
-        workers=tuple(WorkerSpec(url=r.url) for r in vllm_fleet.replicas), admin_token=ADMIN_TOKEN,
-        probe_interval_s=0.5, first_byte_floor_s=120.0,
-        routing={"canary": False, "tokenizer": str(vllm_env.model_dir)},
-        kv_events={r.url: r.kv_events or "" for r in vllm_fleet.replicas})
-    settings.validate()
-    running = await start_router(settings, host="127.0.0.1", port=0)
-    try:
+    async with exact_router_for(vllm_fleet, tokenizer=str(vllm_env.model_dir)) as running:
         yield running
-    finally:
-        await running.close()
 
 
 async def test_exact_mode_routes_on_the_local_tokenizers_ids(local_router: RunningRouter,

@@ -4,14 +4,43 @@ from __future__ import annotations
 
 import json
 import urllib.request
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 from kvroute.fleet.registry import worker_id_for
 from kvroute.fleet.vllm_metrics import EngineMetrics, parse_vllm_metrics
+from kvroute.router_settings import Settings, WorkerSpec
+from kvroute.server.app import RunningRouter, start_router
 from kvroute_dev.vllm_replicas import Replica, ReplicaFleet
 
 FIXTURES = Path(__file__).parent / "fixtures"
 ADMIN_TOKEN = "vllm-tests"
+
+
+@asynccontextmanager
+async def serving(settings: Settings) -> AsyncIterator[RunningRouter]:
+    """A router on loopback with ``settings`` (validated first), closed on exit."""
+    settings.validate()
+    running = await start_router(settings, host="127.0.0.1", port=0)
+    try:
+        yield running
+    finally:
+        await running.close()
+
+
+@asynccontextmanager
+async def exact_router_for(fleet: ReplicaFleet, **routing: Any) -> AsyncIterator[RunningRouter]:
+    """A router on loopback in front of ``fleet``, told where each replica publishes its KV events
+    (they share a host, so it must be told), with ``routing`` settings added; closed on exit."""
+    assert all(r.kv_events for r in fleet.replicas), "the directory's replicas publish KV events"
+    settings = Settings(
+        workers=tuple(WorkerSpec(url=r.url) for r in fleet.replicas), admin_token=ADMIN_TOKEN,
+        probe_interval_s=0.5, first_byte_floor_s=120.0, routing={"canary": False, **routing},
+        kv_events={r.url: r.kv_events or "" for r in fleet.replicas})
+    async with serving(settings) as running:
+        yield running
 
 
 def get_text(url: str) -> str:
