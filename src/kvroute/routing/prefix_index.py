@@ -153,8 +153,6 @@ class PrefixIndex:
         found: dict[int, int] = {}
         if not slots or not hashes:
             return found
-        if since:
-            return self._match_since(hashes, slots, now, since)
         want = len(slots)
         cutoff = int(now - self.max_age_s)
         get = self._entries.get
@@ -165,38 +163,19 @@ class PrefixIndex:
             if entry is not None:
                 if isinstance(entry, int):
                     slot = entry & _SLOT_MASK
-                    if slot in slots and slot not in found and entry >> _SLOT_BITS >= cutoff:
+                    t = entry >> _SLOT_BITS
+                    if slot in slots and slot not in found and t >= cutoff and (
+                            not since or t >= since.get(slot, cutoff)):
                         found[slot] = depth
                         if len(found) == want:
                             break
                 else:
                     for slot, t in entry.items():
-                        if slot in slots and slot not in found and t >= cutoff:
+                        if slot in slots and slot not in found and t >= cutoff and (
+                                not since or t >= since.get(slot, cutoff)):
                             found[slot] = depth
                     if len(found) == want:
                         break
-            depth -= 1
-        return found
-
-    def _match_since(self, hashes: Sequence[int], slots: Mapping[int, int], now: float,
-                     since: Mapping[int, int]) -> dict[int, int]:
-        """``match`` with a cutoff per slot (the age bound's, or ``since``'s where later)."""
-        age = int(now - self.max_age_s)
-        cutoffs = {slot: max(age, since.get(slot, age)) for slot in slots}
-        found: dict[int, int] = {}
-        want = len(cutoffs)
-        get = self._entries.get
-        depth = len(hashes)
-        for h in reversed(hashes):
-            entry = get(h)
-            if entry is not None:
-                stamps = {entry & _SLOT_MASK: entry >> _SLOT_BITS} if isinstance(entry, int) else entry
-                for slot, t in stamps.items():
-                    cutoff = cutoffs.get(slot)
-                    if cutoff is not None and slot not in found and t >= cutoff:
-                        found[slot] = depth
-                if len(found) == want:
-                    break
             depth -= 1
         return found
 

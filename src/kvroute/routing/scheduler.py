@@ -240,7 +240,7 @@ class Scheduler:
             ids = [c.worker.id for c in cands if readable(c.worker.id, now, block)]
         if len(ids) < len(cands):
             slots = self._index.slots_of([(c.worker.id, c.worker.epoch) for c in cands])
-            since = self._estimated_fill(key, slots, cands, ids)
+            since = self._estimated_fill(key, slots, cands)
             block_tokens = self._block_tokens
             walk = self._walk
             if not since and walk is not None and walk[0] is hashes and walk[1] == now:
@@ -262,12 +262,13 @@ class Scheduler:
                     c.held_tokens = min(est, float(held * block))
                     c.cached_tokens = float(exact.resident_blocks(c.worker.id) * block)
 
-    def _estimated_fill(self, key: RoutingKey, slots: dict[int, int], cands: list[Candidate],
-                        exact_ids: list[str]) -> dict[int, int] | None:
+    def _estimated_fill(self, key: RoutingKey, slots: dict[int, int],
+                        cands: list[Candidate]) -> dict[int, int] | None:
         """For a request with no client session id (where ``approximate_eviction`` is on): each
-        approximate candidate's estimated cache fill (``Candidate.cached_tokens``), and the first
-        second whose index entries each slot still holds, for those that evicted any.  A client's
-        session is left to the cache-survival discount, learnt from its own turns."""
+        candidate's estimated cache fill (``Candidate.cached_tokens``; an exact worker's is then
+        replaced by the truth), and the first second whose index entries each slot still holds,
+        for those that evicted any.  A client's session is left to the cache-survival discount,
+        learnt from its own turns."""
         if key.client_session or \
                 not self.config.settings_for(key.model).block(CacheFillSettings).approximate_eviction:
             return None
@@ -275,8 +276,7 @@ class Scheduler:
         since: dict[int, int] = {}
         for c in cands:
             w = c.worker
-            if w.id not in exact_ids:
-                c.cached_tokens = fill.fill(w.id, w.epoch, w.kv_tokens)
+            c.cached_tokens = fill.fill(w.id, w.epoch, w.kv_tokens)
         for slot, i in slots.items():
             w = cands[i].worker
             horizon = fill.horizon(w.id, w.epoch, w.kv_tokens, w.inflight_tokens)
