@@ -2,7 +2,10 @@
 path (docs/benchmarks.md, "Garbage and bookkeeping per request"): the headers
 ``parse_request`` reads (a ``CIMultiDict`` built per request, or ``RequestHeaders``), the request
 counter (``labels(...)`` per request, or the cached child) and a decision log line's record (with
-or without the process id, thread and process name no format shows).
+or without the process id, thread and process name no format shows); then decision lines logged
+on an event loop to ``/dev/null`` (a write system call each, as on standard error), through
+logging's own handler and text formatter or through ``log_setup``'s (a write per turn of the
+loop, the time's second formatted once a second, no source-line lookup), 1 and 16 lines a turn.
 
     python benchmarks/bench_request_bookkeeping.py            # best of 7 rounds, 20,000 calls each
 
@@ -12,8 +15,10 @@ Old and new alternate within each round, so the machine's other load falls on bo
 from __future__ import annotations
 
 import argparse
+import asyncio
 import io
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping
 
@@ -22,6 +27,7 @@ from multidict import CIMultiDict
 
 from kvroute.api.requests import RequestHeaders, RequestOptions, priority_of, session_id_of, tenant_of
 from kvroute.fleet.registry import Registry
+from kvroute.log_setup import LineHandler, TextFormatter
 from kvroute.server.metrics import RouterMetrics
 
 # The benchmark client's headers (aiohttp), as the listening side parses them.
@@ -37,6 +43,19 @@ def per_call_us(fn: Callable[[], object], n: int) -> float:
     for _ in range(n):
         fn()
     return (time.perf_counter() - start) / n * 1e6
+
+
+def loop_lines_us(log: logging.Logger, per_turn: int, n: int) -> float:
+    """A decision line's cost on an event loop, ``per_turn`` lines a turn, the turns included."""
+    async def turns() -> float:
+        start = time.perf_counter()
+        for _ in range(n // per_turn):
+            for _ in range(per_turn):
+                log.info("%s model=%s worker=%s%s", "[AUTO] sticky: a21455e0 stays on 127.0.0.1:8001",
+                         "qwen3-4b", "127.0.0.1:8001", "")
+            await asyncio.sleep(0)
+        return (time.perf_counter() - start) / (n // per_turn * per_turn) * 1e6
+    return asyncio.run(turns())
 
 
 def main() -> None:
@@ -86,6 +105,27 @@ def main() -> None:
                 if name in flags:
                     flags[name](i == 0)
                 best[name][i] = min(best[name][i], per_call_us(fn, args.calls))
+    fmt = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    with open(os.devnull, "w") as devnull:
+        loggers = []
+        for name, handler_to, formatter in (("old", logging.StreamHandler(devnull), logging.Formatter(fmt)),
+                                            ("new", LineHandler(devnull), TextFormatter(fmt))):
+            handler_to.setFormatter(formatter)
+            log = logging.getLogger(f"kvroute.bench.{name}")
+            log.addHandler(handler_to)
+            log.setLevel(logging.INFO)
+            log.propagate = False
+            loggers.append(log)
+        srcfile = logging._srcfile
+        record_flags(False)
+        for per_turn in (1, 16):
+            name = f"decision line on a loop, {per_turn} a turn"
+            best[name] = [float("inf"), float("inf")]
+            for _ in range(args.rounds):
+                for i, log in enumerate(loggers):
+                    logging._srcfile = srcfile if i == 0 else None
+                    best[name][i] = min(best[name][i], loop_lines_us(log, per_turn, args.calls))
+        logging._srcfile = srcfile
     print(f"best of {args.rounds} rounds, {args.calls} calls each (µs per call)")
     print("| step | before | after | saved |\n|---|---:|---:|---:|")
     for name, (old_us, new_us) in best.items():
