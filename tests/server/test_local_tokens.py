@@ -177,3 +177,75 @@ def test_the_setting_names_a_folder_and_needs_the_extra(tmp_path: Path,
     missing = r"tokenizers is not installed: pip install 'kvroute\[tokenizer\]'"
     with pytest.raises(SettingsError, match=missing):
         Settings(routing={"tokenizer": str(folder)}).routing_config()
+
+
+LONG_SYSTEM = {"role": "system", "content": "The storage engine keeps pages in a buffer pool. " * 30}
+OTHER_SYSTEM = {"role": "system", "content": "You review pull requests for a storage engine. " * 30}
+QUESTIONS = [{"role": "user", "content": q} for q in (
+    "What is the capital of France?", "And of Italy? 12345", "def route(request): return min(workers)")]
+
+
+@pytest.fixture
+def fresh(tmp_path: Path) -> ChatTokenizer:
+    """A tokenizer whose shared heads start empty."""
+    return ChatTokenizer(write_tokenizer(tmp_path))
+
+
+def whole(tok: ChatTokenizer, doc: dict[str, Any]) -> list[int]:
+    text = tok.render(doc)
+    assert text is not None
+    return list(tok.encode(text)[0])
+
+
+def test_new_conversations_with_one_system_prompt_encode_it_once(fresh: ChatTokenizer) -> None:
+    first = fresh.tokens(chat(LONG_SYSTEM, QUESTIONS[0]), None)
+    assert first is not None and first[2] == 0 and len(fresh.heads) > 0
+    # Its cuts: the bos token, the system turn's opening token, its closing one.
+    system_tokens = first[1].cuts[3 * 2 + 2] if first[1] is not None else 0
+    for question in QUESTIONS[1:]:
+        doc = chat(LONG_SYSTEM, question)
+        got = fresh.tokens(doc, None)
+        assert got is not None
+        ids, rendering, kept = got
+        assert list(ids) == whole(fresh, doc)
+        assert rendering is not None and list(rendering.cuts) == list(fresh.encode(rendering.text)[1])
+        assert kept >= system_tokens > 100  # the system prompt's tokens came from the first turn
+    # Another system prompt shares nothing long enough to keep: encoded whole, and right.
+    doc = chat(OTHER_SYSTEM, QUESTIONS[0])
+    got = fresh.tokens(doc, None)
+    assert got is not None and got[2] == 0 and list(got[0]) == whole(fresh, doc)
+
+
+def test_short_heads_are_not_kept(fresh: ChatTokenizer) -> None:
+    assert fresh.tokens(chat(SYSTEM, U1), None) is not None
+    assert len(fresh.heads) == 0 and fresh.heads.chars == 0
+
+
+def test_a_head_found_by_a_colliding_hash_is_checked_before_use(fresh: ChatTokenizer) -> None:
+    # Every key of the kept heads made to point at another system prompt's heads: what ``find``
+    # returns is only a candidate, and the text decides what of it is used.
+    first = fresh.tokens(chat(OTHER_SYSTEM, QUESTIONS[0]), None)
+    assert first is not None
+    text = fresh.render(chat(LONG_SYSTEM, QUESTIONS[1]))
+    assert text is not None
+    wrong = next(iter(fresh.heads._heads.values()))
+    for end in range(1, len(text) + 1):
+        fresh.heads._heads[hash(text[:end])] = wrong
+    doc = chat(LONG_SYSTEM, QUESTIONS[1])
+    got = fresh.tokens(doc, None)
+    assert got is not None and list(got[0]) == whole(fresh, doc)
+
+
+def test_the_kept_heads_are_bounded_by_their_text(fresh: ChatTokenizer) -> None:
+    fresh.heads.max_chars = 5_000
+    for i in range(20):
+        system = {"role": "system", "content": f"Group {i}: " + "the engine keeps pages. " * 40}
+        doc = chat(system, QUESTIONS[i % 3])
+        got = fresh.tokens(doc, None)
+        assert got is not None and list(got[0]) == whole(fresh, doc)
+        assert fresh.heads.chars <= fresh.heads.max_chars
+    assert fresh.heads.chars == sum(len(r.text) for _, r in fresh.heads._heads.values())
+    # The most recent group's heads are the ones kept.
+    again = fresh.tokens(chat({"role": "system", "content": "Group 19: " + "the engine keeps pages. " * 40},
+                              QUESTIONS[0]), None)
+    assert again is not None and again[2] > 0

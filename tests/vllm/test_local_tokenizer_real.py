@@ -74,6 +74,14 @@ async def test_local_ids_equal_the_engines_tokenize(vllm_env: VllmEnv, vllm_flee
             assert rendering is not None
             previous = (ids, rendering)
             messages.append({"role": "assistant", "content": f"Answer {i}."})
+        # New conversations under one long system prompt: the second on takes its tokens from the first.
+        shared = {"role": "system", "content": WORDS * 12}
+        for i in range(3):
+            body = {"messages": [shared, {"role": "user", "content": f"Question {i}: {'why ' * i}1234?"}]}
+            got = tok.tokens(body, None)
+            assert got is not None
+            assert (got[2] > 100) == (i > 0), (i, got[2])
+            assert list(got[0]) == await engine_tokens(http, url, served_model, body), i
 
 
 TOOL_TEMPLATE = (

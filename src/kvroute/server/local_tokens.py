@@ -17,6 +17,10 @@ program; only it knows what a turn adds), then the text is compared with the pre
 rendering, and the tokens before the last special token both renderings share are kept.  That cut
 is safe because ``tokenizers`` splits the text at its special tokens before anything else, so the
 tokens before one never depend on the text after it.
+
+A new conversation takes the same cut from another's first turn where both start alike (a shared
+system prompt, each with its own question: :class:`SharedHeads`), so that a long system prompt is
+encoded once, not once per conversation.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import json
 import re
 from array import array
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from itertools import compress
@@ -44,6 +49,69 @@ _CONTENT_LOOP = re.compile(
 
 # What transformers' special_tokens_map names (its SPECIAL_TOKENS_ATTRIBUTES).
 _NAMED_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+
+# A head shorter than this is not kept for other conversations: encoding it costs less than
+# looking it up.
+_MIN_HEAD_CHARS = 512
+# The first special tokens of a rendering whose heads are kept: a system prompt ends within them
+# in every chat template (a bos token, the system turn's opening and closing tokens, the next
+# turn's opening one).
+_HEADS_PER_RENDERING = 4
+
+
+class SharedHeads:
+    """The heads of recent first turns' renderings, up to one of their first special tokens, by
+    the text before it: a new conversation that starts with the same text keeps its tokens.
+    Bounded by ``max_chars`` of kept text (each head's ids weigh about twice as much again); the
+    least recently used go first.  A head is found by the hash of the text it ends at, so a
+    found one is only a candidate: ``shared_cut`` decides what of it the new text shares."""
+
+    def __init__(self, special: Sequence[str], max_chars: int = 4_000_000) -> None:
+        self.max_chars = max_chars
+        self.chars = 0
+        self._heads: OrderedDict[int, tuple[array[int], Rendering]] = OrderedDict()
+        # Longest first, so that a special token that starts with another is found whole.
+        alternatives = sorted({t for t in special if t}, key=len, reverse=True)
+        self._special = re.compile("|".join(map(re.escape, alternatives))) if alternatives else None
+
+    def __len__(self) -> int:
+        return len(self._heads)
+
+    def find(self, text: str) -> tuple[array[int], Rendering] | None:
+        """The longest kept head that ``text``'s own first special tokens may end, or None."""
+        if self._special is None or not self._heads:
+            return None
+        ends = []
+        for match in self._special.finditer(text):
+            if match.end() >= _MIN_HEAD_CHARS:
+                ends.append(match.end())
+            if len(ends) == _HEADS_PER_RENDERING:
+                break
+        for end in reversed(ends):
+            key = hash(text[:end])
+            found = self._heads.get(key)
+            if found is not None:
+                self._heads.move_to_end(key)
+                return found
+        return None
+
+    def add(self, ids: array[int], rendering: Rendering) -> None:
+        """Keep ``rendering``'s heads (and their ids) up to its first special tokens."""
+        text, cuts = rendering.text, rendering.cuts
+        heads = self._heads
+        for c in range(min(_HEADS_PER_RENDERING, len(cuts) // 3)):
+            end = cuts[3 * c + 1]
+            if end < _MIN_HEAD_CHARS:
+                continue
+            key = hash(text[:end])
+            if key in heads:  # the same head, kept from an earlier first turn
+                heads.move_to_end(key)
+                continue
+            heads[key] = (ids[:cuts[3 * c + 2]], Rendering(text[:end], cuts[:3 * c + 3]))
+            self.chars += end
+        while heads and self.chars > self.max_chars:
+            self.chars -= len(heads.popitem(last=False)[1][1].text)
 
 
 class TemplateError(ValueError):
@@ -157,6 +225,7 @@ class ChatTokenizer:
                        if (text := _token_text(config.get(name))) is not None}
         added = self._tokenizer.get_added_tokens_decoder()
         self._special = frozenset(i for i, t in added.items() if t.special)
+        self.heads = SharedHeads([t.content for t in added.values() if t.special])
 
     def messages(self, doc: Mapping[str, Any]) -> list[dict[str, Any]] | None:
         """The request's messages as vLLM's renderer hands them to the template, or None where
@@ -250,7 +319,8 @@ class ChatTokenizer:
     def tokens(self, doc: Mapping[str, Any], previous: tuple[Sequence[int], Rendering] | None
                ) -> tuple[array[int], Rendering | None, int] | None:
         """A chat request's token ids, its rendering and how many of the ids were kept from
-        ``previous`` (the conversation's last turn: its ids and rendering), or None where the
+        ``previous`` (the conversation's last turn: its ids and rendering; None: a new
+        conversation, which looks for its head among other first turns'), or None where the
         request is left to the engine."""
         text = self.render(doc)
         if text is None:
@@ -258,10 +328,16 @@ class ChatTokenizer:
         add_special = doc.get("add_special_tokens", False)
         if not isinstance(add_special, bool):
             return None
+        first = previous is None
+        if first and not add_special:
+            previous = self.heads.find(text)
         cut = -1 if previous is None or add_special else shared_cut(previous[1], text)
         if previous is None or cut < 0:
             ids, cuts = self.encode(text, add_special)
-            return ids, Rendering(text, cuts), 0
+            rendering = Rendering(text, cuts)
+            if first and not add_special:
+                self.heads.add(ids, rendering)
+            return ids, rendering, 0
         old_ids, old = previous
         start, kept = old.cuts[3 * cut], old.cuts[3 * cut + 2]
         tail, tail_cuts = self.encode(text[start:])
@@ -270,7 +346,10 @@ class ChatTokenizer:
         cuts = old.cuts[:3 * cut]
         for i in range(0, len(tail_cuts), 3):
             cuts.extend((tail_cuts[i] + start, tail_cuts[i + 1] + start, tail_cuts[i + 2] + kept))
-        return ids, Rendering(text, cuts), kept
+        rendering = Rendering(text, cuts)
+        if first:
+            self.heads.add(ids, rendering)
+        return ids, rendering, kept
 
 
 def shared_cut(previous: Rendering, text: str) -> int:
