@@ -86,7 +86,8 @@ class TokenizeMetrics:
             ["path"], buckets=_SECONDS_BUCKETS, registry=registry)
         self.tokens = Counter(
             "kvroute_tokenize_tokens", "Tokens the local tokenizer produced, by part (reused: kept from "
-            "the conversation's previous turn; encoded: encoded for this request)",
+            "the conversation's previous turn, or from another conversation's first turn with the "
+            "same head; encoded: encoded for this request)",
             ["part"], registry=registry)
         # The hot path's children, bound once.
         self.local_seconds = self.seconds.labels("local")
