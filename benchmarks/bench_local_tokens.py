@@ -17,21 +17,10 @@ import random
 import statistics
 import time
 
+# Run as a script, this directory is on the path.
+from subagents import WORDS, words
+
 from kvroute.server.local_tokens import ChatTokenizer
-
-WORDS = ["storage", "engine", "keeps", "pages", "in", "a", "buffer", "pool", "and", "writes", "log",
-         "before", "each", "page;", "the", "router", "sends", "request", "where", "its", "prefix", "is",
-         "cached", "1234", "5678"]
-
-
-def system_prompt(rng: random.Random, chars: int) -> str:
-    out: list[str] = []
-    size = 0
-    while size < chars:
-        word = rng.choice(WORDS)
-        out.append(word)
-        size += len(word) + 1
-    return " ".join(out)
 
 
 def main() -> None:
@@ -39,13 +28,14 @@ def main() -> None:
     p.add_argument("--tokenizer", required=True, help="the model's folder (tokenizer.json, chat template)")
     p.add_argument("--groups", type=int, default=14)
     p.add_argument("--questions", type=int, default=32)
-    p.add_argument("--system-chars", type=int, default=24_000, help="about 6,000 tokens (default 24,000)")
+    p.add_argument("--system-chars", type=int, default=38_000,
+                   help="about 6,000 of SmolLM2-135M's tokens (default 38,000)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
 
     rng = random.Random(args.seed)
-    systems = [system_prompt(rng, args.system_chars) for _ in range(args.groups)]
+    systems = [words(rng, args.system_chars) for _ in range(args.groups)]
     requests = [{"messages": [{"role": "system", "content": systems[g]}, {
         "role": "user", "content": f"Question {q} of group {g}: {' '.join(rng.sample(WORDS, 8))}?"}]}
         for g in range(args.groups) for q in range(args.questions)]
