@@ -122,8 +122,12 @@ class Scheduler:
             view.session = session_hash(key)
             assert view.session is not None
             view.bound = self._sessions.get(view.session, now)
-            if view.bound is None and key.token_hashes:
-                view.bound = self._resident_home(key, workers, now)
+            if key.token_hashes:
+                home = self._resident_home(key, workers, now)
+                if home is not None:
+                    # The engines' own state outranks this instance's binding, which another
+                    # instance may have moved since (it holds less of the history than ``home``).
+                    view.bound, view.resident = home, True
         offered = len(workers)
         pruned = None
         # Placing for a full fleet compares every worker with the fleet's mean load: no pruning.
@@ -166,12 +170,15 @@ class Scheduler:
         )
 
     def _resident_home(self, key: RoutingKey, workers: Sequence[WorkerState], now: float) -> str | None:
-        """The worker a session this instance does not know already lives on, by the engines' own
-        cache state: the one exact worker holding at least half of the prompt and more of it than
-        any other (a conversation's history, not a head many sessions share).  Another router
-        instance placed it, and without a shared session table its cache is all there is to go by."""
+        """The worker a session's history lives on by the engines' own cache state: the one exact
+        worker holding at least half of the prompt and more of it than any other (a conversation's
+        history, not a head many sessions share).  Every router instance subscribed to the engines
+        reads the same answer within the event lag, whichever of them placed the session and
+        whatever its own session table says."""
         readable, model, block = self.exact.readable, key.model, key.token_block
-        ids = [w.id for w in workers if w.ready and w.serves(model) and readable(w.id, now, block)]
+        holders = self.exact.holders(key.token_hashes[0], now)
+        ids = [w.id for w in workers
+               if w.id in holders and w.ready and w.serves(model) and readable(w.id, now, block)]
         if not ids:
             return None
         held = self.exact.match(key.token_hashes, ids, now)

@@ -25,7 +25,12 @@ worker for every later turn, next to the sessions already living there.  Countin
 a cost rather than filtering on them keeps what is known exactly (the work queued now) in charge:
 "active" only means "sent a request within ``session_active_s``", and a hard filter on it sent
 whole bursts of new sessions to the workers whose previous sessions happened to have finished
-(docs/routing.md).  ``balanced_sessions`` stays, with ``session_spread`` = 2, as a loose guard so
+(docs/routing.md).  A turn whose history the engines' KV events place on one worker
+(``View.resident``) is priced without that term: each router instance counts only the sessions
+it routed itself, so behind a load balancer with no shared session table the instances' counts
+differ by more than the turn's cached history is worth, and they would move it about between
+them; staying or moving is then left to the queue, the cache and ``stay_tokens``, which every
+instance sees alike (the engines' scraped load, their events).  ``balanced_sessions`` stays, with ``session_spread`` = 2, as a loose guard so
 that a long head cached on one worker does not collect every new session.
 
 **The cache a copy evicts.**  Where a worker's cache is full — known from its KV events, or
@@ -128,7 +133,9 @@ class _Prices:
     @classmethod
     def of(cls, view: View) -> _Prices:
         s = view.block(AutoSettings)
-        per_session = s.active_session_tokens if view.session is not None else 0.0
+        # Not for a turn whose history the engines say lives on its worker: the sessions active
+        # elsewhere are what this instance happened to route, which differs between instances.
+        per_session = s.active_session_tokens if view.session is not None and not view.resident else 0.0
         return cls(s, view.est_tokens, s.realisation_weight, per_session, view.bound)
 
     def held(self, c: Candidate) -> float:
