@@ -85,8 +85,8 @@ class View:
     ``bound`` is the worker the request's session is bound to (None without a session, without
     stickiness, or for a new session).  ``resident``: ``bound`` is where the engines' KV events say
     the session's history lives (``Scheduler._resident_home``), a fact every router instance reads
-    alike, rather than only this instance's session table.  ``fleet_full``: the model's fleet is saturated and its
-    policy places for the fleet's throughput (routing/saturation.py).
+    alike, rather than only this instance's session table.  ``fleet_full``: the model's fleet is
+    saturated and its policy places for the fleet's throughput (routing/saturation.py).
     """
 
     key: RoutingKey

@@ -28,10 +28,11 @@ whole bursts of new sessions to the workers whose previous sessions happened to 
 (docs/routing.md).  A turn whose history the engines' KV events place on one worker
 (``View.resident``) is priced without that term: each router instance counts only the sessions
 it routed itself, so behind a load balancer with no shared session table the instances' counts
-differ by more than the turn's cached history is worth, and they would move it about between
-them; staying or moving is then left to the queue, the cache and ``stay_tokens``, which every
-instance sees alike (the engines' scraped load, their events).  ``balanced_sessions`` stays, with ``session_spread`` = 2, as a loose guard so
-that a long head cached on one worker does not collect every new session.
+differ by more than the turn's cached history is worth, and they moved it about between them.
+Staying or moving is then left to the queue (mostly the engines' scraped load, which every
+instance reads alike), the cached history (their events) and ``stay_tokens``; with one instance
+too, so that it decides as several do.  ``balanced_sessions`` stays, with ``session_spread`` = 2,
+as a loose guard so that a long head cached on one worker does not collect every new session.
 
 **The cache a copy evicts.**  Where a worker's cache is full — known from its KV events, or
 estimated from the tokens the routers had it compute (routing/cache_fill.py) — a cold prefill
