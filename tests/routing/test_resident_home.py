@@ -93,6 +93,8 @@ def test_a_turn_goes_where_the_engines_hold_its_history(make_scheduler: MakeSche
         assert d.worker_id == case.expect, d.reason
     else:
         assert d.worker_id != holder, d.reason
+        # The line says what the worker left was predicted at, and its engine's queue.
+        assert f"{holder} predicted" in d.reason and "waiting=2" in d.reason, d.reason
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])

@@ -296,6 +296,12 @@ def explain(view: View, cands: list[Candidate], i: int) -> tuple[DecisionKind, s
     if kind is DecisionKind.STICKY:
         return kind, f"[AUTO] sticky: {session_tag(view)} stays on {c.worker.id} ({figures})"
     if kind is DecisionKind.OVERFLOW:
+        # What the session's own worker was predicted at, and why: the figures a move is judged by.
+        left = next((j for j, x in enumerate(cands) if x.worker.id == view.bound), None)
+        if left is not None:
+            b = cands[left]
+            figures += (f"; {b.worker.id} predicted {predictions[left]:.3f}s, keeps {blocks(view, b)}, "
+                        f"busy={b.busy}, waiting={b.worker.waiting or 0}")
         return kind, f"[AUTO] overflow: {session_tag(view)} {view.bound} -> {c.worker.id} ({figures})"
     who = f" new session {session_tag(view)}" if view.session is not None else ""
     if c.matched_blocks:
