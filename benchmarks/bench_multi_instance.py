@@ -3,6 +3,7 @@
     python benchmarks/bench_multi_instance.py                  # 1, 2 and 4 instances, Redis off/on
     python benchmarks/bench_multi_instance.py --instances 2 --conversations 20 --json out.json
     python benchmarks/bench_multi_instance.py --instances 1,8 --exact --redis off   # KV events, no Redis
+    python benchmarks/bench_multi_instance.py --instances 8 --exact --redis off --moves  # why turns moved
 
 Everything runs in this process: a fleet of simulated replicas, N router instances (each a real
 aiohttp server on loopback, as ``kvroute serve`` runs it) and, for the "Redis" rows, a throwaway
@@ -87,17 +88,26 @@ class RoundRobin:
     """The load balancer: each request to the next instance."""
 
     def __init__(self, routers: list[RunningRouter]) -> None:
-        self._urls = [r.url for r in routers]
+        self._routers = routers
         self._next = 0
 
-    def url(self) -> str:
-        url = self._urls[self._next % len(self._urls)]
+    def pick(self) -> tuple[int, RunningRouter]:
+        """The next instance and its number."""
+        i = self._next % len(self._routers)
         self._next += 1
-        return url
+        return i, self._routers[i]
+
+
+def _moved(chat: Chat, turn: int, instance: int, router: RunningRouter, worker: str) -> str:
+    """What ``router`` logged for a follow-up that left its conversation's worker: its newest
+    decision line for ``worker`` (the request just answered, unless another of its requests to
+    that worker finished meanwhile)."""
+    reason = next((r.reason for r in reversed(router.router.activity.requests) if r.worker == worker), "?")
+    return f"moved: chat {chat.index} turn {turn} via instance {instance} from {chat.workers[-1]}: {reason}"
 
 
 async def _converse(chat: Chat, turns: int, lb: RoundRobin, http: aiohttp.ClientSession, model: str,
-                    rng: random.Random, think_s: float, row: Row) -> None:
+                    rng: random.Random, think_s: float, row: Row, moves: list[str] | None) -> None:
     for turn in range(turns):
         if turn:
             await asyncio.sleep(rng.uniform(0, think_s))
@@ -105,7 +115,8 @@ async def _converse(chat: Chat, turns: int, lb: RoundRobin, http: aiohttp.Client
         body = {"model": model, "messages": chat.messages, "max_tokens": rng.randint(16, 64)}
         row.requests += 1
         try:
-            async with http.post(lb.url() + "/v1/chat/completions", json=body) as resp:
+            instance, router = lb.pick()
+            async with http.post(router.url + "/v1/chat/completions", json=body) as resp:
                 doc = await resp.json()
                 if resp.status != 200:
                     row.failed += 1
@@ -119,6 +130,8 @@ async def _converse(chat: Chat, turns: int, lb: RoundRobin, http: aiohttp.Client
             usage = doc.get("usage") or {}
             row.follow_ups += 1
             row.home += worker == chat.workers[-1]
+            if moves is not None and worker != chat.workers[-1]:
+                moves.append(_moved(chat, turn, instance, router, worker))
             row.follow_up_prompt_tokens += usage.get("prompt_tokens", 0)
             row.cached_tokens += (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
         chat.workers.append(worker)
@@ -150,17 +163,21 @@ async def run_row(args: argparse.Namespace, instances: int, redis: bool, seed: i
         chats = [Chat(i, [{"role": "system", "content": f"Assistant {i}. " + _text(rng, args.system_words)}])
                  for i in range(args.conversations)]
         gate = asyncio.Semaphore(args.concurrency)
+        moves: list[str] | None = [] if args.moves else None
         model = PRESETS[PRESET].model
 
         async def one(chat: Chat) -> None:
             async with gate:
                 chat_rng = random.Random(seed * 1000 + chat.index)
-                await _converse(chat, args.turns, lb, http, model, chat_rng, args.think_ms / 1000, row)
+                await _converse(chat, args.turns, lb, http, model, chat_rng, args.think_ms / 1000, row,
+                                moves)
 
         started = time.perf_counter()
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as http:
             await asyncio.gather(*(one(c) for c in chats))
         row.seconds = time.perf_counter() - started
+        for line in moves or ():
+            print(f"instances={instances} redis={redis} seed={seed} {line}", file=sys.stderr)
     finally:
         for r in routers:
             await r.close()
@@ -202,6 +219,8 @@ async def main(argv: list[str]) -> None:
     p.add_argument("--repeat", type=int, default=2, help="runs per configuration (seeds seed, seed+1, ...)")
     p.add_argument("--unsigned", action="store_true", help="no sync secret (unsigned sync messages)")
     p.add_argument("--json", help="also write the rows to this file")
+    p.add_argument("--moves", action="store_true",
+                   help="print the decision line of every follow-up that left its worker (stderr)")
     p.add_argument("--set", dest="routing", action="append", default=[], metavar="NAME=VALUE",
                    type=lambda kv: (kv.partition("=")[0], ast.literal_eval(kv.partition("=")[2])),
                    help="a [routing] setting of every instance (repeatable)")

@@ -78,6 +78,9 @@ class Scheduler:
         # signals already.
         self._walk: tuple[tuple[int, ...], float, dict[int, int]] | None = None
         self._filled = False
+        # The exact depths ``_resident_home`` read for the decision under way (reset when it
+        # ends): (token hashes, time, {worker: depth} of the exact workers holding its first block).
+        self._resident: tuple[tuple[int, ...], float, dict[str, int]] | None = None
         self._memo_hashes: tuple[int, ...] = ()
         self._hash_bytes = self.config.max_hash_bytes if self.config.hash_beyond_window else (
             self.config.window_blocks * self.config.block_bytes)
@@ -105,8 +108,8 @@ class Scheduler:
         """
         try:
             return self._decide(key, workers, exclude, book, fleet_full)
-        finally:  # the pruning's walk of the index holds for this decision only
-            self._walk, self._filled = None, False
+        finally:  # the pruning's walk of the index and the exact depths hold for this decision only
+            self._walk, self._filled, self._resident = None, False, None
 
     def _decide(self, key: RoutingKey, workers: Sequence[WorkerState], exclude: Collection[str],
                 book: LoadBook | None, fleet_full: bool) -> Decision:
@@ -122,8 +125,12 @@ class Scheduler:
             view.session = session_hash(key)
             assert view.session is not None
             view.bound = self._sessions.get(view.session, now)
-            if view.bound is None and key.token_hashes:
-                view.bound = self._resident_home(key, workers, now)
+            if key.token_hashes:
+                home = self._resident_home(key, workers, now)
+                if home is not None:
+                    # The engines' own state outranks this instance's binding, which another
+                    # instance may have moved since (it holds less of the history than ``home``).
+                    view.bound, view.resident = home, True
         offered = len(workers)
         pruned = None
         # Placing for a full fleet compares every worker with the fleet's mean load: no pruning.
@@ -166,16 +173,20 @@ class Scheduler:
         )
 
     def _resident_home(self, key: RoutingKey, workers: Sequence[WorkerState], now: float) -> str | None:
-        """The worker a session this instance does not know already lives on, by the engines' own
-        cache state: the one exact worker holding at least half of the prompt and more of it than
-        any other (a conversation's history, not a head many sessions share).  Another router
-        instance placed it, and without a shared session table its cache is all there is to go by."""
-        readable, model, block = self.exact.readable, key.model, key.token_block
-        ids = [w.id for w in workers if w.ready and w.serves(model) and readable(w.id, now, block)]
-        if not ids:
+        """The worker a session's history lives on by the engines' own cache state: the one exact
+        worker holding at least half of the prompt and more of it than any other (a conversation's
+        history, not a head many sessions share).  Every router instance subscribed to the engines
+        reads the same answer within the event lag, whichever of them placed the session and
+        whatever its own session table says."""
+        readable, block = self.exact.readable, key.token_block
+        holders = self.exact.holders(key.token_hashes[0], now)
+        held = self.exact.match(key.token_hashes, [w for w in holders if readable(w, now, block)], now)
+        self._resident = (key.token_hashes, now, held)  # ``_match`` reads the same depths
+        model = key.model
+        depths = sorted(((held[w.id], w.id) for w in workers
+                         if w.id in held and w.ready and w.serves(model)), reverse=True)
+        if not depths:
             return None
-        held = self.exact.match(key.token_hashes, ids, now)
-        depths = sorted(((d, wid) for wid, d in held.items()), reverse=True)
         best, home = depths[0]
         runner_up = depths[1][0] if len(depths) > 1 else 0
         if 2 * best >= len(key.token_hashes) and best > runner_up:
@@ -252,7 +263,12 @@ class Scheduler:
                 c.matched_blocks = depth
                 c.held_tokens = min(est, depth * block_tokens)
         if ids:
-            depths = exact.match(key.token_hashes, ids, now)
+            resident = self._resident
+            if resident is not None and resident[0] is key.token_hashes and resident[1] == now:
+                # Every readable worker not holding the first block matches nothing.
+                depths = {wid: resident[2].get(wid, 0) for wid in ids}
+            else:
+                depths = exact.match(key.token_hashes, ids, now)
             block = key.token_block
             for c in cands:
                 held = depths.get(c.worker.id)

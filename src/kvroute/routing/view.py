@@ -83,8 +83,10 @@ class View:
     """What every stage may read about the request being routed.
 
     ``bound`` is the worker the request's session is bound to (None without a session, without
-    stickiness, or for a new session).  ``fleet_full``: the model's fleet is saturated and its
-    policy places for the fleet's throughput (routing/saturation.py).
+    stickiness, or for a new session).  ``resident``: ``bound`` is where the engines' KV events say
+    the session's history lives (``Scheduler._resident_home``), a fact every router instance reads
+    alike, rather than only this instance's session table.  ``fleet_full``: the model's fleet is
+    saturated and its policy places for the fleet's throughput (routing/saturation.py).
     """
 
     key: RoutingKey
@@ -95,6 +97,7 @@ class View:
     block_tokens: float
     session: int | None = None
     bound: str | None = None
+    resident: bool = False
     fleet_full: bool = False
     _memo: dict[Callable[[View], Any], Any] = field(default_factory=dict, repr=False)
 

@@ -25,8 +25,14 @@ worker for every later turn, next to the sessions already living there.  Countin
 a cost rather than filtering on them keeps what is known exactly (the work queued now) in charge:
 "active" only means "sent a request within ``session_active_s``", and a hard filter on it sent
 whole bursts of new sessions to the workers whose previous sessions happened to have finished
-(docs/routing.md).  ``balanced_sessions`` stays, with ``session_spread`` = 2, as a loose guard so
-that a long head cached on one worker does not collect every new session.
+(docs/routing.md).  A turn whose history the engines' KV events place on one worker
+(``View.resident``) is priced without that term: each router instance counts only the sessions
+it routed itself, so behind a load balancer with no shared session table the instances' counts
+differ by more than the turn's cached history is worth, and they moved it about between them.
+Staying or moving is then left to the queue (mostly the engines' scraped load, which every
+instance reads alike), the cached history (their events) and ``stay_tokens``; with one instance
+too, so that it decides as several do.  ``balanced_sessions`` stays, with ``session_spread`` = 2,
+as a loose guard so that a long head cached on one worker does not collect every new session.
 
 **The cache a copy evicts.**  Where a worker's cache is full — known from its KV events, or
 estimated from the tokens the routers had it compute (routing/cache_fill.py) — a cold prefill
@@ -128,7 +134,9 @@ class _Prices:
     @classmethod
     def of(cls, view: View) -> _Prices:
         s = view.block(AutoSettings)
-        per_session = s.active_session_tokens if view.session is not None else 0.0
+        # Not for a turn whose history the engines say lives on its worker: the sessions active
+        # elsewhere are what this instance happened to route, which differs between instances.
+        per_session = s.active_session_tokens if view.session is not None and not view.resident else 0.0
         return cls(s, view.est_tokens, s.realisation_weight, per_session, view.bound)
 
     def held(self, c: Candidate) -> float:
@@ -288,6 +296,12 @@ def explain(view: View, cands: list[Candidate], i: int) -> tuple[DecisionKind, s
     if kind is DecisionKind.STICKY:
         return kind, f"[AUTO] sticky: {session_tag(view)} stays on {c.worker.id} ({figures})"
     if kind is DecisionKind.OVERFLOW:
+        # What the session's own worker was predicted at, and why: the figures a move is judged by.
+        left = next((j for j, x in enumerate(cands) if x.worker.id == view.bound), None)
+        if left is not None:
+            b = cands[left]
+            figures += (f"; {b.worker.id} predicted {predictions[left]:.3f}s, keeps {blocks(view, b)}, "
+                        f"busy={b.busy}, waiting={b.worker.waiting or 0}")
         return kind, f"[AUTO] overflow: {session_tag(view)} {view.bound} -> {c.worker.id} ({figures})"
     who = f" new session {session_tag(view)}" if view.session is not None else ""
     if c.matched_blocks:
