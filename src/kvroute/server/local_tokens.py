@@ -82,11 +82,12 @@ class SharedHeads:
         """The longest kept head that ``text``'s own first special tokens may end, or None."""
         if self._special is None or not self._heads:
             return None
+        # The same first special tokens ``add`` keeps heads at, so no lookup can miss by design.
         ends = []
-        for match in self._special.finditer(text):
+        for n, match in enumerate(self._special.finditer(text), 1):
             if match.end() >= _MIN_HEAD_CHARS:
                 ends.append(match.end())
-            if len(ends) == _HEADS_PER_RENDERING:
+            if n == _HEADS_PER_RENDERING:
                 break
         for end in reversed(ends):
             key = hash(text[:end])
