@@ -18,6 +18,7 @@ from kvroute_dev.vllm_env import VllmEnv, default_home, problems
 from kvroute_dev.vllm_replicas import ReplicaFleet, ReplicaOptions, start_replicas
 
 _SKIP_PREFIX = "REAL vLLM ENVIRONMENT NOT PREPARED"
+KV_CACHE_BYTES = 256 << 20
 
 
 @pytest.fixture(scope="package")
@@ -33,9 +34,14 @@ def vllm_env() -> VllmEnv:
 @pytest.fixture(scope="package")
 def vllm_fleet(vllm_env: VllmEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReplicaFleet]:
     """Two replicas, one core each, stopped (process groups and all) when this directory is done;
-    each publishes its KV-cache events on ports of its own (a router subscribes only when told)."""
+    each publishes its KV-cache events on ports of its own (a router subscribes only when told).
+
+    Each has a small KV cache (256 MiB: ~90 blocks of 128 tokens of this model, room for the
+    ``--max-num-seqs`` 4 requests of ~2.9k tokens at once), so that the eviction test fills it in
+    a few prompts rather than the ~20 that the default 1 GiB takes on one CPU core."""
+    options = ReplicaOptions(kv_events=True, kv_cache_memory_bytes=KV_CACHE_BYTES)
     with start_replicas(vllm_env, count=2, log_dir=tmp_path_factory.mktemp("vllm-logs"),
-                        options=ReplicaOptions(kv_events=True)) as fleet:
+                        options=options) as fleet:
         yield fleet
 
 

