@@ -1,7 +1,9 @@
 """Tokenizing a request the engine's way, for the token-exact index (routing/exact_index.py).
 
 Only where it can pay: the request is cacheable, unsalted, an OpenAI chat or completions request
-(vLLM's ``/tokenize`` takes those shapes), and some ready worker of its model is in exact mode.
+(vLLM's ``/tokenize`` takes those shapes) or an Anthropic messages request (tokenized as the chat
+request vLLM converts it into: :func:`anthropic_chat`), and some ready worker of its model is in
+exact mode.
 The engine's own ``POST /tokenize`` renders the chat template and tokenizes, so the router needs no
 model files and cannot disagree with the engine about either; it costs one round trip to one
 worker (the least loaded exact one), bounded by ``timeout_s`` — on any failure the request is
@@ -26,6 +28,7 @@ import msgspec
 import orjson
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from kvroute.api.anthropic_chat import AnthropicConversionError, anthropic_to_chat, has_inline_system
 from kvroute.api.tokenizer_settings import TokenizerSettings
 from kvroute.fleet.registry import Registry
 from kvroute.routing.key import RoutingKey
@@ -44,7 +47,8 @@ _CHAT_FIELDS = ("messages", "add_generation_prompt", "continue_final_message", "
 def tokenize_body(route: str, doc: Mapping[str, Any], model: str) -> dict[str, Any] | None:
     """The ``/tokenize`` request vLLM renders exactly as it renders ``doc`` on ``route`` for
     ``model`` (the served name, an alias resolved), or None where ``/tokenize`` cannot say
-    (Anthropic messages, several prompts, token-id prompts)."""
+    (several prompts, token-id prompts; an Anthropic messages request is converted to its chat
+    request first: :func:`anthropic_chat`)."""
     if route == "chat":
         body = {name: doc[name] for name in _CHAT_FIELDS if name in doc}
         if not isinstance(body.get("messages"), list):
@@ -59,6 +63,22 @@ def tokenize_body(route: str, doc: Mapping[str, Any], model: str) -> dict[str, A
         return None
     body["model"] = model
     return body
+
+
+def anthropic_chat(doc: Mapping[str, Any], local: ChatTokenizer | None) -> dict[str, Any] | None:
+    """The chat request vLLM serves an Anthropic messages request ``doc`` as, or None where the
+    router cannot know it.  With the model's ``local`` tokenizer the conversion follows its chat
+    template; without, the engine's template is unknown, so a request whose conversion depends on
+    it (inline system messages, disabled thinking) is left to the approximate index."""
+    if local is not None:
+        return local.anthropic_chat(doc)
+    thinking = doc.get("thinking")
+    if has_inline_system(doc) or (isinstance(thinking, Mapping) and thinking.get("type") == "disabled"):
+        return None
+    try:
+        return anthropic_to_chat(doc)
+    except AnthropicConversionError:
+        return None
 
 
 class _Tokenized(msgspec.Struct):
@@ -129,6 +149,11 @@ class EngineTokens:
         block = self._scheduler.exact.block_size(best.id)
         assert block is not None
         folder = self._scheduler.settings_for(key.model).block(TokenizerSettings).tokenizer
+        if route == "messages":
+            chat = anthropic_chat(doc, self._tokenizer(folder) if folder else None)
+            if chat is None:
+                return key
+            route, doc = "chat", chat
         if folder:
             local = self._local_keyed(folder, route, doc, key, block)
             if local is not None:
