@@ -92,6 +92,17 @@ async def test_an_anthropic_conversations_follow_up_is_matched_on_the_engines_bl
         held = last_request(r, third)
         assert third == worker and "(exact)" in held.reason and held.matched_blocks * block == cached > 0
 
+        # An inline system message (Claude Code's reminders): where vLLM puts it depends on the
+        # engine's template, which the router asks the engine's /tokenize about once.
+        history += [{"role": "assistant", "content": "Welcome."},
+                    {"role": "system", "content": "Reminder: the tests must pass."},
+                    {"role": "user", "content": "Fourth?"}]
+        await asyncio.sleep(2.5)
+        _, fourth, cached = await turn(client, history)
+        held = last_request(r, fourth)
+        assert fourth == worker and "(exact)" in held.reason and held.matched_blocks * block == cached > 0
+        assert r.router.tokens is not None and set(r.router.tokens._merges.values()) == {False}
+
 
 async def test_the_local_tokenizer_takes_anthropic_text_and_leaves_tool_calls_to_the_engine(
         sim_fleet: MakeFleet, router: MakeRouter, http: aiohttp.ClientSession, tmp_path: Path) -> None:

@@ -65,18 +65,26 @@ def tokenize_body(route: str, doc: Mapping[str, Any], model: str) -> dict[str, A
     return body
 
 
-def anthropic_chat(doc: Mapping[str, Any], local: ChatTokenizer | None) -> dict[str, Any] | None:
+# vLLM's probe of a chat template (``_detect_merge_inline_system``): one that refuses a system
+# message after the first turn has the inline ones merged into the leading one.
+_INLINE_SYSTEM_PROBE = [{"role": role, "content": "t"} for role in ("system", "user", "system", "user")]
+
+
+def anthropic_chat(doc: Mapping[str, Any], local: ChatTokenizer | None,
+                   merge_inline_system: bool | None = None) -> dict[str, Any] | None:
     """The chat request vLLM serves an Anthropic messages request ``doc`` as, or None where the
     router cannot know it.  With the model's ``local`` tokenizer the conversion follows its chat
-    template; without, the engine's template is unknown, so a request whose conversion depends on
-    it (inline system messages, disabled thinking) is left to the approximate index."""
+    template; without, ``merge_inline_system`` is what the engine's ``/tokenize`` told of its
+    template (None: not known, so a request with inline system messages is left to the
+    approximate index), and disabled thinking (whose effort vLLM probes) is left there too."""
     if local is not None:
         return local.anthropic_chat(doc)
     thinking = doc.get("thinking")
-    if has_inline_system(doc) or (isinstance(thinking, Mapping) and thinking.get("type") == "disabled"):
+    if (isinstance(thinking, Mapping) and thinking.get("type") == "disabled") \
+            or (merge_inline_system is None and has_inline_system(doc)):
         return None
     try:
-        return anthropic_to_chat(doc)
+        return anthropic_to_chat(doc, merge_inline_system=bool(merge_inline_system))
     except AnthropicConversionError:
         return None
 
@@ -132,6 +140,8 @@ class EngineTokens:
         self._metrics = metrics
         # Local tokenizers by folder, loaded once; None: the folder could not be used (logged).
         self._local: dict[str, ChatTokenizer | None] = {}
+        # Whether each engine's chat template merges inline system messages, by URL, once known.
+        self._merges: dict[str, bool] = {}
         config = scheduler.config
         for settings in (config.default, *config.models.values()):
             folder = settings.block(TokenizerSettings).tokenizer
@@ -150,7 +160,11 @@ class EngineTokens:
         assert block is not None
         folder = self._scheduler.settings_for(key.model).block(TokenizerSettings).tokenizer
         if route == "messages":
-            chat = anthropic_chat(doc, self._tokenizer(folder) if folder else None)
+            tokenizer = self._tokenizer(folder) if folder else None
+            merge = None
+            if tokenizer is None and has_inline_system(doc):
+                merge = await self._merges_inline_system(best.url, key.model)
+            chat = anthropic_chat(doc, tokenizer, merge)
             if chat is None:
                 return key
             route, doc = "chat", chat
@@ -212,7 +226,32 @@ class EngineTokens:
             metrics.encoded.inc(len(tokens) - kept)
         return out
 
+    async def _merges_inline_system(self, url: str, model: str) -> bool | None:
+        """Whether the engine at ``url`` merges an Anthropic request's inline system messages into
+        its leading one: its ``/tokenize`` refuses (400) the probe vLLM renders its template with
+        (in the full template environment, where vLLM probes a bare one: a template that calls
+        ``raise_exception`` or ``strftime_now`` on every turn is judged differently).  Asked once
+        per engine; None while it cannot be asked."""
+        if url not in self._merges:
+            body = {"model": model, "messages": _INLINE_SYSTEM_PROBE, "add_generation_prompt": False}
+            answer = await self._post_tokenize(url, body)
+            if answer is None or answer[0] not in (200, 400):
+                return None
+            self._merges[url] = answer[0] == 400
+        return self._merges[url]
+
     async def _tokenize(self, url: str, body: Mapping[str, Any]) -> list[int] | None:
+        answer = await self._post_tokenize(url, body)
+        if answer is None:
+            return None
+        status, tokens = answer
+        if status != 200:
+            log.debug("/tokenize on %s answered %d", url, status)
+            return None
+        return tokens
+
+    async def _post_tokenize(self, url: str, body: Mapping[str, Any]) -> tuple[int, list[int] | None] | None:
+        """The status and tokens of ``/tokenize``'s answer, or None where none came."""
         # Through the proxy's own keep-alive pool: an aiohttp round trip cost twice the router's
         # CPU for a whole small request.
         pool = self._pool()
@@ -236,9 +275,8 @@ class EngineTokens:
                 call.abort()
             return None
         if head.status != 200:
-            log.debug("/tokenize on %s answered %d", url, head.status)
-            return None
+            return head.status, None
         try:
-            return _reply.decode(b"".join(parts)).tokens
+            return 200, _reply.decode(b"".join(parts)).tokens
         except msgspec.DecodeError:
             return None
