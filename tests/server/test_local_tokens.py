@@ -18,7 +18,7 @@ from tiny_tokenizer import write_tokenizer
 from kvroute.api import tokenizer_settings
 from kvroute.router_settings import Settings, SettingsError
 from kvroute.routing.token_chains import Rendering, TokenChains
-from kvroute.server.local_tokens import ChatTokenizer, TemplateError, shared_cut
+from kvroute.server.local_tokens import ChatTokenizer, TemplateError, merges_inline_system, shared_cut
 
 SYSTEM = {"role": "system", "content": "You review pull requests for a storage engine; be terse."}
 U1 = {"role": "user", "content": "What is the capital of France?"}
@@ -249,3 +249,47 @@ def test_the_kept_heads_are_bounded_by_their_text(fresh: ChatTokenizer) -> None:
     again = fresh.tokens(chat({"role": "system", "content": "Group 19: " + "the engine keeps pages. " * 40},
                               QUESTIONS[0]), None)
     assert again is not None and again[2] > 0
+
+
+# Qwen's guard: a system message anywhere but first is refused.
+SYSTEM_FIRST = ("{% for m in messages %}{% if m['role'] == 'system' and not loop.first %}"
+                "{{ raise_exception('System message must be at the beginning.') }}{% endif %}"
+                "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+THINKING = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+            "<|im_start|>assistant\n{% if enable_thinking is defined and not enable_thinking %}"
+            "<think></think>{% endif %}")
+
+
+def test_the_inline_system_probe_is_vllms() -> None:
+    from tiny_tokenizer import TEMPLATE
+
+    assert not merges_inline_system(TEMPLATE)
+    assert merges_inline_system(SYSTEM_FIRST) and merges_inline_system(None) and merges_inline_system("")
+    # vLLM probes in a bare sandbox: what transformers adds is not there, so a template that calls
+    # it, or uses its {% generation %} tag, is judged to require the system prompt first.
+    assert merges_inline_system("{{ strftime_now('%Y') }}{% for m in messages %}{{ m.content }}{% endfor %}")
+    assert merges_inline_system("{% for m in messages %}{% generation %}x{% endgeneration %}{% endfor %}")
+
+
+def test_an_anthropic_request_is_converted_for_the_folders_template(tmp_path: Path) -> None:
+    body = {"system": "Lead.", "thinking": {"type": "disabled"},
+            "messages": [{"role": "user", "content": "Hi"}, {"role": "system", "content": "Reminder."},
+                         {"role": "user", "content": "Again"}]}
+    accepting = ChatTokenizer(write_tokenizer(tmp_path / "a"))
+    chat = accepting.anthropic_chat(body)
+    assert chat is not None and [m["role"] for m in chat["messages"]] == ["system", "user", "system", "user"]
+    # The template ignores the effort: vLLM maps disabled thinking to "low".
+    assert chat["chat_template_kwargs"] == {"reasoning_effort": "low", "enable_thinking": True}
+    merging = ChatTokenizer(write_tokenizer(tmp_path / "b", SYSTEM_FIRST))
+    chat = merging.anthropic_chat(body)
+    assert chat is not None and chat["messages"][0] == {"role": "system", "content": "Lead.Reminder."}
+    got = merging.tokens(chat, None)
+    assert got is not None and merging.render(chat) == (
+        "<|im_start|>system\nLead.Reminder.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+        "<|im_start|>user\nAgain<|im_end|>\n<|im_start|>assistant\n")
+    thinking = ChatTokenizer(write_tokenizer(tmp_path / "c", THINKING))
+    assert thinking.disabled_thinking_effort() == "none"
+    rendered = thinking.render(thinking.anthropic_chat(body) or {})
+    assert rendered is not None and rendered.endswith("<think></think>")
+    assert accepting.anthropic_chat({"messages": [{"role": "wizard", "content": "x"}]}) is None

@@ -67,7 +67,9 @@ def test_anthropic_rendering_is_prefix_stable_with_blocks() -> None:
              {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "x"}]}]
     a = render_anthropic({**base, "messages": turn1})
     b = render_anthropic({**base, "messages": turn2})
-    assert b.startswith(a) and b"<tool_response>x</tool_response>" in b
+    # As vLLM converts it: the tool result is a tool turn of its own, the tool use a tool call.
+    assert b.startswith(a) and b"<|im_start|>tool\nx<|im_end|>" in b
+    assert b'<tool_call>{"arguments":"{}","name":"ls"}</tool_call>' in b
 
 
 @pytest.mark.parametrize("body", [{}, {"messages": []}, {"messages": [{"role": "wizard", "content": "x"}]},

@@ -1,7 +1,9 @@
 """Tokenizing a request the engine's way, for the token-exact index (routing/exact_index.py).
 
 Only where it can pay: the request is cacheable, unsalted, an OpenAI chat or completions request
-(vLLM's ``/tokenize`` takes those shapes), and some ready worker of its model is in exact mode.
+(vLLM's ``/tokenize`` takes those shapes) or an Anthropic messages request (tokenized as the chat
+request vLLM converts it into: :func:`anthropic_chat`), and some ready worker of its model is in
+exact mode.
 The engine's own ``POST /tokenize`` renders the chat template and tokenizes, so the router needs no
 model files and cannot disagree with the engine about either; it costs one round trip to one
 worker (the least loaded exact one), bounded by ``timeout_s`` — on any failure the request is
@@ -26,6 +28,7 @@ import msgspec
 import orjson
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from kvroute.api.anthropic_chat import AnthropicConversionError, anthropic_to_chat, has_inline_system
 from kvroute.api.tokenizer_settings import TokenizerSettings
 from kvroute.fleet.registry import Registry
 from kvroute.routing.key import RoutingKey
@@ -44,7 +47,8 @@ _CHAT_FIELDS = ("messages", "add_generation_prompt", "continue_final_message", "
 def tokenize_body(route: str, doc: Mapping[str, Any], model: str) -> dict[str, Any] | None:
     """The ``/tokenize`` request vLLM renders exactly as it renders ``doc`` on ``route`` for
     ``model`` (the served name, an alias resolved), or None where ``/tokenize`` cannot say
-    (Anthropic messages, several prompts, token-id prompts)."""
+    (several prompts, token-id prompts; an Anthropic messages request is converted to its chat
+    request first: :func:`anthropic_chat`)."""
     if route == "chat":
         body = {name: doc[name] for name in _CHAT_FIELDS if name in doc}
         if not isinstance(body.get("messages"), list):
@@ -59,6 +63,30 @@ def tokenize_body(route: str, doc: Mapping[str, Any], model: str) -> dict[str, A
         return None
     body["model"] = model
     return body
+
+
+# vLLM's probe of a chat template (``_detect_merge_inline_system``): one that refuses a system
+# message after the first turn has the inline ones merged into the leading one.
+_INLINE_SYSTEM_PROBE = [{"role": role, "content": "t"} for role in ("system", "user", "system", "user")]
+
+
+def anthropic_chat(doc: Mapping[str, Any], local: ChatTokenizer | None,
+                   merge_inline_system: bool | None = None) -> dict[str, Any] | None:
+    """The chat request vLLM serves an Anthropic messages request ``doc`` as, or None where the
+    router cannot know it.  With the model's ``local`` tokenizer the conversion follows its chat
+    template; without, ``merge_inline_system`` is what the engine's ``/tokenize`` told of its
+    template (None: not known, so a request with inline system messages is left to the
+    approximate index), and disabled thinking (whose effort vLLM probes) is left there too."""
+    if local is not None:
+        return local.anthropic_chat(doc)
+    thinking = doc.get("thinking")
+    if (isinstance(thinking, Mapping) and thinking.get("type") == "disabled") \
+            or (merge_inline_system is None and has_inline_system(doc)):
+        return None
+    try:
+        return anthropic_to_chat(doc, merge_inline_system=bool(merge_inline_system))
+    except AnthropicConversionError:
+        return None
 
 
 class _Tokenized(msgspec.Struct):
@@ -112,6 +140,8 @@ class EngineTokens:
         self._metrics = metrics
         # Local tokenizers by folder, loaded once; None: the folder could not be used (logged).
         self._local: dict[str, ChatTokenizer | None] = {}
+        # Whether each engine's chat template merges inline system messages, by URL, once known.
+        self._merges: dict[str, bool] = {}
         config = scheduler.config
         for settings in (config.default, *config.models.values()):
             folder = settings.block(TokenizerSettings).tokenizer
@@ -129,6 +159,15 @@ class EngineTokens:
         block = self._scheduler.exact.block_size(best.id)
         assert block is not None
         folder = self._scheduler.settings_for(key.model).block(TokenizerSettings).tokenizer
+        if route == "messages":
+            tokenizer = self._tokenizer(folder) if folder else None
+            merge = None
+            if tokenizer is None and has_inline_system(doc):
+                merge = await self._merges_inline_system(best.url, key.model)
+            chat = anthropic_chat(doc, tokenizer, merge)
+            if chat is None:
+                return key
+            route, doc = "chat", chat
         if folder:
             local = self._local_keyed(folder, route, doc, key, block)
             if local is not None:
@@ -187,7 +226,32 @@ class EngineTokens:
             metrics.encoded.inc(len(tokens) - kept)
         return out
 
+    async def _merges_inline_system(self, url: str, model: str) -> bool | None:
+        """Whether the engine at ``url`` merges an Anthropic request's inline system messages into
+        its leading one: its ``/tokenize`` refuses (400) the probe vLLM renders its template with
+        (in the full template environment, where vLLM probes a bare one: a template that calls
+        ``raise_exception`` or ``strftime_now`` on every turn is judged differently).  Asked once
+        per engine; None while it cannot be asked."""
+        if url not in self._merges:
+            body = {"model": model, "messages": _INLINE_SYSTEM_PROBE, "add_generation_prompt": False}
+            answer = await self._post_tokenize(url, body)
+            if answer is None or answer[0] not in (200, 400):
+                return None
+            self._merges[url] = answer[0] == 400
+        return self._merges[url]
+
     async def _tokenize(self, url: str, body: Mapping[str, Any]) -> list[int] | None:
+        answer = await self._post_tokenize(url, body)
+        if answer is None:
+            return None
+        status, tokens = answer
+        if status != 200:
+            log.debug("/tokenize on %s answered %d", url, status)
+            return None
+        return tokens
+
+    async def _post_tokenize(self, url: str, body: Mapping[str, Any]) -> tuple[int, list[int] | None] | None:
+        """The status and tokens of ``/tokenize``'s answer, or None where none came."""
         # Through the proxy's own keep-alive pool: an aiohttp round trip cost twice the router's
         # CPU for a whole small request.
         pool = self._pool()
@@ -211,9 +275,8 @@ class EngineTokens:
                 call.abort()
             return None
         if head.status != 200:
-            log.debug("/tokenize on %s answered %d", url, head.status)
-            return None
+            return head.status, None
         try:
-            return _reply.decode(b"".join(parts)).tokens
+            return 200, _reply.decode(b"".join(parts)).tokens
         except msgspec.DecodeError:
             return None

@@ -35,6 +35,7 @@ from itertools import compress
 from pathlib import Path
 from typing import Any
 
+from kvroute.api.anthropic_chat import AnthropicConversionError, anthropic_to_chat
 from kvroute.routing.token_chains import Rendering
 
 # vLLM drops Claude Code's attribution line from system text (vllm/renderers/chat_utils.py); a
@@ -113,6 +114,26 @@ class SharedHeads:
             self.chars += end
         while heads and self.chars > self.max_chars:
             self.chars -= len(heads.popitem(last=False)[1][1].text)
+
+
+def merges_inline_system(template: str | None) -> bool:
+    """Whether vLLM 0.32 merges an Anthropic request's inline system messages into its leading
+    system prompt for this chat template: where the template fails on [system, user, system,
+    user] in a bare sandbox (``AnthropicServingMessages._detect_merge_inline_system``; no
+    ``raise_exception`` or other helpers there, so a template that calls one fails too)."""
+    if not template:
+        return True
+    import jinja2
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    turns = [{"role": role, "content": "t"} for role in ("system", "user", "system", "user")]
+    try:
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+        env.from_string(template).render(messages=turns, add_generation_prompt=False)
+    except jinja2.TemplateError:
+        return True
+    return False
 
 
 class TemplateError(ValueError):
@@ -220,6 +241,8 @@ class ChatTokenizer:
         self._tokenizer.no_padding()
         source = _chat_template(path, config)
         self._template = _compile(source)
+        self.merge_inline_system = merges_inline_system(source)
+        self._disabled_effort: str | None = None
         self._wrap_parts = _CONTENT_LOOP.search(source) is not None
         self._uses_tools = "tools" in source
         self._names = {name: text for name in _NAMED_TOKENS
@@ -254,6 +277,32 @@ class ChatTokenizer:
                 item["name"] = message["name"]
             out.append(item)
         return out
+
+    def disabled_thinking_effort(self) -> str:
+        """The effort vLLM 0.32 maps an Anthropic ``thinking: {"type": "disabled"}`` to for this
+        template: "low" where "none" fails to render or renders as some effort does, else "none"
+        (``AnthropicServingMessages._probe_disabled_thinking_effort``); probed once."""
+        if self._disabled_effort is None:
+            def probe(effort: str) -> str | None:
+                return self.render({"messages": [{"role": "user", "content": "Hi"}], "chat_template_kwargs": {
+                    "reasoning_effort": effort, "enable_thinking": effort != "none"}})
+            none = probe("none")
+            self._disabled_effort = "low" if none is None or any(
+                probe(e) == none for e in ("low", "medium", "high", "xhigh", "max")) else "none"
+        return self._disabled_effort
+
+    def anthropic_chat(self, doc: Mapping[str, Any]) -> dict[str, Any] | None:
+        """An Anthropic messages request as the chat request vLLM renders it as with this
+        template (api/anthropic_chat.py), or None where vLLM would refuse it or name a tool call
+        by its own clock."""
+        thinking = doc.get("thinking")
+        disabled = isinstance(thinking, Mapping) and thinking.get("type") == "disabled"
+        effort = self.disabled_thinking_effort() if disabled else "none"
+        try:
+            return anthropic_to_chat(doc, merge_inline_system=self.merge_inline_system,
+                                     disabled_thinking_effort=effort)
+        except AnthropicConversionError:
+            return None
 
     @staticmethod
     def _content(content: Any, wrap: bool) -> str | list[dict[str, str]] | None:

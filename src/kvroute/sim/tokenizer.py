@@ -25,6 +25,8 @@ from typing import Any
 import orjson
 import xxhash
 
+from kvroute.api.anthropic_chat import AnthropicConversionError, anthropic_to_chat
+
 BYTES_PER_TOKEN = 4
 
 _START = b"<|im_start|>"
@@ -129,6 +131,8 @@ def _openai_content(buf: _Buffer, content: Any, field: str) -> None:
         elif kind in ("image_url", "input_audio", "file", "video_url"):
             # Media is a placeholder plus a digest of its payload: equal media, equal tokens.
             buf.add(b"<media:" + xxhash.xxh3_64_hexdigest(_dumps(part)).encode() + b">")
+        elif kind == "tool_reference":  # what vLLM makes of an Anthropic tool result's references
+            buf.add(b"<tool_reference:" + str(part.get("name", "")).encode() + b">")
         else:
             raise RenderError(f"{field}[{i}]: unsupported content part type {kind!r}")
 
@@ -229,18 +233,16 @@ def is_anthropic_body(body: Mapping[str, Any]) -> bool:
     return False
 
 
-# Claude Code's per-request attribution block; vLLM 0.32 drops it from system text before rendering.
-_BILLING_HEADER = "x-anthropic-billing-header"
 # vLLM 0.32's ``AnthropicContentBlock.type``; tool_addition/tool_removal only in system messages.
 _ANTHROPIC_BLOCK_TYPES = frozenset(("text", "image", "tool_use", "tool_result", "tool_reference", "thinking",
                                     "redacted_thinking", "tool_addition", "tool_removal"))
 _TOOL_CHANGES = frozenset(("tool_addition", "tool_removal"))
 
 
-def _check_blocks(content: Any, field: str, system_role: bool) -> list[Mapping[str, Any]] | None:
-    """Validate content blocks as vLLM 0.32's pydantic models do; None for string content."""
+def _check_blocks(content: Any, field: str, system_role: bool) -> None:
+    """Validate content blocks as vLLM 0.32's pydantic models do, with the simulator's messages."""
     if isinstance(content, str):
-        return None
+        return
     if not isinstance(content, list):
         raise RenderError(f"{field}.content must be a string or a list of content blocks")
     for i, block in enumerate(content):
@@ -251,74 +253,24 @@ def _check_blocks(content: Any, field: str, system_role: bool) -> list[Mapping[s
             raise RenderError(f"{field}.content[{i}]: unsupported content block type {kind!r}")
         if kind in _TOOL_CHANGES and not system_role:
             raise RenderError(f'{kind} blocks are only allowed in messages with role "system"')
-    return content
-
-
-def _system_text(content: Any, field: str, inline: bool) -> str:
-    """The text vLLM 0.32 keeps of a system prompt (``inline`` False) or a system message: text
-    blocks joined without a separator, Claude Code's attribution block left out (a plain string
-    is kept as sent, except an inline one that is only the attribution)."""
-    blocks = _check_blocks(content, field, system_role=True)
-    if blocks is None:
-        return "" if inline and str(content).startswith(_BILLING_HEADER) else str(content)
-    return "".join(b["text"] for b in blocks if b.get("type") == "text" and isinstance(b.get("text"), str)
-                   and b["text"] and not b["text"].startswith(_BILLING_HEADER))
-
-
-def _anthropic_blocks(buf: _Buffer, content: Any, field: str) -> None:
-    blocks = _check_blocks(content, field, system_role=False)
-    if blocks is None:
-        buf.text(content)
-        return
-    for i, block in enumerate(blocks):
-        kind = block.get("type")
-        if kind == "text":
-            text = block.get("text")
-            if not isinstance(text, str):
-                raise RenderError(f"{field}.content[{i}].text must be a string")
-            buf.text(text)
-        elif kind == "tool_use":
-            buf.add(b"<tool_call>" + _dumps({"name": block.get("name"), "arguments": block.get("input")})
-                    + b"</tool_call>")
-        elif kind == "tool_result":
-            buf.add(b"<tool_response>")
-            inner = block.get("content")
-            if inner is not None:
-                _anthropic_blocks(buf, inner, f"{field}.content[{i}]")
-            buf.add(b"</tool_response>")
-        elif kind in ("thinking", "redacted_thinking"):
-            buf.add(b"<think>")
-            buf.text(str(block.get("thinking", "")))
-            buf.add(b"</think>")
-        elif kind in ("image", "document"):
-            buf.add(b"<media:" + xxhash.xxh3_64_hexdigest(_dumps(block)).encode() + b">")
-        # tool_reference: vLLM expands it only inside tool results; alone it renders nothing.
+        if kind == "text" and not isinstance(block.get("text"), str):
+            raise RenderError(f"{field}.content[{i}].text must be a string")
 
 
 def render_anthropic(body: Mapping[str, Any], add_generation_prompt: bool = True) -> bytes:
-    """Render an Anthropic messages body: ``system``, ``tools``, then the messages' content blocks.
-
-    As vLLM 0.32 does with a chat template that accepts system messages after the first one: a
-    ``system`` message inside ``messages`` (Claude Code sends one after the first user turn) is
-    rendered where it stands, as a system turn of its text, so a later one never changes the
-    bytes of earlier turns; Claude Code's attribution block is left out of every system text.
+    """Render an Anthropic messages body as vLLM 0.32 does: converted into the chat request
+    vLLM serves it as (api/anthropic_chat.py: a system message of the ``system`` prompt, tool
+    calls and tool messages for ``tool_use`` / ``tool_result``, OpenAI tools), rendered by
+    :func:`render_chat`.  The simulator's template accepts system messages after the first one,
+    so an inline ``system`` message (Claude Code sends one after the first user turn) stays where
+    it stands and a later one never changes the bytes of earlier turns.
     """
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RenderError("messages: field required (a non-empty list)")
-    buf = _Buffer()
     system = body.get("system")
     if system:
-        text = _system_text(system, "system", inline=False)
-        if text:
-            buf.header("system")
-            buf.text(text)
-            buf.add(_END)
-    tools = body.get("tools")
-    if tools:
-        buf.header("tools")
-        buf.add(_dumps(tools))
-        buf.add(_END)
+        _check_blocks(system, "system", system_role=False)
     for j, msg in enumerate(messages):
         field = f"messages.{j}"
         if not isinstance(msg, Mapping):
@@ -326,16 +278,12 @@ def render_anthropic(body: Mapping[str, Any], add_generation_prompt: bool = True
         role = msg.get("role")
         if role not in ("user", "assistant", "system"):
             raise RenderError(f"{field}.role must be 'user', 'assistant' or 'system'")
-        if role == "system":
-            text = _system_text(msg.get("content"), field, inline=True)
-            if text:
-                buf.header("system")
-                buf.text(text)
-                buf.add(_END)
-            continue
-        buf.header(role)
-        _anthropic_blocks(buf, msg.get("content"), field)
-        buf.add(_END)
-    if add_generation_prompt:
-        buf.assistant_header()
-    return buf.result()
+        _check_blocks(msg.get("content"), field, system_role=role == "system")
+    try:
+        # The simulator's template renders no tool-call id, so the clock naming id-less ones is moot.
+        chat = anthropic_to_chat(body, now=lambda: 0.0)
+    except AnthropicConversionError as exc:
+        raise RenderError(str(exc)) from None
+    if not chat["messages"]:
+        raise RenderError("messages: nothing to render (every message is empty)")
+    return render_chat(chat, add_generation_prompt)
