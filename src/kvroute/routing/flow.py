@@ -35,6 +35,7 @@ on the virtual clock in simulation); its ``deadline`` is when the edge's timer c
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -215,8 +216,7 @@ class FlowControl:
         m = self._model(model)
         q = m.queue
         q.workers = workers
-        if key.session_id is not None:
-            m.door.book.arrived(key.session_id, now)
+        m.door.returned(ticket, now)
         placement, fill = self._placement(model), s.flow_kv_fill
         door_on = self._door_on(model, s)
         # The door needs what the fleet holds of its prompt already; late binding, its holder.
@@ -238,6 +238,14 @@ class FlowControl:
                 self._shed(victim, m, ShedReason.DISPLACED, now, s)
         if not predicted:
             ticket.predicted(predict())
+        wait = self._door_wait(ticket, m, now, s, door_on)
+        if wait is not None:
+            # It would be shed at the TTL anyway: told now, with when to come back (its place kept).
+            shed = self._shed(ticket, m, ShedReason.DOOR_WAIT, now, s)
+            ttl = max(1, math.ceil(s.flow_queue_ttl_s))
+            shed.retry_after_s = max(1, min(ttl, math.ceil(wait - s.flow_queue_ttl_s)))
+            m.door.remember(shed, now, shed.retry_after_s + s.flow_queue_ttl_s)
+            return shed
         ticket.state = TicketState.QUEUED
         # The queue TTL's one rule: both edges arm their timer for this deadline (Dispatcher.expires_in).
         ticket.deadline = now + s.flow_queue_ttl_s
@@ -248,6 +256,16 @@ class FlowControl:
             # Room, but requests wait (new sessions held back): the order decides, now.
             self._pump(now, arriving=ticket)
         return ticket
+
+    def _door_wait(self, t: Ticket, m: ModelFlow, now: float, s: FlowSettings, door_on: bool) -> float | None:
+        """The predicted wait at the door of ``t``, about to queue, when it passes the queue TTL
+        (it would be shed there); None when it is not held at the door, the wait is not predicted
+        yet, is within the TTL, or the door lets it in sooner anyway (``flow_session_door_s``)."""
+        door_s = s.flow_session_door_s
+        if not m.door.holds(t, door_on) or (door_s and door_s < s.flow_queue_ttl_s):
+            return None
+        wait = m.door.wait_s(t, m.queue.tickets, now, door_on)
+        return wait if wait is not None and wait > s.flow_queue_ttl_s else None
 
     # --- granting ---------------------------------------------------------------------------------
 
@@ -367,8 +385,13 @@ class FlowControl:
         m = self._models.get(ticket.key.model)
         if ticket.state is not TicketState.QUEUED or m is None:
             return False
+        model = ticket.key.model
+        s = self._settings(model)
+        door = m.door.holds(ticket, self._door_on(model, s))
         self._leave(ticket, m, now)
-        self._shed(ticket, m, ShedReason.TTL, now, self._settings(ticket.key.model))
+        self._shed(ticket, m, ShedReason.TTL, now, s)
+        if door:  # it comes back to the place it had at the door
+            m.door.remember(ticket, now, ticket.retry_after_s + s.flow_queue_ttl_s)
         return True
 
     def shed_all(self, now: float) -> list[Ticket]:
@@ -382,6 +405,17 @@ class FlowControl:
         return out
 
     # --- what happened to requests sent -----------------------------------------------------------
+
+    def session_arrived(self, key: RoutingKey, now: float) -> None:
+        """A request of ``key``'s session reached the router, whether or not the gate is engaged
+        (the book learns its pauses, and its client's previous session ends, before the door is
+        asked).  Only where session admission reads the book, as ``session_sent``."""
+        if key.session_id is None:
+            return
+        m = self._models.get(key.model)
+        if m is None or self._settings(key.model).flow_session_admission is False:
+            return
+        m.door.book.arrived(key.session_id, now, key.client)
 
     def session_sent(self, key: RoutingKey, prefill_tokens: int) -> None:
         """A request of ``key``'s session was sent to a replica that computes ``prefill_tokens``
