@@ -38,7 +38,7 @@ class ReferenceBook:
     def keeps(self, e: ServedSession, rule: Rule, idle_s: float) -> float:
         """How long quiet ``e`` is kept: the fleet's pauses, or sooner its own."""
         keep = self.keep(rule, idle_s)
-        if rule.learns and e.pause is not None:
+        if rule.learns and e.pause is not None and e.pauses >= session_admission.OWN_SAMPLES:
             keep = min(keep, max(1.0, session_admission.OWN_PAUSES * e.pause))
         return keep
 
@@ -51,6 +51,7 @@ class ReferenceBook:
             gap = max(0.0, now - e.ended)
             self.gaps.append(gap)
             e.pause = gap if e.pause is None else max(e.pause, gap)
+            e.pauses += 1
 
     def queued(self, sid: str, delta: int) -> None:
         e = self.sessions.get(sid)

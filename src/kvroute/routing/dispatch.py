@@ -153,7 +153,6 @@ class Dispatcher:
         model = key.model
         self._fleets[model] = workers
         now = self._timer()
-        self.flow.session_arrived(key, now)
         self._observe(now)
         if not self.flow.engaged(model):
             return GRANTED_AT_ONCE

@@ -216,6 +216,12 @@ class FlowControl:
         m = self._model(model)
         q = m.queue
         q.workers = workers
+        if key.session_id is not None:
+            # Learnt only while the gate is engaged, as the door reads it: learnt before, the
+            # pauses make the working set forget ended sessions sooner, and the working-set test
+            # of thrashing (docs/saturation.md) fired 25 s into 24 agent sessions instead of
+            # carrying over from 16 (output -22 % at 24 sessions without pauses, virtual time).
+            m.door.book.arrived(key.session_id, now, key.client)
         m.door.returned(ticket, now)
         placement, fill = self._placement(model), s.flow_kv_fill
         door_on = self._door_on(model, s)
@@ -406,17 +412,6 @@ class FlowControl:
 
     # --- what happened to requests sent -----------------------------------------------------------
 
-    def session_arrived(self, key: RoutingKey, now: float) -> None:
-        """A request of ``key``'s session reached the router, whether or not the gate is engaged
-        (the book learns its pauses, and its client's previous session ends, before the door is
-        asked).  Only where session admission reads the book, as ``session_sent``."""
-        if key.session_id is None:
-            return
-        m = self._models.get(key.model)
-        if m is None or self._settings(key.model).flow_session_admission is False:
-            return
-        m.door.book.arrived(key.session_id, now, key.client)
-
     def session_sent(self, key: RoutingKey, prefill_tokens: int) -> None:
         """A request of ``key``'s session was sent to a replica that computes ``prefill_tokens``
         of its prompt.  Tracked only where session admission reads it (its idle sessions are
@@ -510,12 +505,14 @@ class FlowControl:
         return m is not None and t.holder is not None and not self._holder_free(t, m, now)
 
     def blocked(self, model: str, now: float) -> int:
-        """How many of ``model``'s queued requests wait for room (at the door included), not only
-        for the replica holding their prefix (late binding)."""
+        """How many of ``model``'s requests wait for room (at the door included), not only for the
+        replica holding their prefix (late binding): those queued, and the first turns shed at the
+        door whose place is kept for their return (they wait at their client meanwhile)."""
         m = self._models.get(model)
         if m is None:
             return 0
-        return sum(1 for t in m.queue.tickets if t.holder is None or self._holder_free(t, m, now))
+        kept = m.door.kept(now)
+        return kept + sum(1 for t in m.queue.tickets if t.holder is None or self._holder_free(t, m, now))
 
     def at_door(self, t: Ticket) -> bool:
         """Whether session admission holds ``t`` at the door: a new session's request whose prefix
