@@ -234,3 +234,18 @@ def test_the_door_line_is_by_place() -> None:
     young, old, back = queued("young", 5.0), queued("old", 3.0), queued("back", 9.0)
     back.place = 1.0
     assert list(door.line([young, old, back], True)) == [back, old, young]
+
+
+def test_the_sessions_remembered_as_served_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the bound the session served longest ago is no longer known (its next turn would be a
+    new session's); one that came back after the book forgot it counts as recent again."""
+    monkeypatch.setattr(session_admission, "_SEEN", 3)
+    book = SessionBook()
+    for sid in ("a", "b", "c"):
+        book.sent(turn(sid), 100, "unique")
+        book.finished(sid, 0.0)
+    book.working_set(100.0, 15.0, "unique")  # all forgotten, all still seen
+    book.sent(turn("a"), 100, "unique")  # a is back
+    book.sent(turn("d"), 100, "unique")
+    assert list(book.seen) == ["c", "a", "d"]
+    assert book.is_new("b") and not book.is_new("c")

@@ -288,6 +288,7 @@ class SessionBook:
             entry.tokens = RULES[rule].tokens(key, shared)
             self._sizes.add(entry.tokens)
             self.seen[key.session_id] = None
+            self.seen.move_to_end(key.session_id)  # a session back after a pause is recent again
             if len(self.seen) > _SEEN:
                 self.seen.popitem(last=False)
         else:
