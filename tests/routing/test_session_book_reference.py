@@ -35,13 +35,23 @@ class ReferenceBook:
             return idle_s
         return min(idle_s, max(1.0, 1.5 * max(self.gaps)))
 
+    def keeps(self, e: ServedSession, rule: Rule, idle_s: float) -> float:
+        """How long quiet ``e`` is kept: the fleet's pauses, or sooner its own."""
+        keep = self.keep(rule, idle_s)
+        if rule.learns and e.pause is not None and e.pauses >= session_admission.OWN_SAMPLES:
+            keep = min(keep, max(1.0, session_admission.OWN_PAUSES * e.pause))
+        return keep
+
     def expected(self, rule: Rule) -> int:
         return 0 if not rule.learns or len(self.peaks) < 8 else int(statistics.median(self.peaks))
 
     def arrived(self, sid: str, now: float) -> None:
         e = self.sessions.get(sid)
         if e is not None and e.quiet():
-            self.gaps.append(max(0.0, now - e.ended))
+            gap = max(0.0, now - e.ended)
+            self.gaps.append(gap)
+            e.pause = gap if e.pause is None else max(e.pause, gap)
+            e.pauses += 1
 
     def queued(self, sid: str, delta: int) -> None:
         e = self.sessions.get(sid)
@@ -63,15 +73,14 @@ class ReferenceBook:
             e.ended = now
 
     def forget_idle(self, now: float, idle_s: float, rule: str) -> None:
-        keep = self.keep(RULES[rule], idle_s)
         for sid, e in list(self.sessions.items()):
-            if e.quiet() and now - e.ended > keep:
+            if e.quiet() and now - e.ended > self.keeps(e, RULES[rule], idle_s):
                 del self.sessions[sid]
                 self.peaks.append(e.tokens)
 
     def live(self, now: float, idle_s: float, rule: str) -> int:
-        keep = self.keep(RULES[rule], idle_s)
-        return sum(1 for e in self.sessions.values() if not (e.quiet() and now - e.ended > keep))
+        return sum(1 for e in self.sessions.values()
+                   if not (e.quiet() and now - e.ended > self.keeps(e, RULES[rule], idle_s)))
 
     def working_set(self, now: float, idle_s: float, rule: str) -> int:
         self.forget_idle(now, idle_s, rule)

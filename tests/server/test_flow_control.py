@@ -254,3 +254,54 @@ async def test_a_bad_priority_is_each_apis_400(one_slot, http):
             await an.messages.create(model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "x"}])
     assert err.value.body["error"]["type"] == "invalid_request_error"
     assert "x-kvroute-priority" in err.value.body["error"]["message"]
+
+
+async def test_the_client_header_reaches_session_admission(one_slot, http):
+    """x-kvroute-client over HTTP: a client's second conversation ends its first one (quiet) in
+    session admission's book at once."""
+    r, _ = await one_slot(flow_session_admission=True)
+    for sid in ("s1", "s2"):
+        headers = {"x-claude-code-session-id": sid, "x-kvroute-client": "agent-7"}
+        async with http.post(r.url + "/v1/chat/completions", json=chat(f"conversation {sid}", 5),
+                             headers=headers) as resp:
+            assert resp.status == 200
+            await resp.read()
+    book = r.router.dispatch.flow._models[MODEL].door.book
+    assert dict(book.clients) == {"agent-7": "s2"}
+    assert "s1" not in book and "s2" in book and len(book.left) == 1
+
+
+async def test_a_first_turn_predicted_past_the_ttl_is_shed_at_the_door_in_each_api(one_slot, http):
+    """One client's three conversations, one after another, measure the door's drain (two left);
+    the third stays served and the working set may hold nothing more (a tiny flow_session_fill).
+    A new session's first turn would wait past the (tiny) TTL at that drain: it is shed at once
+    with door_wait and Retry-After, as each API's overload error."""
+    r, _ = await one_slot(flow_session_admission=True, flow_session_fill=1e-6, flow_queue_ttl_s=0.001)
+    for sid in ("s1", "s2", "s3"):
+        headers = {"x-claude-code-session-id": sid, "x-kvroute-client": "agent-1"}
+        async with http.post(r.url + "/v1/chat/completions", json=chat(f"conversation {sid}", 5),
+                             headers=headers) as resp:
+            assert resp.status == 200, await resp.text()
+            await resp.read()
+    oa = openai.AsyncOpenAI(base_url=r.url + "/v1", api_key="sk-test", max_retries=0)
+    async with oa:
+        with pytest.raises(openai.RateLimitError) as caught:
+            await oa.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "new"}],
+                                             max_tokens=5, extra_headers={"x-claude-code-session-id": "n1"})
+    assert caught.value.status_code == 429
+    assert caught.value.body["code"] == "door_wait"
+    assert int(caught.value.response.headers["retry-after"]) >= 1
+    an = anthropic.AsyncAnthropic(base_url=r.url, api_key="sk-ant-test", max_retries=0)
+    async with an:
+        with pytest.raises(anthropic.APIStatusError) as err:
+            await an.messages.create(model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "new"}],
+                                     extra_headers={"x-claude-code-session-id": "n2"})
+    assert err.value.status_code == 529
+    assert err.value.body["error"]["type"] == "overloaded_error"
+    assert int(err.value.response.headers["retry-after"]) >= 1
+    assert r.router.dispatch.flow.shed[(MODEL, "door_wait", "normal")] == 2
+    # a continuing turn of the served session is not held at the door
+    async with http.post(r.url + "/v1/chat/completions", json=chat("conversation s3", 5),
+                         headers={"x-claude-code-session-id": "s3"}) as resp:
+        assert resp.status == 200
+        await resp.read()

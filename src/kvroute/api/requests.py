@@ -550,6 +550,8 @@ _PRIORITIES = {"high": 1, "normal": 0, "low": -1, "1": 1, "0": 0, "-1": -1}
 # (Gateway API Inference Extension) fairness id, then the API key (hashed).
 TENANT_HEADERS = ("x-kvroute-tenant", "x-gateway-inference-fairness-id")
 _MAX_TENANT = 128
+# Names the client of a session (an agent, a user's app): its new conversation frees its old one.
+CLIENT_HEADER = "x-kvroute-client"
 
 
 def priority_of(headers: Mapping[str, str]) -> int:
@@ -582,6 +584,16 @@ def tenant_of(headers: Mapping[str, str]) -> str | None:
     if api_key:
         return "key:" + xxhash.xxh3_64_hexdigest(api_key.encode("utf-8", "replace"))
     return None
+
+
+def client_of(headers: Mapping[str, str]) -> str | None:
+    """The client that sends the request's session, from ``x-kvroute-client`` (opt-in; None
+    without it): when it starts another session, session admission counts its previous one as
+    ended."""
+    value = _header(headers, CLIENT_HEADER)
+    if value is None or not value.strip():
+        return None
+    return value.strip()[:_MAX_TENANT]
 
 
 def conversation_id(first_turn: bytes | memoryview) -> str:
@@ -653,4 +665,5 @@ def parse_request(route: str, body: Any, headers: Mapping[str, str],
         stream=body.get("stream") is True,
         priority=priority_of(headers),
         tenant=tenant_of(headers),
+        client=client_of(headers),
     )

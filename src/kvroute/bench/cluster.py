@@ -22,9 +22,11 @@ are computed by one piece of code for both clocks.  What differs is only where e
 
 The network is instantaneous: a session sends its next round ``think_s`` (the workload's pause for
 the agent's tools, 0 by default) after the previous response ends, and a request reaches its
-engine ``request_overhead_s`` (the preset's fixed per-request cost) after the decision.  In the
-open loop (:meth:`VirtualCluster.run_open`) each request is sent at its arrival time through the same
-path; a request the gate sheds is recorded and not retried.
+engine ``request_overhead_s`` (the preset's fixed per-request cost) after the decision.  Each
+agent names itself (``x-kvroute-client``), and sends a request the gate sheds again after its
+Retry-After, up to ``SHED_TRIES`` times.  In the open loop (:meth:`VirtualCluster.run_open`) each
+request is sent at its arrival time through the same path; a request the gate sheds is recorded
+and not retried.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvroute.api.requests import CLIENT_HEADER
 from kvroute.api.requests import parse_request as route_key
 from kvroute.bench.results import BenchResult, PolicyRun, RequestRecord, StepResult
 from kvroute.bench.stats import CacheCounters, summarize_step
@@ -127,10 +130,14 @@ class _Loop:
 
     script: SessionScript | None = None
     next_round: int = 0
+    tries: int = 0  # times its current request was shed in a row
 
 
 # The ``loop`` of an open-loop request: its client sends nothing after it.
 OPEN_LOOP = -1
+# Times an agent sends a request the router sheds before it gives up on its task (the openai SDK
+# retries a 429 after its Retry-After; a client bounds its tries).
+SHED_TRIES = 10
 
 
 @dataclass(slots=True)
@@ -279,7 +286,10 @@ class VirtualCluster:
 
     def _send(self, loop: int, req: PlannedRequest, rec: RequestRecord) -> None:
         body = req.openai_body(self.model)
-        key: RoutingKey = route_key("chat", body, req.headers())
+        headers = req.headers()
+        if loop != OPEN_LOOP:  # each agent names itself: its next session ends the one before
+            headers[CLIENT_HEADER] = f"agent-{loop}"
+        key: RoutingKey = route_key("chat", body, headers)
         # The engine's own rendering, made once: the prompt it prefills and, in exact mode, the
         # tokens its /tokenize would answer over HTTP.
         rendered = sim_request("chat", body, self.model)
@@ -295,7 +305,7 @@ class VirtualCluster:
 
         ticket = self.dispatch.admit(key, self.workers, decided)
         if ticket.state is TicketState.SHED:
-            self._shed(ticket, loop, rec)
+            self._shed(ticket, loop, req, rec)
         elif ticket.queued:
             self._waiting[ticket.seq] = ticket
             self._at(ticket.deadline, lambda: self._expire(ticket))  # the dispatcher's clock is ours
@@ -308,7 +318,7 @@ class VirtualCluster:
             return  # withdrawn when the step was cut off
         rec.queue_s = ticket.waited_s
         if ticket.state is TicketState.SHED:
-            self._shed(ticket, loop, rec)
+            self._shed(ticket, loop, req, rec)
             return
         self.dispatch.claim(ticket)
         self._route(loop, req, rec, rendered, key, arrived)
@@ -316,11 +326,29 @@ class VirtualCluster:
     def _expire(self, ticket: Ticket) -> None:
         self.dispatch.expire(ticket)  # a no-op once it left the queue
 
-    def _shed(self, ticket: Ticket, loop: int, rec: RequestRecord) -> None:
-        # What a client sees over HTTP: the overload answer (429 on the OpenAI route).
+    def _shed(self, ticket: Ticket, loop: int, req: PlannedRequest, rec: RequestRecord) -> None:
+        # What a client sees over HTTP: the overload answer (429 on the OpenAI route).  An agent
+        # sends the request again after Retry-After, as the SDKs do, a few times before it gives up.
         rec.error = f"HTTP 429: shed ({ticket.reason}), retry after {ticket.retry_after_s} s"
         rec.shed, rec.retry_after_s = True, float(ticket.retry_after_s)
+        step = self._step
+        if loop != OPEN_LOOP and step is not None:
+            lp = step.loops[loop]
+            lp.tries += 1
+            if lp.tries < SHED_TRIES:
+                self._at(self.now + ticket.retry_after_s, lambda: self._retry(loop, req, rec))
+                return
         self._at(self.now + ticket.retry_after_s, lambda: self._after(loop, failed=True))
+
+    def _retry(self, loop: int, req: PlannedRequest, shed: RequestRecord) -> None:
+        step = self._step
+        assert step is not None
+        if self.now >= step.end:
+            self._after(loop, failed=True)
+            return
+        rec = RequestRecord(req.session_id, req.round, self.now - step.start, last_round=shed.last_round)
+        step.records.append(rec)
+        self._send(loop, req, rec)
 
     def _route(self, loop: int, req: PlannedRequest, rec: RequestRecord, rendered: GenerationRequest,
                key: RoutingKey, arrived: float) -> None:
@@ -373,6 +401,7 @@ class VirtualCluster:
         if loop == OPEN_LOOP:
             return
         lp = step.loops[loop]
+        lp.tries = 0
         if failed:
             lp.script = None  # an agent whose request failed gives up on that task
         pause = 0.0

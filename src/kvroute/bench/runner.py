@@ -2,7 +2,9 @@
 steps of requests arriving at a rate.
 
 Each of ``n`` session loops sends a session's rounds one after another (the next round starts when
-the previous response has ended) and starts the workload's next session when one is done.  When a
+the previous response has ended) and starts the workload's next session when one is done; each
+names itself (``x-kvroute-client``) and sends a request that was shed again after its Retry-After,
+up to ``SHED_TRIES`` times.  When a
 step's window closes no new request starts; requests in flight run to their end (bounded by the
 drain timeout) so that their time to first byte is measured rather than censored.  In the open
 loop (a :class:`SharedPrefixWorkload`) each request is sent at its arrival time whatever the
@@ -21,6 +23,7 @@ from typing import Any, Literal
 import aiohttp
 import orjson
 
+from kvroute.api.requests import CLIENT_HEADER
 from kvroute.bench.results import PolicyRun, RequestRecord, StepResult
 from kvroute.bench.stats import (
     Samples,
@@ -45,6 +48,8 @@ STEP_STRIDE = 1_000_000
 OVERLOAD_STATUSES = frozenset({408, 429, 503, 529})
 # What a client waits when an overload answer has no usable Retry-After (sglang-router sends none).
 DEFAULT_RETRY_AFTER_S = 1.0
+# Times an agent sends a request that was shed before it gives up on its task (as in virtual time).
+SHED_TRIES = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,9 +147,10 @@ def _apply_usage(event: dict[str, Any], rec: RequestRecord) -> None:
 
 
 async def send_request(http: aiohttp.ClientSession, target: HttpTarget, req: PlannedRequest,
-                       rec: RequestRecord, clock: Callable[[], float]) -> None:
+                       rec: RequestRecord, clock: Callable[[], float], client: str | None = None) -> None:
     """Send ``req`` with streaming and fill ``rec`` as the response arrives (``clock()`` is seconds
-    since the step started, in the target's time scale)."""
+    since the step started, in the target's time scale); ``client`` is sent as
+    ``x-kvroute-client``."""
     if target.api == "anthropic":
         path, body = "/v1/messages", req.anthropic_body(target.model)
         headers = {"anthropic-version": "2023-06-01", **req.headers()}
@@ -156,6 +162,8 @@ async def send_request(http: aiohttp.ClientSession, target: HttpTarget, req: Pla
         if target.api_key:
             headers["authorization"] = f"Bearer {target.api_key}"
     headers["content-type"] = "application/json"
+    if client is not None:
+        headers[CLIENT_HEADER] = client
     chunks = 0
     try:
         async with http.post(target.url.rstrip("/") + path, data=orjson.dumps(body), headers=headers) as resp:
@@ -240,7 +248,7 @@ class _Step(_Clock):
 
 
 async def _session_loop(http: aiohttp.ClientSession, target: HttpTarget, step: _Step,
-                        window_s: float) -> None:
+                        window_s: float, client: str) -> None:
     while step.now() < window_s:
         index = step.take_session()
         if index is None:
@@ -249,16 +257,19 @@ async def _session_loop(http: aiohttp.ClientSession, target: HttpTarget, step: _
         for i, req in enumerate(script.requests):
             if req.think_s and i:
                 await asyncio.sleep(req.think_s / step.time_scale)
-            if step.now() >= window_s:
-                return
-            rec = RequestRecord(req.session_id, req.round, step.now(), last_round=i == script.rounds - 1)
-            step.records.append(rec)
-            await send_request(http, target, req, rec, step.now)
+            for _ in range(SHED_TRIES):
+                if step.now() >= window_s:
+                    return
+                rec = RequestRecord(req.session_id, req.round, step.now(), last_round=i == script.rounds - 1)
+                step.records.append(rec)
+                await send_request(http, target, req, rec, step.now, client)
+                if not rec.shed:
+                    break
+                # Shed: sent again after Retry-After (within the window), as the SDKs do.
+                wait = rec.retry_after_s if rec.retry_after_s is not None else DEFAULT_RETRY_AFTER_S
+                await asyncio.sleep(min(wait, max(0.0, window_s - step.now()) / step.time_scale))
             if rec.error is not None:
-                if rec.shed:  # wait as told (within the window), then give up, as a client would
-                    wait = rec.retry_after_s if rec.retry_after_s is not None else DEFAULT_RETRY_AFTER_S
-                    await asyncio.sleep(min(wait, max(0.0, window_s - step.now()) / step.time_scale))
-                break  # an agent whose request failed gives up on that task
+                break  # an agent whose request failed (or was shed every try) gives up on that task
 
 
 class _Measure:
@@ -316,7 +327,8 @@ async def run_step(http: aiohttp.ClientSession, target: HttpTarget, workload: Wo
     step = _Step(workload, first_index, target.time_scale)
     window_s = plan.duration_s
     poller = asyncio.create_task(measure.poll(step, sessions, window_s, plan, on_tick))
-    loops = [asyncio.create_task(_session_loop(http, target, step, window_s)) for _ in range(sessions)]
+    loops = [asyncio.create_task(_session_loop(http, target, step, window_s, f"agent-{i}"))
+             for i in range(sessions)]
     wall_limit = (window_s + plan.drain_timeout_s) / target.time_scale
     _, pending = await asyncio.wait(loops, timeout=wall_limit)
     await cancel_and_wait([*pending, poller])

@@ -140,7 +140,8 @@ def session_figures(records: Iterable[RequestRecord]) -> SessionFigures:
                 first_queue.append(rec.queue_s)
             else:
                 continuing.append(rec.ttfb_s)
-        last = next((r for r in recs if r.last_round), None)
+        # The last try of its last round (one shed is sent again after its Retry-After).
+        last = next((r for r in reversed(recs) if r.last_round), None)
         first = next((r for r in recs if r.round == 0), None)
         if last is not None and first is not None and last.error is None and last.end_s is not None:
             durations.append(last.end_s - first.start_s)

@@ -35,6 +35,7 @@ on the virtual clock in simulation); its ``deadline`` is when the edge's timer c
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -216,7 +217,12 @@ class FlowControl:
         q = m.queue
         q.workers = workers
         if key.session_id is not None:
-            m.door.book.arrived(key.session_id, now)
+            # Learnt only while the gate is engaged, as the door reads it: learnt before, the
+            # pauses make the working set forget ended sessions sooner, and the working-set test
+            # of thrashing (docs/saturation.md) fired 25 s into 24 agent sessions instead of
+            # carrying over from 16 (output -22 % at 24 sessions without pauses, virtual time).
+            m.door.book.arrived(key.session_id, now, key.client)
+        m.door.returned(ticket, now)
         placement, fill = self._placement(model), s.flow_kv_fill
         door_on = self._door_on(model, s)
         # The door needs what the fleet holds of its prompt already; late binding, its holder.
@@ -238,6 +244,14 @@ class FlowControl:
                 self._shed(victim, m, ShedReason.DISPLACED, now, s)
         if not predicted:
             ticket.predicted(predict())
+        wait = self._door_wait(ticket, m, now, s, door_on)
+        if wait is not None:
+            # It would be shed at the TTL anyway: told now, with when to come back (its place kept).
+            shed = self._shed(ticket, m, ShedReason.DOOR_WAIT, now, s)
+            ttl = max(1, math.ceil(s.flow_queue_ttl_s))
+            shed.retry_after_s = max(1, min(ttl, math.ceil(wait - s.flow_queue_ttl_s)))
+            m.door.remember(shed, now, shed.retry_after_s + s.flow_queue_ttl_s)
+            return shed
         ticket.state = TicketState.QUEUED
         # The queue TTL's one rule: both edges arm their timer for this deadline (Dispatcher.expires_in).
         ticket.deadline = now + s.flow_queue_ttl_s
@@ -248,6 +262,16 @@ class FlowControl:
             # Room, but requests wait (new sessions held back): the order decides, now.
             self._pump(now, arriving=ticket)
         return ticket
+
+    def _door_wait(self, t: Ticket, m: ModelFlow, now: float, s: FlowSettings, door_on: bool) -> float | None:
+        """The predicted wait at the door of ``t``, about to queue, when it passes the queue TTL
+        (it would be shed there); None when it is not held at the door, the wait is not predicted
+        yet, is within the TTL, or the door lets it in sooner anyway (``flow_session_door_s``)."""
+        door_s = s.flow_session_door_s
+        if not m.door.holds(t, door_on) or (door_s and door_s < s.flow_queue_ttl_s):
+            return None
+        wait = m.door.wait_s(t, m.queue.tickets, now, door_on)
+        return wait if wait is not None and wait > s.flow_queue_ttl_s else None
 
     # --- granting ---------------------------------------------------------------------------------
 
@@ -367,8 +391,13 @@ class FlowControl:
         m = self._models.get(ticket.key.model)
         if ticket.state is not TicketState.QUEUED or m is None:
             return False
+        model = ticket.key.model
+        s = self._settings(model)
+        door = m.door.holds(ticket, self._door_on(model, s))
         self._leave(ticket, m, now)
-        self._shed(ticket, m, ShedReason.TTL, now, self._settings(ticket.key.model))
+        self._shed(ticket, m, ShedReason.TTL, now, s)
+        if door:  # it comes back to the place it had at the door
+            m.door.remember(ticket, now, ticket.retry_after_s + s.flow_queue_ttl_s)
         return True
 
     def shed_all(self, now: float) -> list[Ticket]:
@@ -476,12 +505,14 @@ class FlowControl:
         return m is not None and t.holder is not None and not self._holder_free(t, m, now)
 
     def blocked(self, model: str, now: float) -> int:
-        """How many of ``model``'s queued requests wait for room (at the door included), not only
-        for the replica holding their prefix (late binding)."""
+        """How many of ``model``'s requests wait for room (at the door included), not only for the
+        replica holding their prefix (late binding): those queued, and the first turns shed at the
+        door whose place is kept for their return (they wait at their client meanwhile)."""
         m = self._models.get(model)
         if m is None:
             return 0
-        return sum(1 for t in m.queue.tickets if t.holder is None or self._holder_free(t, m, now))
+        kept = m.door.kept(now)
+        return kept + sum(1 for t in m.queue.tickets if t.holder is None or self._holder_free(t, m, now))
 
     def at_door(self, t: Ticket) -> bool:
         """Whether session admission holds ``t`` at the door: a new session's request whose prefix

@@ -52,6 +52,7 @@ class ShedReason(StrEnum):
     TTL = "ttl"
     SHUTDOWN = "shutdown"
     DISPLACED = "displaced"  # a queued request pushed out by a higher class arriving at a full queue
+    DOOR_WAIT = "door_wait"  # a new session's first turn whose predicted wait at the door passes the TTL
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +97,11 @@ class Ticket:
     holder: str | None = None  # late binding: the replica holding its prefix, which it waits for
     bind_until: float = 0.0  # ... until then (the dispatcher's clock)
     target: str | None = None  # granted for its holder and not yet claimed
+    place: float = math.nan  # its place in session admission's line (its arrival, unless it came back)
+
+    def __post_init__(self) -> None:
+        if math.isnan(self.place):
+            self.place = self.arrived
 
     @property
     def queued(self) -> bool:

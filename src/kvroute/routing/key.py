@@ -27,7 +27,8 @@ class RoutingKey:
     control orders by: strictly by class, then fairly between tenants (routing/flow.py).
     ``token_hashes`` are the own hashes of the prompt's full blocks of ``token_block`` engine
     tokens, when the edge tokenized it the engine's way (routing/exact_index.py): workers whose
-    events are exact are matched on them; empty otherwise.
+    events are exact are matched on them; empty otherwise.  ``client`` (``x-kvroute-client``)
+    names the client that sends the session: its next session ends this one (session admission).
     """
 
     model: str
@@ -42,6 +43,7 @@ class RoutingKey:
     tenant: str | None = None
     token_hashes: tuple[int, ...] = ()
     token_block: int = 0
+    client: str | None = None
 
     @property
     def footprint(self) -> int:

@@ -34,11 +34,11 @@ from __future__ import annotations
 import heapq
 import statistics
 from bisect import bisect_left, insort
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from kvroute.routing.flow_queue import Ticket, by_arrival
+from kvroute.routing.flow_queue import Ticket
 from kvroute.routing.key import RoutingKey
 from kvroute.routing.worker import WorkerState
 
@@ -54,6 +54,8 @@ class ServedSession:
     ended: float = 0.0  # when its last request ended
     born: int = 0  # the book's count when it was entered: forgotten sessions' sizes keep this order
     mark: int = 0  # its entry among the quiet ones (SessionBook._quiet), while it is quiet
+    pause: float | None = None  # its own longest pause between an answer and its next request
+    pauses: int = 0  # how many pauses ``pause`` is the longest of
 
     def quiet(self) -> bool:
         """Nothing of it in flight or waiting at the gate."""
@@ -80,7 +82,8 @@ class Rule:
     the working set past the cache), and forgets a quiet session after 1.5 x the longest of the
     recent pauses between a session's answer and its next request, rather than after the fixed
     ``flow_session_idle_s`` (a session that ended holds its place until it is forgotten, keeping
-    a new one out).
+    a new one out) — or sooner, after ``OWN_PAUSES`` x the session's own longest pause, once it
+    has paused ``OWN_SAMPLES`` times between turns.
     """
 
     tokens: Callable[[RoutingKey, int], int]
@@ -93,6 +96,18 @@ RULES: dict[str, Rule] = {
 }
 
 _SAMPLES = 8  # pauses or ended sessions seen before a rule learns from them
+# A session quiet for this multiple of its own longest pause between turns has most likely ended
+# (its next turn would have come by then); one that paused often enough is judged by its own
+# pauses, not only the fleet's longest (one slow agent would keep every ended session counted).
+OWN_PAUSES = 3.0
+# Pauses a session must have made before its own are trusted: with pauses drawn at random (an
+# agent's tools), the longest of one or two is often far below its next (in virtual time, with
+# 3-s mean pauses, trusting one pause at 48 sessions let in sessions that had not ended: 53 % hits
+# against 73 %).
+OWN_SAMPLES = 3
+_LEFT = 64  # sessions' departures the drain rate of the working set is measured over
+_CLIENTS = 4096  # clients whose last conversation is remembered
+_SEEN = 65536  # sessions remembered as admitted, so that their later turns pass the door
 _RUN = 512  # sizes per run of _Sizes (a run is split past twice this)
 
 
@@ -154,6 +169,13 @@ class _Sizes:
         return self.total - below + floor * count
 
 
+def _own_keep(pause: float) -> float:
+    """How long a session that paused ``pause`` at most between its turns is kept once quiet, by
+    its own pauses (at least 1 s: an agent with no pause still takes a moment to send its next
+    turn)."""
+    return max(1.0, OWN_PAUSES * pause)
+
+
 @dataclass(slots=True)
 class SessionBook:
     """The sessions one model's fleet serves, and the door for new ones.
@@ -170,9 +192,18 @@ class SessionBook:
     peaks: deque[int] = field(default_factory=lambda: deque(maxlen=64))  # forgotten sessions' sizes
     gaps: deque[float] = field(default_factory=lambda: deque(maxlen=256))  # answer -> next request
     sweep_at: int = 1024  # past this many sessions, a finished request sweeps the idle ones
+    left: deque[float] = field(default_factory=lambda: deque(maxlen=_LEFT))  # when sessions left
+    # Each client's (x-kvroute-client) last session, oldest client first.
+    clients: OrderedDict[str, str] = field(default_factory=OrderedDict)
+    # Sessions that were served (entered the book), oldest first: their later turns are not new
+    # sessions, even once the book forgot them while they were quiet.
+    seen: OrderedDict[str, None] = field(default_factory=OrderedDict)
     # (ended, mark, session id) of each quiet session, plus stale ones (the session was busy again,
     # ended again or was forgotten since: its mark moved on), dropped when they reach the top.
     _quiet: list[tuple[float, int, str]] = field(default_factory=list, repr=False, compare=False)
+    # (when its own pauses say it ended, mark, session id) of each quiet session that has paused
+    # between turns OWN_SAMPLES times (OWN_PAUSES), stale ones as in ``_quiet``.
+    _own: list[tuple[float, int, str]] = field(default_factory=list, repr=False, compare=False)
     _sizes: _Sizes = field(default_factory=_Sizes, repr=False, compare=False)  # every session's tokens
     # Sessions entered and quiet places handed out, for ``born`` and ``mark``.
     _count: int = field(default=0, repr=False, compare=False)
@@ -185,7 +216,9 @@ class SessionBook:
 
     def idle_after(self, rule: Rule, idle_s: float) -> float:
         """How long a quiet session is kept: 1.5 x the longest recent pause between turns (at
-        least 1 s, at most ``idle_s``) for a rule that learns, else ``idle_s``."""
+        least 1 s, at most ``idle_s``) for a rule that learns, else ``idle_s``.  A session that
+        paused ``OWN_SAMPLES`` times between its turns is kept at most ``OWN_PAUSES`` x its own
+        longest pause (at least 1 s), when that is shorter."""
         if not rule.learns or len(self.gaps) < _SAMPLES:
             return idle_s
         return min(idle_s, max(1.0, 1.5 * max(self.gaps)))
@@ -197,12 +230,42 @@ class SessionBook:
             return 0
         return int(statistics.median(self.peaks))
 
-    def arrived(self, session_id: str, now: float) -> None:
-        """A request of the session reached the router's gate: if the session was quiet, the
-        pause since its last answer is one more sample."""
+    def arrived(self, session_id: str, now: float, client: str | None = None) -> None:
+        """A request of the session reached the router: if the session was quiet, the pause since
+        its last answer is one more sample (the fleet's and its own).  A ``client``
+        (``x-kvroute-client``) that starts another session has ended its previous one: that one
+        is forgotten now if it is quiet, rather than after the pauses."""
         entry = self.sessions.get(session_id)
         if entry is not None and entry.quiet():
-            self.gaps.append(max(0.0, now - entry.ended))
+            gap = max(0.0, now - entry.ended)
+            self.gaps.append(gap)
+            entry.pause = gap if entry.pause is None else max(entry.pause, gap)
+            entry.pauses += 1
+        if client is None:
+            return
+        old = self.clients.get(client)
+        self.clients[client] = session_id
+        self.clients.move_to_end(client)
+        if len(self.clients) > _CLIENTS:
+            self.clients.popitem(last=False)
+        if old is not None and old != session_id:
+            former = self.sessions.get(old)
+            if former is not None and former.quiet():
+                self._forget([(old, former)], now)
+
+    def is_new(self, session_id: str) -> bool:
+        """Whether ``session_id`` is a session the fleet has not served (as far as the book
+        remembers): a later turn of one it served is not, even after the book forgot it."""
+        return session_id not in self.sessions and session_id not in self.seen
+
+    def leave_rate(self, now: float) -> float:
+        """Sessions leaving the working set per second (forgotten as ended, or freed by their
+        client's next conversation), over the last departures: how fast the door drains."""
+        left = self.left
+        if len(left) < 2:
+            return 0.0
+        span = max(now, left[-1]) - left[0]
+        return (len(left) - 1) / span if span > 0 else 0.0
 
     def queued(self, session_id: str, delta: int) -> None:
         """A request of the session started (+1) or stopped (-1) waiting at the gate: a session
@@ -224,6 +287,10 @@ class SessionBook:
             entry = self.sessions[key.session_id] = ServedSession(0, shared, born=self._count)
             entry.tokens = RULES[rule].tokens(key, shared)
             self._sizes.add(entry.tokens)
+            self.seen[key.session_id] = None
+            self.seen.move_to_end(key.session_id)  # a session back after a pause is recent again
+            if len(self.seen) > _SEEN:
+                self.seen.popitem(last=False)
         else:
             tokens = RULES[rule].tokens(key, entry.shared)
             if tokens != entry.tokens:
@@ -250,11 +317,17 @@ class SessionBook:
             self._count += 1
             entry.mark = self._count
             heapq.heappush(self._quiet, (entry.ended, entry.mark, session_id))
-            if len(self._quiet) > 2 * len(self.sessions) + 64:
-                # Mostly stale places (sessions busy again): rebuilt, so the heap stays within a
-                # multiple of the book, at a cost spread over the pushes that filled it.
-                self._quiet = [(e.ended, e.mark, sid) for sid, e in self.sessions.items() if e.quiet()]
+            if entry.pause is not None and entry.pauses >= OWN_SAMPLES:
+                heapq.heappush(self._own, (entry.ended + _own_keep(entry.pause), entry.mark, session_id))
+            if len(self._quiet) + len(self._own) > 4 * len(self.sessions) + 128:
+                # Mostly stale places (sessions busy again): rebuilt, so the heaps stay within a
+                # multiple of the book, at a cost spread over the pushes that filled them.
+                quiet = [(sid, e) for sid, e in self.sessions.items() if e.quiet()]
+                self._quiet = [(e.ended, e.mark, sid) for sid, e in quiet]
+                self._own = [(e.ended + _own_keep(e.pause), e.mark, sid) for sid, e in quiet
+                             if e.pause is not None and e.pauses >= OWN_SAMPLES]
                 heapq.heapify(self._quiet)
+                heapq.heapify(self._own)
 
     def _current(self, place: tuple[float, int, str]) -> ServedSession | None:
         """The session a place among the quiet ones stands for, if that place is not stale."""
@@ -264,20 +337,34 @@ class SessionBook:
     def forget_idle(self, now: float, idle_s: float, rule: str) -> None:
         """Forget the sessions quiet for longer than the rule keeps one (see :class:`Rule`): only
         the places of those that ended longest ago are looked at."""
-        keep = self.idle_after(RULES[rule], idle_s)
+        r = RULES[rule]
+        keep = self.idle_after(r, idle_s)
         heap = self._quiet
-        gone: list[tuple[str, ServedSession]] = []
-        while heap and now - heap[0][0] > keep:
+        gone: dict[str, ServedSession] = {}
+        while heap and heap[0][0] < now - keep:
             place = heapq.heappop(heap)
             entry = self._current(place)
             if entry is not None:
-                gone.append((place[2], entry))
-        # In the order they entered the book (``peaks`` keeps only the last ones appended).
+                gone[place[2]] = entry
+        own = self._own
+        while r.learns and own and own[0][0] < now:
+            place = heapq.heappop(own)
+            entry = self._current(place)
+            if entry is not None:
+                gone[place[2]] = entry
+        if gone:
+            self._forget(list(gone.items()), now)
+
+    def _forget(self, gone: list[tuple[str, ServedSession]], now: float) -> None:
+        """The sessions ``gone`` ended: out of the book, their sizes kept for ``expected`` (in the
+        order they entered it: ``peaks`` keeps only the last ones appended), their departures for
+        ``leave_rate``.  Their places among the quiet ones go stale."""
         gone.sort(key=lambda item: item[1].born)
         for sid, entry in gone:
             del self.sessions[sid]
             self._sizes.remove(entry.tokens)
             self.peaks.append(entry.tokens)
+            self.left.append(now)
 
     def sweep(self, now: float, idle_s: float, rule: str) -> None:
         """Bound the book where the door is not asked (KV sizes unknown, every turn resident): once
@@ -288,16 +375,20 @@ class SessionBook:
 
     def live(self, now: float, idle_s: float, rule: str) -> int:
         """How many sessions the working set counts now (read-only: the idle ones are not)."""
-        keep = self.idle_after(RULES[rule], idle_s)
-        heap = self._quiet
-        # The heap's places that expired form a subtree at its root: walk only that.
-        idle, below = 0, [0]
-        while below:
-            i = below.pop()
-            if i < len(heap) and now - heap[i][0] > keep:
-                idle += self._current(heap[i]) is not None
-                below += (2 * i + 1, 2 * i + 2)
-        return len(self.sessions) - idle
+        r = RULES[rule]
+        keep = self.idle_after(r, idle_s)
+        idle: set[str] = set()
+        # The heaps' places that expired form a subtree at each root: walk only those.
+        # (A quiet place's first field is when it ended, an own one's when its own pauses run out.)
+        for heap, before in ((self._quiet, now - keep), (self._own if r.learns else [], now)):
+            below = [0]
+            while below:
+                i = below.pop()
+                if i < len(heap) and heap[i][0] < before:
+                    if self._current(heap[i]) is not None:
+                        idle.add(heap[i][2])
+                    below += (2 * i + 1, 2 * i + 2)
+        return len(self.sessions) - len(idle)
 
     def working_set(self, now: float, idle_s: float, rule: str) -> int:
         """KV tokens the served sessions count (each at least ``expected``), the idle ones
@@ -322,6 +413,16 @@ class SessionBook:
         return max(r.tokens(key, shared), self.expected(r))
 
 
+# Shed first turns whose place in the door's line is kept for their return, at most.
+_PLACES = 1024
+
+
+def door_order(t: Ticket) -> tuple[int, float, int]:
+    """The door's line: highest class first, then the earliest place (a first turn that was shed
+    and came back keeps the place it had), then arrival."""
+    return (-t.priority, t.place, t.seq)
+
+
 @dataclass(slots=True)
 class SessionDoor:
     """Session admission at one model's gate.  ``on`` (every method's switch) is whether it applies
@@ -329,23 +430,80 @@ class SessionDoor:
 
     book: SessionBook = field(default_factory=SessionBook)
     opened: int = 0  # working-set tokens of new sessions let in at the door and not yet sent
+    # First turns shed while held at the door, by session: (their place in the line, until when it
+    # is kept for them), the oldest kept first.
+    places: OrderedDict[str, tuple[float, float]] = field(default_factory=OrderedDict)
 
     def is_new(self, key: RoutingKey, on: bool) -> bool:
-        """Whether session admission applies to ``key``: on, and a session the fleet does not
-        serve yet."""
-        return on and key.session_id is not None and key.session_id not in self.book
+        """Whether session admission applies to ``key``: on, and a session the fleet has not
+        served (a later turn of an admitted session never waits at the door)."""
+        return on and key.session_id is not None and self.book.is_new(key.session_id)
 
     def holds(self, t: Ticket, on: bool) -> bool:
         """Whether the door holds ``t``: a new session's request whose prefix is not resident."""
         return not t.resident and self.is_new(t.key, on)
 
     def line(self, tickets: Iterable[Ticket], on: bool) -> deque[Ticket]:
-        """The requests the door holds, in the order they pass it (highest class, then oldest)."""
-        return deque(sorted((t for t in tickets if self.holds(t, on)), key=by_arrival))
+        """The requests the door holds, in the order they pass it (:func:`door_order`)."""
+        return deque(sorted((t for t in tickets if self.holds(t, on)), key=door_order))
 
     def waiting(self, tickets: Iterable[Ticket], on: bool) -> int:
         """How many new sessions have a request held at the door."""
         return len({t.key.session_id for t in tickets if self.holds(t, on)})
+
+    def returned(self, t: Ticket, now: float) -> None:
+        """``t`` arrived: a first turn shed at the door that comes back within the time its place
+        was kept for takes that place again."""
+        sid = t.key.session_id
+        if sid is None:
+            return
+        kept = self.places.pop(sid, None)
+        if kept is not None and now <= kept[1]:
+            t.place = min(t.place, kept[0])
+
+    def remember(self, t: Ticket, now: float, keep_s: float) -> None:
+        """Held ``t`` was shed at the door: its place is kept for its return for ``keep_s``
+        (its Retry-After and the queue TTL); the oldest kept go first past ``_PLACES``."""
+        sid = t.key.session_id
+        if sid is None:
+            return
+        self.places[sid] = (t.place, now + keep_s)
+        self.places.move_to_end(sid)
+        while len(self.places) > _PLACES:
+            self.places.popitem(last=False)
+
+    def kept(self, now: float) -> int:
+        """How many shed first turns' places are kept for their return at ``now`` (those past
+        their time are dropped)."""
+        places = self.places
+        while places:
+            sid, (_, until) = next(iter(places.items()))
+            if until >= now:
+                break
+            del places[sid]
+        return len(places)
+
+    def ahead(self, t: Ticket, tickets: Iterable[Ticket], now: float, on: bool) -> int:
+        """How many new sessions stand before held ``t`` in the door's line: those held with an
+        earlier place, and those shed from an earlier place whose place is still kept (they are
+        coming back)."""
+        mine = door_order(t)
+        held = {u.key.session_id for u in tickets if u is not t and self.holds(u, on) and
+                door_order(u) < mine}
+        for sid in [sid for sid, (_, until) in self.places.items() if until < now]:
+            del self.places[sid]
+        kept = sum(1 for sid, (place, _) in self.places.items()
+                   if sid not in held and sid != t.key.session_id and place < t.place)
+        return len(held) + kept
+
+    def wait_s(self, t: Ticket, tickets: Iterable[Ticket], now: float, on: bool) -> float | None:
+        """The predicted wait of held ``t`` at the door: the sessions before it and itself over the
+        rate at which served sessions leave the working set (each that leaves makes room for about
+        one more); None until that rate is measured."""
+        rate = self.book.leave_rate(now)
+        if rate <= 0:
+            return None
+        return (self.ahead(t, tickets, now, on) + 1) / rate
 
     def fits(self, t: Ticket, workers: Sequence[WorkerState], now: float, on: bool, *,
              fill: float, rule: str, idle_s: float, door_s: float) -> bool:

@@ -1,0 +1,251 @@
+"""Session admission that engages itself (routing/session_admission.py, routing/flow.py): a session
+forgotten after its own pauses, a later turn never held at the door, a client's new conversation
+freeing its old one, a first turn shed early when its predicted wait at the door passes the queue
+TTL, and a shed first turn keeping its place when it comes back.  Pure: an injected clock."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from routing_helpers import Clock
+from test_flow import MODEL, dispatcher, fleet, key, send
+
+from kvroute.routing import session_admission
+from kvroute.routing.dispatch import Dispatcher, InFlight
+from kvroute.routing.flow import ShedReason, Ticket, TicketState
+from kvroute.routing.key import RoutingKey
+from kvroute.routing.session_admission import SessionBook, SessionDoor
+from kvroute.routing.worker import WorkerState
+
+
+def turn(session: str, tokens: int = 100, client: str | None = None) -> RoutingKey:
+    return RoutingKey(MODEL, session.encode(), session, tokens, client=client)
+
+
+def go(d: Dispatcher, k: RoutingKey, workers: list[WorkerState]) -> InFlight:
+    """``k`` arrives, passes the gate at once and is sent."""
+    assert d.admit(k, workers).state is TicketState.GRANTED
+    return send(d, k, workers)
+
+
+def of(k: RoutingKey, client: str) -> RoutingKey:
+    return dataclasses.replace(k, client=client)
+
+
+# --- a session's own pauses ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("pauses, others, rule, quiet_for, kept", [
+    ((0.5, 0.5, 0.5), 0, "unique", 1.4, True),     # 3 x 0.5 s: kept 1.5 s
+    ((0.5, 0.5, 0.5), 0, "unique", 1.6, False),    # ... not the fleet's 15 s (too few samples)
+    ((0.5, 0.5), 0, "unique", 1.6, True),          # two pauses are not trusted yet
+    ((2.0, 1.0, 1.0), 0, "unique", 5.9, True),     # 3 x its longest, 2 s
+    ((2.0, 1.0, 1.0), 0, "unique", 6.1, False),
+    ((0.1, 0.1, 0.1), 0, "unique", 0.9, True),     # never less than 1 s
+    ((2.0, 1.0, 1.0), 8, "unique", 3.1, False),    # bounded by the fleet's: 1.5 x 2 s
+    ((0.5, 0.5, 0.5), 0, "footprint", 1.6, True),  # the first version's rule learns nothing
+])
+def test_a_quiet_session_is_forgotten_after_its_own_pauses(pauses: tuple[float, ...], others: int,
+                                                           rule: str, quiet_for: float,
+                                                           kept: bool) -> None:
+    book = SessionBook()
+    for i in range(others):  # other sessions pausing 2 s: the fleet keeps a quiet one 3 s
+        book.sent(turn(f"o{i}"), 100, rule)
+        book.finished(f"o{i}", 0.0)
+        book.arrived(f"o{i}", 2.0)
+        book.sent(turn(f"o{i}"), 100, rule)
+    t = 0.0
+    book.sent(turn("a"), 100, rule)
+    for pause in pauses:
+        book.finished("a", t)
+        t += pause
+        book.arrived("a", t)
+        book.sent(turn("a"), 100, rule)
+    book.finished("a", t)
+    assert book.live(t + quiet_for, 15.0, rule) == others + kept
+    book.working_set(t + quiet_for, 15.0, rule)
+    assert ("a" in book) is kept
+
+
+# --- later turns --------------------------------------------------------------------------------
+
+def full_door(clock: Clock, **policy: object) -> tuple[Dispatcher, list[WorkerState]]:
+    """A fleet of 2 x 1000 KV tokens whose served sessions b and c (900 each) leave room for no
+    new session of 300, after session a was served and forgotten while quiet."""
+    d = dispatcher(clock, flow_session_admission=True, flow_kv_fill=10.0, **policy)
+    workers = fleet(2, seqs=8, kv_tokens=1000)
+    d.finished(go(d, key(900, session="a"), workers), ok=True)
+    clock.now += 20.0  # past flow_session_idle_s: a is forgotten
+    go(d, key(900, session="b"), workers)
+    go(d, key(900, session="c"), workers)
+    assert "a" not in d.flow._models[MODEL].door.book
+    return d, workers
+
+
+def test_a_later_turn_of_an_admitted_session_is_never_held_at_the_door() -> None:
+    clock = Clock(1000.0)
+    d, workers = full_door(clock)
+    new = d.admit(key(300, session="new"), workers)
+    assert new.queued and d.flow.at_door(new)
+    later = d.admit(key(950, session="a"), workers)  # a's next turn, after the book forgot a
+    assert later.state is TicketState.GRANTED
+
+
+# --- a client's new conversation ----------------------------------------------------------------
+
+@pytest.mark.parametrize("old_busy, client, next_session, freed", [
+    (False, "c1", "s2", True),    # its client started another session: s1 ended
+    (True, "c1", "s2", False),    # s1 still has a request in flight: not ended
+    (False, "c1", "s1", False),   # the same session's next turn
+    (False, "c2", "s2", False),   # another client's session
+    (False, None, "s2", False),   # no x-kvroute-client: nothing is known
+])
+def test_a_clients_new_conversation_frees_its_quiet_old_one(old_busy: bool, client: str | None,
+                                                            next_session: str, freed: bool) -> None:
+    book = SessionBook()
+    book.arrived("s1", 0.0, "c1")
+    book.sent(turn("s1"), 100, "unique")
+    if not old_busy:
+        book.finished("s1", 1.0)
+    book.arrived(next_session, 2.0, client)
+    assert ("s1" not in book) is freed
+    assert len(book.left) == freed
+
+
+def test_the_clients_remembered_are_bounded() -> None:
+    book = SessionBook()
+    for i in range(session_admission._CLIENTS + 10):
+        book.arrived(f"s{i}", 0.0, f"c{i}")
+    assert len(book.clients) == session_admission._CLIENTS and "c0" not in book.clients
+
+
+def test_a_clients_new_session_passes_the_door_its_old_one_held() -> None:
+    """The door is full with b and c; c's client starts a new session: c (quiet) is freed at once,
+    so the new one fits (without the header it waits for c to be forgotten)."""
+    for client, passes in (("agent-1", True), (None, False)):
+        clock = Clock(1000.0)
+        d = dispatcher(clock, flow_session_admission=True, flow_kv_fill=10.0)
+        workers = fleet(2, seqs=8, kv_tokens=1000)
+        go(d, key(900, session="b"), workers)
+        d.finished(go(d, of(key(900, session="c"), "agent-1"), workers), ok=True)
+        nxt = key(900, session="c2")
+        ticket = d.admit(nxt if client is None else of(nxt, client), workers)
+        assert (ticket.state is TicketState.GRANTED) is passes
+
+
+# --- the door's bound from its measured drain ---------------------------------------------------
+
+def draining(clock: Clock, ttl_s: float) -> tuple[Dispatcher, list[WorkerState]]:
+    """Served session b (900 of 2 x 1000 KV tokens) and one client's sessions one after another
+    (900 each): at t + 10 and t + 20 the client's next session frees the last, so by t + 20
+    sessions leave at 1 every 10 s, and a new session of 300 does not fit."""
+    d = dispatcher(clock, flow_session_admission=True, flow_kv_fill=10.0, flow_queue_ttl_s=ttl_s)
+    workers = fleet(2, seqs=8, kv_tokens=1000)
+    go(d, key(900, session="b"), workers)
+    for i in range(3):
+        if i:
+            clock.now += 10.0
+        d.finished(go(d, of(key(900, session=f"s{i}"), "agent"), workers), ok=True)
+    assert d.flow._models[MODEL].door.book.leave_rate(clock.now) == pytest.approx(0.1)
+    return d, workers
+
+
+@pytest.mark.parametrize("ttl_s, first_shed, second_shed, retry_after", [
+    (5.0, True, True, 5),      # first: 1 / 0.1 = 10 s > 5; Retry-After the 5 s past the TTL
+    (15.0, False, True, 5),    # first waits (10 s); the second, behind it, would wait 20 s
+    (60.0, False, False, 0),   # both within the TTL: they wait
+])
+def test_a_first_turn_whose_predicted_door_wait_passes_the_ttl_is_shed_at_once(
+        ttl_s: float, first_shed: bool, second_shed: bool, retry_after: int) -> None:
+    clock = Clock(1000.0)
+    d, workers = draining(clock, ttl_s)
+    first = d.admit(key(300, session="x"), workers)
+    second = d.admit(key(300, session="y"), workers)
+    for t, shed in ((first, first_shed), (second, second_shed)):
+        assert (t.state is TicketState.SHED) is shed
+        assert t.queued is not shed
+        if shed:
+            assert t.reason is ShedReason.DOOR_WAIT
+            assert t.retry_after_s == retry_after
+    sheds = sum(n for (_, reason, _), n in d.flow.shed.items() if reason == "door_wait")
+    assert sheds == first_shed + second_shed
+
+
+def test_a_continuing_turn_is_never_shed_at_the_door() -> None:
+    clock = Clock(1000.0)
+    d, workers = draining(clock, 5.0)
+    assert d.admit(key(950, session="b"), workers).state is not TicketState.SHED
+
+
+def test_no_early_shed_until_the_drain_is_measured() -> None:
+    clock = Clock(1000.0)
+    d, workers = full_door(clock, flow_queue_ttl_s=0.001)
+    assert d.flow._models[MODEL].door.book.leave_rate(clock.now) == 0.0
+    assert d.admit(key(300, session="new"), workers).queued
+
+
+# --- a shed first turn keeps its place ----------------------------------------------------------
+
+def test_a_shed_first_turn_that_comes_back_keeps_its_place() -> None:
+    """y is shed at t (15 s TTL, predicted 20 s); until it comes back it counts as waiting (for the
+    saturation reading, and ahead of z, which arrives after it); when it comes back it takes its
+    old place again, and keeps it if it is shed once more (the drain slowed meanwhile)."""
+    clock = Clock(1000.0)
+    d, workers = draining(clock, 15.0)
+    x = d.admit(key(300, session="x"), workers)
+    y = d.admit(key(300, session="y"), workers)
+    assert x.queued and y.state is TicketState.SHED and y.retry_after_s == 5
+    shed_at = clock.now
+    door = d.flow._models[MODEL].door
+    assert door.kept(clock.now) == 1 and d.flow.blocked(MODEL, clock.now) == 2
+    clock.now += 1.0
+    z = d.admit(key(300, session="z"), workers)
+    assert door.ahead(z, d.flow.queued(MODEL), clock.now, True) == 2  # x, and y coming back
+    assert z.state is TicketState.SHED
+    clock.now += y.retry_after_s
+    back = d.admit(key(300, session="y"), workers)
+    assert back.place == shed_at and back.place < z.place
+    assert back.state is TicketState.SHED and door.places["y"][0] == shed_at
+
+
+def queued(session: str, arrived: float) -> Ticket:
+    t = Ticket(turn(session), arrived)
+    t.state = TicketState.QUEUED
+    return t
+
+
+def test_kept_places_are_bounded_and_expire() -> None:
+    door = SessionDoor()
+    for i in range(session_admission._PLACES + 100):
+        door.remember(queued(f"s{i}", float(i)), now=0.0, keep_s=10.0 + i)
+    assert len(door.places) == session_admission._PLACES and "s0" not in door.places
+    assert door.kept(0.0) == session_admission._PLACES
+    assert door.kept(10.0 + 150.5) == session_admission._PLACES + 100 - 151  # s0-s150 passed
+    late = queued("s120", 500.0)
+    door.returned(late, 500.0)  # came back after its place was dropped: a new place
+    assert late.place == 500.0
+    back = queued("s900", 905.0)  # within its time (910): its place, 900
+    door.returned(back, 905.0)
+    assert back.place == 900.0 and "s900" not in door.places
+
+
+def test_the_door_line_is_by_place() -> None:
+    door = SessionDoor()
+    young, old, back = queued("young", 5.0), queued("old", 3.0), queued("back", 9.0)
+    back.place = 1.0
+    assert list(door.line([young, old, back], True)) == [back, old, young]
+
+
+def test_the_sessions_remembered_as_served_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the bound the session served longest ago is no longer known (its next turn would be a
+    new session's); one that came back after the book forgot it counts as recent again."""
+    monkeypatch.setattr(session_admission, "_SEEN", 3)
+    book = SessionBook()
+    for sid in ("a", "b", "c"):
+        book.sent(turn(sid), 100, "unique")
+        book.finished(sid, 0.0)
+    book.working_set(100.0, 15.0, "unique")  # all forgotten, all still seen
+    book.sent(turn("a"), 100, "unique")  # a is back
+    book.sent(turn("d"), 100, "unique")
+    assert list(book.seen) == ["c", "a", "d"]
+    assert book.is_new("b") and not book.is_new("c")
