@@ -571,6 +571,12 @@ class Scheduler:
             more += max(0, prompt_tokens - cached_tokens - decision.prefill_tokens)
         self._fill.computed(worker_id, decision.worker_epoch, self._clock(), more)
 
+    def return_share(self, model: str) -> float | None:
+        """The learned share of ``model``'s derived sessions that come back with a follow-up turn
+        (routing/returns.py; None before enough are known)."""
+        returns = self._returns.get(model)
+        return None if returns is None else returns.share(self._clock())
+
     def learned(self, worker_id: str) -> WorkerLearning | None:
         """What has been learned about ``worker_id`` so far (None before its first request);
         read-only for callers: only the dispatch path teaches it."""
@@ -614,7 +620,8 @@ class Scheduler:
         return self.config.settings_for(model)
 
     def stats(self) -> dict[str, Any]:
-        """Index and session-table sizes, and per worker: decisions by kind, bound sessions and
+        """Index and session-table sizes, per model the learned share of derived sessions that come
+        back, and per worker: decisions by kind, bound sessions and
         learned figures (for metrics and the dashboard)."""
         now = self._clock()
         workers: dict[str, dict[str, Any]] = {}
@@ -637,5 +644,6 @@ class Scheduler:
             "index_max_blocks": self._index.max_blocks,
             "sessions": len(self._sessions),
             "session_max": self._sessions.max_entries,
+            "return_share": {model: returns.share(now) for model, returns in sorted(self._returns.items())},
             "workers": workers,
         }
