@@ -145,7 +145,9 @@ class _Prices:
         s = view.block(AutoSettings)
         # Not for a turn whose history the engines say lives on its worker: the sessions active
         # elsewhere are what this instance happened to route, which differs between instances.
-        per_session = s.active_session_tokens if view.session is not None and not view.resident else 0.0
+        # Nor for a one-shot: it sends no later turns to sit beside the sessions living there.
+        per_session = s.active_session_tokens if view.session is not None and not view.resident \
+            and not one_shot(view) else 0.0
         return cls(s, view.est_tokens, s.realisation_weight, per_session, view.bound)
 
     def held(self, c: Candidate) -> float:
