@@ -52,6 +52,16 @@ only say when *this* request starts.  In place of the prompt-size slack, consist
 bounded loads (``bounded_load``): a replica takes the request only while it would carry at most
 ``fleet_load_bound`` x the fleet's mean load, so a prefix stays on its holder, and a hot prefix
 gets a second replica only once its holder is that far above the mean.
+
+**One-shots.**  The guards above (the slack or bounded load, and ``balanced_sessions``) keep new
+*conversations* from piling behind a head one worker holds.  A request whose session id the router
+derived, of a model whose derived sessions mostly never come back with a follow-up turn (fewer than
+``one_shot_return_share`` of them, learned in routing/returns.py), and which has not come back
+itself, is a one-shot (a question under a shared system prompt): it joins no conversation, so the
+guards protect nothing, and only move it off its prefix's holder onto a cold worker whose copy of
+the prefix evicts another.  It is placed by the cost alone, without the session term (it sends no
+later turns beside the sessions living there).  Agents that send no session id come back, so their
+share stays high and their guards stay.
 """
 
 from __future__ import annotations
