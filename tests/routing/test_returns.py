@@ -153,3 +153,18 @@ def test_conversations_without_ids_under_one_head_still_spread() -> None:
     _teach(s, clock, ws, follow_ups=True)
     d = s.decide(key(HEAD + text(3, 600), session="conv:agent"), ws)
     assert d.worker_id != "w0" and "one-shot" not in d.reason
+
+
+def test_a_one_shot_is_not_charged_for_the_sessions_living_on_the_holder() -> None:
+    """Three clients' sessions live on w0, which holds HEAD: a conversation would join them there
+    (and ``balanced_sessions`` keeps it off), but a one-shot sends no later turn beside them, so
+    its cost is only the short prefill w0 leaves it."""
+    s, clock, ws = _fleet_with_a_busy_holder(ModelSettings(policy="auto"))
+    ws[0].inflight = 0
+    _teach(s, clock, ws, follow_ups=False)
+    for j in range(3):
+        send(s, key(text(300 + j, 2000), session=f"client-{j}"), [ws[0]])
+    question = s.decide(key(HEAD + text(3, 600), session="conv:q3"), ws[:2])
+    assert question.worker_id == "w0", question.reason
+    conversation = s.decide(key(HEAD + text(3, 600), session="client-new"), ws[:2])
+    assert conversation.worker_id == "w1", conversation.reason
