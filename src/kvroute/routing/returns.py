@@ -85,11 +85,6 @@ class ReturnShare:
         self._expire(now)
         return self._share if self._resolved >= self.min_resolved else None
 
-    @property
-    def resolved(self) -> int:
-        """Identities resolved so far (returned or one-shot)."""
-        return self._resolved
-
     def _expire(self, now: float) -> None:
         cutoff = now - self.window_s
         seen = self._seen
