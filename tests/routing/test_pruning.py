@@ -262,3 +262,54 @@ def test_a_placement_counts_active_sessions_from_the_fewest_in_the_fleet() -> No
     decision, reference = _both(d, key(head + text(5, 20_000), session="new"), ws)
     assert reference.worker_id != holder.id
     assert decision.scores == reference.scores
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_pruned_one_shots_equal_looking_at_every_worker(seed: int) -> None:
+    """A one-shot (a derived session among derived sessions that never come back) is placed by
+    the cost alone, beyond the slack: the pruning walks the floor as far as it takes."""
+    rng = random.Random(2000 + seed)
+    clock = Clock()
+    n = rng.choice((65, 150))
+    d, ws, heads = _busy_fleet(rng, n, clock)
+    for j in range(40):  # one-shots, each asked once, on random workers
+        k = key(rng.choice(heads) + text(30_000 + j, 600), session=f"conv:once{seed}-{j}")
+        d.scheduler.commit(k, d.scheduler.decide(k, [rng.choice(ws)]))
+    clock.advance(61.0)
+    assert d.scheduler.return_share("m") == 0.0
+    for step in range(30):
+        k = key(rng.choice(heads) + text(40_000 + step, rng.choice((50, 4000))),
+                session=f"conv:q{seed}-{step}")
+        reference = _brute_force(d.scheduler).decide(k, ws)
+        decision = d.route(k, ws)
+        assert decision.scores == reference.scores, (step, decision.reason, reference.reason)
+        assert decision.considered <= reference.considered
+        clock.advance(rng.choice((0.0, 0.5)))
+
+
+def test_a_one_shot_finds_a_worker_beyond_the_slack_when_those_within_are_slow() -> None:
+    """The least busy carry a large backlog, and every other worker is past the prompt-size slack
+    with none: a one-shot goes to one of those (the cost alone decides), found by the floor's walk
+    beyond the slack; a client's session stays within it."""
+    clock = Clock()
+    d = Dispatcher(Scheduler(RoutingConfig(default=ModelSettings(policy="auto"), prune_above=8), clock=clock),
+                   timer=clock)
+    ws = fleet(100, max_num_seqs=64)
+    for w in ws:
+        d.worker_epoch(w.id, w.epoch)
+    for j in range(20):  # derived sessions that never come back
+        k = key(text(500 + j, 2000), session=f"conv:once{j}")
+        d.scheduler.commit(k, d.scheduler.decide(k, [ws[99]]))
+    clock.advance(61.0)
+    for i, w in enumerate(ws):
+        if i < 10:  # one request in flight each, with a long prompt still to prefill
+            k = key(text(-1 - i, 80_000))
+            d.sent(k, d.scheduler.decide(k, [w]), w)
+        else:  # past the slack of 4 (a 10,000-token prompt), owing nothing
+            w.inflight = 6
+            d.book.touch(w)
+    decision, reference = _both(d, key(text(7, 40_000), session="conv:new"), ws)
+    assert decision.scores == reference.scores, (decision.reason, reference.reason)
+    assert int(decision.worker_id[1:]) >= 10 and "one-shot" in decision.reason
+    client = d.route(key(text(7, 40_000), session="client"), ws)
+    assert int(client.worker_id[1:]) < 10

@@ -31,6 +31,7 @@ from kvroute.routing.learning import LearningSettings, WorkerLearning
 from kvroute.routing.loadbook import LoadBook
 from kvroute.routing.policies import policy_named
 from kvroute.routing.prefix_index import PrefixIndex
+from kvroute.routing.returns import ReturnShare
 from kvroute.routing.saturation import SaturationSettings
 from kvroute.routing.sessions import SessionTable
 from kvroute.routing.stages import PickerState, Policy, Pruning
@@ -66,6 +67,7 @@ class Scheduler:
         self.exact = ExactIndex(self.config.kv_speculative_ttl_s, self.config.kv_events_stale_s)
         self._fill = CacheFill()
         self._sessions = SessionTable(self.config.session_ttl_s, self.config.session_max)
+        self._returns: dict[str, ReturnShare] = {}  # per model: whether derived sessions come back
         self._picker = PickerState(rng=random.Random(self.config.seed))
         self._learning: dict[str, WorkerLearning] = {}
         # The learning settings each worker's figures are kept under: its model's (the model of the
@@ -131,6 +133,13 @@ class Scheduler:
                     # The engines' own state outranks this instance's binding, which another
                     # instance may have moved since (it holds less of the history than ``home``).
                     view.bound, view.resident = home, True
+        if Signal.RETURNS in needs and key.session_id is not None and not key.client_session:
+            returns = self._returns.get(key.model)
+            if returns is not None:
+                view.return_share = returns.share(now)
+                session = view.session if view.session is not None else session_hash(key)
+                assert session is not None
+                view.returned = returns.returned(session)
         offered = len(workers)
         pruned = None
         # Placing for a full fleet compares every worker with the fleet's mean load: no pruning.
@@ -475,6 +484,13 @@ class Scheduler:
         if decision.session is not None:
             self._sessions.bind(decision.session, worker, now)
             records.append(SessionRecord(decision.session, worker, now))
+        if key.session_id is not None and not key.client_session:
+            session = decision.session if decision.session is not None else session_hash(key)
+            assert session is not None
+            returns = self._returns.get(key.model)
+            if returns is None:
+                returns = self._returns[key.model] = ReturnShare()
+            returns.seen(session, key.est_prompt_tokens, now)
         return records
 
     def apply_remote(self, record: SyncRecord) -> None:
@@ -555,6 +571,12 @@ class Scheduler:
             more += max(0, prompt_tokens - cached_tokens - decision.prefill_tokens)
         self._fill.computed(worker_id, decision.worker_epoch, self._clock(), more)
 
+    def return_share(self, model: str) -> float | None:
+        """The learned share of ``model``'s derived sessions that come back with a follow-up turn
+        (routing/returns.py; None before enough are known)."""
+        returns = self._returns.get(model)
+        return None if returns is None else returns.share(self._clock())
+
     def learned(self, worker_id: str) -> WorkerLearning | None:
         """What has been learned about ``worker_id`` so far (None before its first request);
         read-only for callers: only the dispatch path teaches it."""
@@ -598,7 +620,8 @@ class Scheduler:
         return self.config.settings_for(model)
 
     def stats(self) -> dict[str, Any]:
-        """Index and session-table sizes, and per worker: decisions by kind, bound sessions and
+        """Index and session-table sizes, per model the learned share of derived sessions that come
+        back, and per worker: decisions by kind, bound sessions and
         learned figures (for metrics and the dashboard)."""
         now = self._clock()
         workers: dict[str, dict[str, Any]] = {}
@@ -621,5 +644,6 @@ class Scheduler:
             "index_max_blocks": self._index.max_blocks,
             "sessions": len(self._sessions),
             "session_max": self._sessions.max_entries,
+            "return_share": {model: returns.share(now) for model, returns in sorted(self._returns.items())},
             "workers": workers,
         }

@@ -28,6 +28,7 @@ class Signal(StrEnum):
     LEARNED = "learned"  # Candidate.s_per_token, realisation, backlog_tokens
     BINDING = "binding"  # View.session, View.bound: the request's session and its worker
     BOUND_SESSIONS = "bound_sessions"  # Candidate.bound_sessions: sessions bound (not expired)
+    RETURNS = "returns"  # View.return_share, View.returned: whether derived sessions come back
 
 
 @dataclass(slots=True)
@@ -87,6 +88,10 @@ class View:
     the session's history lives (``Scheduler._resident_home``), a fact every router instance reads
     alike, rather than only this instance's session table.  ``fleet_full``: the model's fleet is
     saturated and its policy places for the fleet's throughput (routing/saturation.py).
+    ``return_share``: for a request whose session id the router derived (no client session id),
+    the learned share of such sessions of its model that come back with a follow-up turn
+    (routing/returns.py; None before enough are known, and for a client's session);
+    ``returned``: this one has.
     """
 
     key: RoutingKey
@@ -99,6 +104,8 @@ class View:
     bound: str | None = None
     resident: bool = False
     fleet_full: bool = False
+    return_share: float | None = None
+    returned: bool = False
     _memo: dict[Callable[[View], Any], Any] = field(default_factory=dict, repr=False)
 
     def derived(self, fn: Callable[[View], T]) -> T:

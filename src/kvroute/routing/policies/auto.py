@@ -52,11 +52,22 @@ only say when *this* request starts.  In place of the prompt-size slack, consist
 bounded loads (``bounded_load``): a replica takes the request only while it would carry at most
 ``fleet_load_bound`` x the fleet's mean load, so a prefix stays on its holder, and a hot prefix
 gets a second replica only once its holder is that far above the mean.
+
+**One-shots.**  The guards above (the slack or bounded load, and ``balanced_sessions``) keep new
+*conversations* from piling behind a head one worker holds.  A request whose session id the router
+derived, of a model whose derived sessions mostly never come back with a follow-up turn (fewer than
+``one_shot_return_share`` of them, learned in routing/returns.py), and which has not come back
+itself, is a one-shot (a question under a shared system prompt): it joins no conversation, so the
+guards protect nothing, and only move it off its prefix's holder onto a cold worker whose copy of
+the prefix evicts another.  It is placed by the cost alone, without the session term (it sends no
+later turns beside the sessions living there).  Agents that send no session id come back, so their
+share stays high and their guards stay.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field
 
 from kvroute.routing import filters, pickers, scorers
@@ -106,12 +117,20 @@ class AutoSettings:
               "KV events, or estimated: approximate_eviction): each is a prefill later requests "
               "are likely to pay again (0 disables)")
 
+    one_shot_return_share: float = setting(
+        0.1, "while fewer than this share of a model's conversations without a session id come back "
+             "with a follow-up turn within 60 s (learned per model, routing/returns.py), a request "
+             "of one that never came back is placed by the cost alone: no prompt-size slack, "
+             "bounded load or session spread (0 disables)")
+
     def __post_init__(self) -> None:
         check_non_negative(self, "inflight_tokens", "waiting_tokens", "backlog_weight", "eviction_weight",
                            "stay_tokens", "prefill_penalty", "realisation_weight", "active_session_tokens",
                            "evicted_cache_weight")
         if self.realisation_weight > 1:
             raise ValueError("realisation_weight must be between 0 and 1")
+        if not 0 <= self.one_shot_return_share <= 1:
+            raise ValueError("one_shot_return_share must be between 0 and 1")
         if self.session_spread is not None and (isinstance(self.session_spread, bool)
                                                 or self.session_spread < 0):
             raise ValueError("session_spread must be non-negative or None")
@@ -136,7 +155,9 @@ class _Prices:
         s = view.block(AutoSettings)
         # Not for a turn whose history the engines say lives on its worker: the sessions active
         # elsewhere are what this instance happened to route, which differs between instances.
-        per_session = s.active_session_tokens if view.session is not None and not view.resident else 0.0
+        # Nor for a one-shot: it sends no later turns to sit beside the sessions living there.
+        per_session = s.active_session_tokens if view.session is not None and not view.resident \
+            and not one_shot(view) else 0.0
         return cls(s, view.est_tokens, s.realisation_weight, per_session, view.bound)
 
     def held(self, c: Candidate) -> float:
@@ -251,7 +272,17 @@ def load_bound(view: View, cands: list[Candidate]) -> int:
     return math.ceil(view.block(SaturationSettings).fleet_load_bound * total / len(cands))
 
 
-def _room_guard(view: View, cands: list[Candidate]) -> list[Candidate]:
+def one_shot(view: View) -> bool:
+    """Whether the request is a one-shot's: its session id was derived by the router, it never came
+    back with a follow-up turn, and too few of its model's derived sessions do
+    (``one_shot_return_share``).  Such a request joins no conversation, so the guards against piling
+    conversations behind a shared head protect nothing; they only move it off the replica holding
+    its prefix onto a cold one, whose copy evicts another prefix."""
+    share = view.return_share
+    return share is not None and not view.returned and share < view.block(AutoSettings).one_shot_return_share
+
+
+def _room(view: View, cands: list[Candidate]) -> list[Candidate]:
     if not view.fleet_full:
         return filters.load_within_slack.keep(view, cands)
     limit = load_bound(view, cands)
@@ -259,12 +290,17 @@ def _room_guard(view: View, cands: list[Candidate]) -> list[Candidate]:
     return [c for c in cands if c.busy + 1 <= limit]
 
 
-room_guard = Filter("room_guard", _room_guard, frozenset({Signal.BINDING}))
+def _room_guard(view: View, cands: list[Candidate]) -> list[Candidate]:
+    return cands if one_shot(view) else _room(view, cands)
+
+
+room_guard = Filter("room_guard", _room_guard, frozenset({Signal.BINDING, Signal.RETURNS}))
 """With room in the fleet, the prompt-size slack (``load_within_slack``); when it is full, the
-bounded load: candidates that would carry at most ``fleet_load_bound`` x the mean load."""
+bounded load: candidates that would carry at most ``fleet_load_bound`` x the mean load.  Neither
+for a one-shot (``one_shot``)."""
 
 
-def _balanced_sessions(view: View, cands: list[Candidate]) -> list[Candidate]:
+def _spread(view: View, cands: list[Candidate]) -> list[Candidate]:
     spread = view.block(AutoSettings).session_spread
     if view.session is None or spread is None or len(cands) < 2 or view.bound_in(cands):
         return cands
@@ -272,10 +308,19 @@ def _balanced_sessions(view: View, cands: list[Candidate]) -> list[Candidate]:
     return [c for c in cands if c.active_sessions <= least + spread]
 
 
+def _balanced_sessions(view: View, cands: list[Candidate]) -> list[Candidate]:
+    return cands if one_shot(view) else _spread(view, cands)
+
+
 balanced_sessions = Filter("balanced_sessions", _balanced_sessions,
-                           frozenset({Signal.SESSIONS, Signal.BINDING}))
+                           frozenset({Signal.SESSIONS, Signal.BINDING, Signal.RETURNS}))
 """A session being placed goes where active sessions are within ``session_spread`` of the fewest
-(only for a session with no usable binding)."""
+(only for a session with no usable binding, and not for a one-shot's)."""
+
+
+def _guards_moved(view: View, cands: list[Candidate], c: Candidate) -> bool:
+    """Whether the guards a one-shot skips would have ruled ``c`` out."""
+    return not any(x is c for x in _spread(view, _room(view, cands)))
 
 
 def explain(view: View, cands: list[Candidate], i: int) -> tuple[DecisionKind, str]:
@@ -292,6 +337,9 @@ def explain(view: View, cands: list[Candidate], i: int) -> tuple[DecisionKind, s
                f"busy={c.busy}, ~{view.est_tokens} tokens")
     if view.fleet_full:
         figures += f"; fleet saturated: placed for the fleet, load bound {load_bound(view, cands)}"
+    if one_shot(view) and _guards_moved(view, cands, c):
+        figures += (f"; one-shot (derived sessions coming back {100 * (view.return_share or 0.0):.0f} %): "
+                    f"placed by the cost alone, outside the load and session guards")
     kind = bound_kind(view, c)
     if kind is DecisionKind.STICKY:
         return kind, f"[AUTO] sticky: {session_tag(view)} stays on {c.worker.id} ({figures})"
@@ -326,8 +374,9 @@ def _kept(view: View, cands: list[Candidate], least: int) -> list[bool] | None:
     """Which of ``cands`` ``room_guard`` and ``balanced_sessions`` keep whatever the rest of the
     fleet: every one for a bound session's turn (both let it through); for a placement, those within
     the slack of ``least`` with at most ``session_spread`` active sessions — known only once one of
-    those within the slack has none, the fewest there can be."""
-    if view.bound_in(cands):
+    those within the slack has none, the fewest there can be; every one for a one-shot (neither
+    guard applies)."""
+    if view.bound_in(cands) or one_shot(view):
         return [True] * len(cands)
     limit = least + view.placement.slack_for(view.est_tokens)
     spread = view.block(AutoSettings).session_spread
@@ -338,7 +387,13 @@ def _kept(view: View, cands: list[Candidate], least: int) -> list[bool] | None:
     return [c.busy <= limit and c.active_sessions <= spread for c in cands]
 
 
-PRUNING = Pruning("busy", lambda view: view.placement.slack_for(view.est_tokens), _floor, _kept)
+def _within(view: View) -> int:
+    """How far above the least busy a placement may go: the prompt-size slack, and no bound for a
+    one-shot (``one_shot``: the cost alone decides, so only the floor prunes)."""
+    return sys.maxsize if one_shot(view) else view.placement.slack_for(view.est_tokens)
+
+
+PRUNING = Pruning("busy", _within, _floor, _kept)
 """A new placement goes within the prompt-size slack of the least busy (``room_guard`` with room),
 to the cheapest of the workers holding part of the prompt and the least busy ones, unless a worker
 holding nothing could be cheaper still; a bound session's turn stays unless a worker beats the cost
