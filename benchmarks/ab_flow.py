@@ -13,7 +13,8 @@ and session admission off, placement by predicted TTFT even when saturated), ``P
 ``POLICY/footprint`` (session admission with the first version's rule,
 ``flow_session_rule = "footprint"``), optionally followed by ``+FIELD=VALUE`` settings of that
 variant alone (``auto/sessions+flow_session_fill=1.2``; ``+kv_events=True``: the engines publish
-KV events, so the router routes on their exact cache state).  ``--think-time 0`` is the closed loop
+KV events, so the router routes on their exact cache state; ``+client_header=False``: the agents
+send no ``x-kvroute-client``).  ``--think-time 0`` is the closed loop
 with no pause between rounds.  Per
 step, the mean over seeds of: output tokens/min, TTFB p50 / p95, prefix hits, engine
 preemptions, the router-queue wait p50 / p95 (over every routed request, zero for those
@@ -71,10 +72,12 @@ def variant_settings(variant: str, fields: dict[str, Any]) -> tuple[str, dict[st
 
 def cluster_config(settings: dict[str, Any]) -> ClusterConfig:
     """The virtual fleet for a variant's settings: ``+kv_events=True`` (a fleet whose engines
-    publish KV events, so the router is in exact mode) is the cluster's, the rest the policy's."""
+    publish KV events, so the router is in exact mode) and ``+client_header=False`` (agents that do
+    not name themselves with x-kvroute-client) are the cluster's, the rest the policy's."""
     policy = dict(settings)
     kv_events = bool(policy.pop("kv_events", False))
-    return ClusterConfig(policy=policy, kv_events=kv_events)
+    client_header = bool(policy.pop("client_header", True))
+    return ClusterConfig(policy=policy, kv_events=kv_events, client_header=client_header)
 
 
 def _or_nan(value: float | None) -> float:

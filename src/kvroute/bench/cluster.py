@@ -92,6 +92,9 @@ class ClusterConfig:
     # them after ``kv_event_lag_s``: workers are then in exact mode (routing/exact_index.py).
     kv_events: bool = False
     kv_event_lag_s: float = 0.005
+    # Each agent names itself (``x-kvroute-client``), so that its next session frees the one
+    # before at session admission's door; False: agents as clients that send no such header.
+    client_header: bool = True
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -287,7 +290,7 @@ class VirtualCluster:
     def _send(self, loop: int, req: PlannedRequest, rec: RequestRecord) -> None:
         body = req.openai_body(self.model)
         headers = req.headers()
-        if loop != OPEN_LOOP:  # each agent names itself: its next session ends the one before
+        if loop != OPEN_LOOP and self.config.client_header:  # its next session ends the one before
             headers[CLIENT_HEADER] = f"agent-{loop}"
         key: RoutingKey = route_key("chat", body, headers)
         # The engine's own rendering, made once: the prompt it prefills and, in exact mode, the
