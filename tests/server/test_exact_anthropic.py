@@ -13,8 +13,8 @@ from typing import Any
 import aiohttp
 import anthropic
 import pytest
+from exact_helpers import EVENTS, all_exact, until
 
-from kvroute.fleet.kv_event_wire import KVEventsConfig
 from kvroute.prometheus_text import parse_exposition
 from kvroute.server.app import RunningRouter
 from kvroute.sim.server import SimFleet
@@ -23,21 +23,12 @@ MakeFleet = Callable[..., Awaitable[SimFleet]]
 MakeRouter = Callable[..., Awaitable[RunningRouter]]
 
 MODEL = "qwen3-4b"
-EVENTS = KVEventsConfig(enable_kv_cache_events=True, publisher="zmq", endpoint="tcp://127.0.0.1:*",
-                        replay_endpoint="tcp://127.0.0.1:*")
 SYSTEM: list[Any] = [
     {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.3; cch=7f3a;"},
     {"type": "text", "text": "You review pull requests for a storage engine; be terse and exact. " * 40,
      "cache_control": {"type": "ephemeral"}}]
 TOOLS: list[Any] = [{"name": "read_file", "description": "Read a file.",
                      "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}]
-
-
-async def until(cond: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not cond():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
 
 
 async def turn(client: anthropic.AsyncAnthropic, messages: list[Any], system: list[Any] = SYSTEM
@@ -58,7 +49,7 @@ async def test_an_anthropic_conversations_follow_up_is_matched_on_the_engines_bl
     fleet = await sim_fleet(2, speed=50.0, kv_events=EVENTS)
     r = await router(fleet.urls)
     exact = r.scheduler.exact
-    await until(lambda: all(r.scheduler.cache_mode(w.id) == "exact" for w in r.registry.states()))
+    await all_exact(r)
     client = anthropic.AsyncAnthropic(base_url=r.url, api_key="sk-test", max_retries=0)
     async with client:
         history: list[Any] = [{"role": "user", "content": "Read the diff in change.patch."}]
@@ -112,7 +103,7 @@ async def test_the_local_tokenizer_takes_anthropic_text_and_leaves_tool_calls_to
 
     fleet = await sim_fleet(1, speed=50.0, kv_events=EVENTS)
     r = await router(fleet.urls, models={MODEL: {"tokenizer": str(write_tokenizer(tmp_path / "model"))}})
-    await until(lambda: all(r.scheduler.cache_mode(w.id) == "exact" for w in r.registry.states()))
+    await all_exact(r)
 
     async def send(messages: list[Any]) -> None:
         body = {"model": MODEL, "max_tokens": 4, "system": SYSTEM, "messages": messages}

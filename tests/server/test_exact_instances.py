@@ -10,8 +10,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
+from exact_helpers import EVENTS, all_exact, until
 
-from kvroute.fleet.kv_event_wire import KVEventsConfig
 from kvroute.server.app import RunningRouter
 from kvroute.sim.server import SimFleet
 
@@ -19,17 +19,8 @@ MakeFleet = Callable[..., Awaitable[SimFleet]]
 MakeRouter = Callable[..., Awaitable[RunningRouter]]
 
 MODEL = "qwen3-4b"
-EVENTS = KVEventsConfig(enable_kv_cache_events=True, publisher="zmq", endpoint="tcp://127.0.0.1:*",
-                        replay_endpoint="tcp://127.0.0.1:*")
 # A reader's pause between turns, longer than a probe interval: the engines' scraped load settles.
 THINK_S = 0.3
-
-
-async def until(cond: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not cond():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
 
 
 async def turn(http: aiohttp.ClientSession, r: RunningRouter, messages: list[dict[str, str]]) -> str:
@@ -54,7 +45,7 @@ async def test_an_instance_that_never_saw_a_conversation_keeps_it_on_its_worker(
     fleet = await sim_fleet(2, speed=50.0, kv_events=EVENTS)
     a, b = await router(fleet.urls), await router(fleet.urls)
     for r in (a, b):
-        await until(lambda r=r: all(r.scheduler.cache_mode(w.id) == "exact" for w in r.registry.states()))
+        await all_exact(r)
     # Router a places six conversations: at least three share a worker.
     chats = [[{"role": "system", "content": f"You are assistant {i}. " + f"Context {i}: lorem ipsum " * 180}]
              for i in range(6)]

@@ -9,8 +9,8 @@ from collections.abc import Awaitable, Callable
 
 import aiohttp
 import openai
+from exact_helpers import EVENTS, all_exact, until
 
-from kvroute.fleet.kv_event_wire import KVEventsConfig
 from kvroute.prometheus_text import parse_exposition, total, where
 from kvroute.server.app import RunningRouter
 from kvroute.sim.server import SimFleet
@@ -19,16 +19,7 @@ MakeFleet = Callable[..., Awaitable[SimFleet]]
 MakeRouter = Callable[..., Awaitable[RunningRouter]]
 
 MODEL = "qwen3-4b"
-EVENTS = KVEventsConfig(enable_kv_cache_events=True, publisher="zmq", endpoint="tcp://127.0.0.1:*",
-                        replay_endpoint="tcp://127.0.0.1:*")
 SYSTEM = "You review pull requests for a storage engine; be terse and exact. " * 40
-
-
-async def until(cond: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not cond():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
 
 
 def decision_of(r: RunningRouter, worker: str) -> str:
@@ -51,7 +42,7 @@ async def test_a_conversation_is_routed_on_the_engines_own_cache_state(
     r = await router(fleet.urls)
     exact = r.scheduler.exact
     # Where each replica publishes came from its /server_info; both are synchronised by replay.
-    await until(lambda: all(r.scheduler.cache_mode(w.id) == "exact" for w in r.registry.states()))
+    await all_exact(r)
     client = openai.AsyncOpenAI(base_url=r.url + "/v1", api_key="sk-test", max_retries=0)
     async with client:
         history = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "First diff?"}]
