@@ -9,7 +9,6 @@ its blocks never match the simulator's events; that equality is checked against 
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -19,9 +18,9 @@ import pytest
 pytest.importorskip("tokenizers")
 pytest.importorskip("jinja2")
 
+from exact_helpers import EVENTS, all_exact, until
 from tiny_tokenizer import write_tokenizer
 
-from kvroute.fleet.kv_event_wire import KVEventsConfig
 from kvroute.prometheus_text import parse_exposition
 from kvroute.server.app import RunningRouter
 from kvroute.sim.server import SimFleet
@@ -30,15 +29,6 @@ MakeFleet = Callable[..., Awaitable[SimFleet]]
 MakeRouter = Callable[..., Awaitable[RunningRouter]]
 
 MODEL = "qwen3-4b"
-EVENTS = KVEventsConfig(enable_kv_cache_events=True, publisher="zmq", endpoint="tcp://127.0.0.1:*",
-                        replay_endpoint="tcp://127.0.0.1:*")
-
-
-async def until(cond: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not cond():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
 
 
 def counts(text: str) -> dict[tuple[str, str], float]:
@@ -78,7 +68,7 @@ async def test_the_local_tokenizer_replaces_the_round_trip_and_falls_back_for_wh
     local = await router(fleet.urls, models={MODEL: {"tokenizer": str(folder)}})
     engine = await router(fleet.urls)
     for r in (local, engine):
-        await until(lambda r=r: all(r.scheduler.cache_mode(w.id) == "exact" for w in r.registry.states()))
+        await all_exact(r)
         # Tokens are worth computing once a worker's events have told its block size.
         await chat(http, r, [{"role": "user", "content": "warm up " * 200}])
         await until(lambda r=r: any(r.scheduler.exact.block_size(w.id) for w in r.registry.states()))
