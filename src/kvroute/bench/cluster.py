@@ -43,6 +43,7 @@ from kvroute.api.requests import parse_request as route_key
 from kvroute.bench.results import BenchResult, PolicyRun, RequestRecord, StepResult
 from kvroute.bench.stats import CacheCounters, summarize_step
 from kvroute.bench.workloads import (
+    SHED_TRIES,
     PlannedRequest,
     SessionScript,
     SharedPrefixWorkload,
@@ -138,9 +139,6 @@ class _Loop:
 
 # The ``loop`` of an open-loop request: its client sends nothing after it.
 OPEN_LOOP = -1
-# Times an agent sends a request the router sheds before it gives up on its task (the openai SDK
-# retries a 429 after its Retry-After; a client bounds its tries).
-SHED_TRIES = 10
 
 
 @dataclass(slots=True)

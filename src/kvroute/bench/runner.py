@@ -33,7 +33,7 @@ from kvroute.bench.stats import (
     queue_figures,
     summarize_step,
 )
-from kvroute.bench.workloads import PlannedRequest, SharedPrefixWorkload, Workload
+from kvroute.bench.workloads import SHED_TRIES, PlannedRequest, SharedPrefixWorkload, Workload
 from kvroute.event_loop import cancel_and_wait
 
 WORKER_HEADER = "x-kvroute-worker"
@@ -48,8 +48,6 @@ STEP_STRIDE = 1_000_000
 OVERLOAD_STATUSES = frozenset({408, 429, 503, 529})
 # What a client waits when an overload answer has no usable Retry-After (sglang-router sends none).
 DEFAULT_RETRY_AFTER_S = 1.0
-# Times an agent sends a request that was shed before it gives up on its task (as in virtual time).
-SHED_TRIES = 10
 
 
 @dataclass(frozen=True, slots=True)

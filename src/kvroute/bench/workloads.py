@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 SESSION_HEADER = "X-Claude-Code-Session-Id"
+# Times an agent sends a request the router sheds before it gives up on its task (the openai SDK
+# retries a 429 after its Retry-After; a client bounds its tries), in both clocks.
+SHED_TRIES = 10
 
 # Every word is three letters and a space: exactly one pseudo-token.
 _VOCAB: tuple[str, ...] = tuple(a + b + c + " " for a in "bcdfghjklmnprstvz" for b in "aeiou"

@@ -216,9 +216,9 @@ class SessionBook:
 
     def idle_after(self, rule: Rule, idle_s: float) -> float:
         """How long a quiet session is kept: 1.5 x the longest recent pause between turns (at
-        least 1 s, at most ``idle_s``) for a rule that learns, else ``idle_s``.  A session that
-        paused ``OWN_SAMPLES`` times between its turns is kept at most ``OWN_PAUSES`` x its own
-        longest pause (at least 1 s), when that is shorter."""
+        least 1 s, at most ``idle_s``) for a rule that learns, else ``idle_s``.  (A session that
+        paused ``OWN_SAMPLES`` times between its turns is forgotten sooner where ``OWN_PAUSES`` x
+        its own longest pause is shorter: ``forget_idle`` and ``live`` apply that bound.)"""
         if not rule.learns or len(self.gaps) < _SAMPLES:
             return idle_s
         return min(idle_s, max(1.0, 1.5 * max(self.gaps)))
