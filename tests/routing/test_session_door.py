@@ -134,6 +134,23 @@ def test_each_kind_may_fill_its_fair_part_of_the_cache() -> None:
     assert book.working_set(0.0, 15.0, "unique", of=True) == 9000
 
 
+def test_each_kind_counts_at_least_what_its_own_sessions_reached() -> None:
+    """One-shot questions (derived, 6,000 tokens each when cold) do not grow; conversations the
+    client names reached 2,000 tokens: a new session of either kind is expected at its own kind's
+    size, not at the median of both (4,000)."""
+    book = SessionBook()
+    p = DERIVED_SESSION_PREFIX
+    for i in range(8):
+        for sid, tokens in ((f"{p}q{i}", 6000), (f"a{i}", 2000)):
+            book.sent(turn(sid, tokens), tokens, "unique")
+            book.finished(sid, 0.0)
+    book.working_set(100.0, 15.0, "unique")  # all forgotten: eight sizes of each kind
+    assert book.need(turn("b", 100), 100, "unique") == 2000
+    assert book.need(turn(f"{p}r", 100), 100, "unique") == 6000
+    book.sent(turn("b", 100), 100, "unique")
+    assert book.working_set(100.0, 15.0, "unique") == 2000
+
+
 def test_each_kind_has_its_own_line_at_the_door() -> None:
     """The oldest of each kind may pass next, and a first turn's predicted wait counts only the
     sessions of its kind ahead of it (held, or shed with their place kept)."""

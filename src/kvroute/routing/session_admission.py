@@ -88,13 +88,13 @@ class Rule:
     """How a served session counts in the working set.
 
     ``tokens`` maps (the session's last request, its shared tokens) to the tokens it counts.  A
-    rule that ``learns`` counts each session at least at the size the last sessions to leave had
-    reached (a session grows turn by turn: one admitted at its first turn's size would later push
-    the working set past the cache), and forgets a quiet session after 1.5 x the longest of the
-    recent pauses between a session's answer and its next request, rather than after the fixed
-    ``flow_session_idle_s`` (a session that ended holds its place until it is forgotten, keeping
-    a new one out) — or sooner, after ``OWN_PAUSES`` x the session's own longest pause, once it
-    has paused ``OWN_SAMPLES`` times between turns.
+    rule that ``learns`` counts each session at least at the size the last sessions of its kind
+    (:func:`kind`) to leave had reached (a session grows turn by turn: one admitted at its first
+    turn's size would later push the working set past the cache), and forgets a quiet session
+    after 1.5 x the longest of the recent pauses between a session's answer and its next request,
+    rather than after the fixed ``flow_session_idle_s`` (a session that ended holds its place
+    until it is forgotten, keeping a new one out) — or sooner, after ``OWN_PAUSES`` x the
+    session's own longest pause, once it has paused ``OWN_SAMPLES`` times between turns.
     """
 
     tokens: Callable[[RoutingKey, int], int]
@@ -201,7 +201,9 @@ class SessionBook:
     """
 
     sessions: dict[str, ServedSession] = field(default_factory=dict)
-    peaks: deque[int] = field(default_factory=lambda: deque(maxlen=64))  # forgotten sessions' sizes
+    # Forgotten sessions' sizes, by kind (``kind``): a conversation grows turn by turn, a one-shot
+    # question does not, so neither kind's sizes say what the other's reach.
+    peaks: dict[bool, deque[int]] = field(default_factory=lambda: {k: deque(maxlen=64) for k in KINDS})
     gaps: deque[float] = field(default_factory=lambda: deque(maxlen=256))  # answer -> next request
     sweep_at: int = 1024  # past this many sessions, a finished request sweeps the idle ones
     left: deque[float] = field(default_factory=lambda: deque(maxlen=_LEFT))  # when sessions left
@@ -238,12 +240,14 @@ class SessionBook:
             return idle_s
         return min(idle_s, max(1.0, 1.5 * max(self.gaps)))
 
-    def expected(self, rule: Rule) -> int:
-        """The size a session is expected to reach: the median of the last forgotten ones' (0 for
-        a rule that does not learn, or until a few have left)."""
-        if not rule.learns or len(self.peaks) < _SAMPLES:
+    def expected(self, rule: Rule, of: bool = True) -> int:
+        """The size a session of kind ``of`` (:func:`kind`) is expected to reach: the median of
+        the last forgotten ones' of its kind (0 for a rule that does not learn, or until a few
+        have left)."""
+        peaks = self.peaks[of]
+        if not rule.learns or len(peaks) < _SAMPLES:
             return 0
-        return int(statistics.median(self.peaks))
+        return int(statistics.median(peaks))
 
     def arrived(self, session_id: str, now: float, client: str | None = None) -> None:
         """A request of the session reached the router: if the session was quiet, the pause since
@@ -390,7 +394,7 @@ class SessionBook:
         for sid, entry in gone:
             del self.sessions[sid]
             self._sizes[kind(sid)].remove(entry.tokens)
-            self.peaks.append(entry.tokens)
+            self.peaks[kind(sid)].append(entry.tokens)
             self.left.append(now)
 
     def sweep(self, now: float, idle_s: float, rule: str) -> None:
@@ -418,11 +422,11 @@ class SessionBook:
         return len(self.sessions) - len(idle)
 
     def working_set(self, now: float, idle_s: float, rule: str, of: bool | None = None) -> int:
-        """KV tokens the served sessions count (each at least ``expected``), the idle ones
-        forgotten first; only those of kind ``of`` (:func:`kind`), if given."""
+        """KV tokens the served sessions count (each at least ``expected`` of its kind), the idle
+        ones forgotten first; only those of kind ``of`` (:func:`kind`), if given."""
         self.forget_idle(now, idle_s, rule)
-        floor = self.expected(RULES[rule])
-        return sum(self._sizes[k].raised_to(floor) for k in KINDS if of is None or k == of)
+        r = RULES[rule]
+        return sum(self._sizes[k].raised_to(self.expected(r, k)) for k in KINDS if of is None or k == of)
 
     def kinds(self, joining: bool) -> int:
         """How many kinds of session (:func:`kind`) the book holds, a session of kind ``joining``
@@ -452,9 +456,10 @@ class SessionBook:
     def need(self, key: RoutingKey, prefill_tokens: int, rule: str) -> int:
         """What a new session whose first request has ``prefill_tokens`` not cached anywhere adds
         to the working set."""
+        assert key.session_id is not None
         r = RULES[rule]
         shared = max(0, key.est_prompt_tokens - prefill_tokens)
-        return max(r.tokens(key, shared), self.expected(r))
+        return max(r.tokens(key, shared), self.expected(r, kind(key.session_id)))
 
 
 def kind(session_id: str) -> bool:
