@@ -135,20 +135,29 @@ def test_each_kind_may_fill_its_fair_part_of_the_cache() -> None:
 
 
 def test_each_kind_counts_at_least_what_its_own_sessions_reached() -> None:
-    """One-shot questions (derived, 6,000 tokens each when cold) do not grow; conversations the
-    client names reached 2,000 tokens: a new session of either kind is expected at its own kind's
-    size, not at the median of both (4,000)."""
+    """One-shot questions (derived ids that never came back longer, 6,000 tokens each when cold)
+    set no floor: a new one is expected at its own size; conversations the client names reached
+    2,000 tokens, and a new one of theirs is expected at that, not at a median with the one-shots
+    (4,000).  Derived ids that came back longer are conversations: they set their kind's floor."""
     book = SessionBook()
     p = DERIVED_SESSION_PREFIX
     for i in range(8):
         for sid, tokens in ((f"{p}q{i}", 6000), (f"a{i}", 2000)):
             book.sent(turn(sid, tokens), tokens, "unique")
             book.finished(sid, 0.0)
-    book.working_set(100.0, 15.0, "unique")  # all forgotten: eight sizes of each kind
+    book.working_set(100.0, 15.0, "unique")  # all forgotten
     assert book.need(turn("b", 100), 100, "unique") == 2000
-    assert book.need(turn(f"{p}r", 100), 100, "unique") == 6000
+    assert book.need(turn(f"{p}r", 100), 100, "unique") == 100
     book.sent(turn("b", 100), 100, "unique")
     assert book.working_set(100.0, 15.0, "unique") == 2000
+    for i in range(8):  # derived conversations: each back with a longer prompt
+        sid = f"{p}c{i}"
+        book.sent(turn(sid, 1000), 1000, "unique")
+        book.finished(sid, 100.0)
+        book.sent(turn(sid, 3000), 2000, "unique")
+        book.finished(sid, 101.0)
+    book.working_set(200.0, 15.0, "unique")
+    assert book.need(turn(f"{p}r", 100), 100, "unique") == 3000
 
 
 def test_each_kind_has_its_own_line_at_the_door() -> None:

@@ -67,6 +67,7 @@ class ServedSession:
     mark: int = 0  # its entry among the quiet ones (SessionBook._quiet), while it is quiet
     pause: float | None = None  # its own longest pause between an answer and its next request
     pauses: int = 0  # how many pauses ``pause`` is the longest of
+    grew: bool = False  # a later request came with a longer prompt than its first
 
     def quiet(self) -> bool:
         """Nothing of it in flight or waiting at the gate."""
@@ -202,7 +203,10 @@ class SessionBook:
 
     sessions: dict[str, ServedSession] = field(default_factory=dict)
     # Forgotten sessions' sizes, by kind (``kind``): a conversation grows turn by turn, a one-shot
-    # question does not, so neither kind's sizes say what the other's reach.
+    # question does not, so neither kind's sizes say what the other's reach; of the derived ids,
+    # only those that came back longer (conversations) count (in virtual time, with the one-shots'
+    # sizes as their kind's floor, shared-prefix questions beside 16 agents got 0.79 of their
+    # share, against 0.93: docs/saturation.md, "Agents and shared prefixes on one fleet").
     peaks: dict[bool, deque[int]] = field(default_factory=lambda: {k: deque(maxlen=64) for k in KINDS})
     gaps: deque[float] = field(default_factory=lambda: deque(maxlen=256))  # answer -> next request
     sweep_at: int = 1024  # past this many sessions, a finished request sweeps the idle ones
@@ -322,6 +326,8 @@ class SessionBook:
             if len(self.seen) > _SEEN:
                 self.seen.popitem(last=False)
         else:
+            first = self.seen.get(key.session_id, key.est_prompt_tokens)
+            entry.grew = entry.grew or key.est_prompt_tokens > first
             tokens = RULES[rule].tokens(key, entry.shared)
             if tokens != entry.tokens:
                 sizes = self._sizes[kind(key.session_id)]
@@ -388,13 +394,15 @@ class SessionBook:
 
     def _forget(self, gone: list[tuple[str, ServedSession]], now: float) -> None:
         """The sessions ``gone`` ended: out of the book, their sizes kept for ``expected`` (in the
-        order they entered it: ``peaks`` keeps only the last ones appended), their departures for
+        order they entered it: ``peaks`` keeps only the last ones appended; a derived id's only
+        if it grew), their departures for
         ``leave_rate``.  Their places among the quiet ones go stale."""
         gone.sort(key=lambda item: item[1].born)
         for sid, entry in gone:
             del self.sessions[sid]
             self._sizes[kind(sid)].remove(entry.tokens)
-            self.peaks[kind(sid)].append(entry.tokens)
+            if kind(sid) or entry.grew:  # a derived id that never grew was no conversation
+                self.peaks[kind(sid)].append(entry.tokens)
             self.left.append(now)
 
     def sweep(self, now: float, idle_s: float, rule: str) -> None:
