@@ -395,8 +395,8 @@ class SessionBook:
     def _forget(self, gone: list[tuple[str, ServedSession]], now: float) -> None:
         """The sessions ``gone`` ended: out of the book, their sizes kept for ``expected`` (in the
         order they entered it: ``peaks`` keeps only the last ones appended; a derived id's only
-        if it grew), their departures for
-        ``leave_rate``.  Their places among the quiet ones go stale."""
+        if it grew), their departures for ``leave_rate``.  Their places among the quiet ones go
+        stale."""
         gone.sort(key=lambda item: item[1].born)
         for sid, entry in gone:
             del self.sessions[sid]
