@@ -14,7 +14,7 @@ from test_flow import MODEL, dispatcher, fleet, key, send
 from kvroute.routing import session_admission
 from kvroute.routing.dispatch import Dispatcher, InFlight
 from kvroute.routing.flow import ShedReason, Ticket, TicketState
-from kvroute.routing.key import RoutingKey
+from kvroute.routing.key import DERIVED_SESSION_PREFIX, RoutingKey
 from kvroute.routing.session_admission import SessionBook, SessionDoor
 from kvroute.routing.worker import WorkerState
 
@@ -89,6 +89,100 @@ def test_a_later_turn_of_an_admitted_session_is_never_held_at_the_door() -> None
     assert new.queued and d.flow.at_door(new)
     later = d.admit(key(950, session="a"), workers)  # a's next turn, after the book forgot a
     assert later.state is TicketState.GRANTED
+
+
+def test_a_derived_identity_asked_again_is_a_new_session_and_a_longer_prompt_its_later_turn() -> None:
+    """A question under a shared system prompt derives the same identity each time it is asked: the
+    same prompt again is not a later turn (it waits at the door as a new session would), a longer
+    one is; a session the client names passes with any prompt."""
+    book = SessionBook()
+    derived = f"{DERIVED_SESSION_PREFIX}q"
+    for sid in (derived, "named"):
+        book.sent(turn(sid, 6000), 6000, "unique")
+        book.finished(sid, 0.0)
+    book.working_set(100.0, 15.0, "unique")  # both forgotten, both still seen
+    assert derived not in book and "named" not in book
+    assert book.is_new(derived, 6000)
+    assert not book.is_new(derived, 6400)
+    assert not book.is_new("named", 6000)
+    book.sent(turn(derived, 6000), 6000, "unique")  # asked again: served again, its first prompt kept
+    assert not book.is_new(derived, 6000)  # in the book: its repeat counts there already
+    assert book.seen[derived] == 6000
+
+
+# --- two kinds at the door ----------------------------------------------------------------------
+
+def test_each_kind_may_fill_its_fair_part_of_the_cache() -> None:
+    """Client-named sessions hold 9,000 of a 10,000-token cache: the first derived identity may
+    still take up to half of it (its kind's part, with two kinds served), a named one may not
+    (its kind is past its half and the whole cache has no room)."""
+    book = SessionBook()
+    book.sent(turn("agent", 9000), 9000, "unique")
+    p = DERIVED_SESSION_PREFIX
+
+    def fits(sid: str, tokens: int, opened: int = 0, opened_own: int = 0) -> bool:
+        return book.fits(turn(sid, tokens), tokens, 10_000, 1.0, "unique", 0.0, 15.0, opened, opened_own)
+
+    assert fits(f"{p}q", 5000) and not fits(f"{p}q", 5001)
+    assert not fits("agent2", 1001) and fits("agent2", 1000)  # the whole cache's room
+    book.sent(turn(f"{p}q", 4000), 4000, "unique")
+    assert fits(f"{p}r", 1000) and not fits(f"{p}r", 1001)
+    assert not fits(f"{p}r", 1000, opened=1, opened_own=1)  # one of its kind let in, not sent
+    assert fits(f"{p}r", 1000, opened=1, opened_own=0)  # ... of the other kind: its part is its own
+    assert not fits("agent2", 100)  # 13,100 > 10,000, and 9,100 > its half
+    assert book.working_set(0.0, 15.0, "unique", of=False) == 4000
+    assert book.working_set(0.0, 15.0, "unique", of=True) == 9000
+
+
+def test_each_kind_counts_at_least_what_its_own_sessions_reached() -> None:
+    """One-shot questions (derived ids that never came back longer, 6,000 tokens each when cold)
+    set no floor: a new one is expected at its own size; conversations the client names reached
+    2,000 tokens, and a new one of theirs is expected at that, not at a median with the one-shots
+    (4,000).  Derived ids that came back longer are conversations: they set their kind's floor."""
+    book = SessionBook()
+    p = DERIVED_SESSION_PREFIX
+    for i in range(8):
+        for sid, tokens in ((f"{p}q{i}", 6000), (f"a{i}", 2000)):
+            book.sent(turn(sid, tokens), tokens, "unique")
+            book.finished(sid, 0.0)
+    book.working_set(100.0, 15.0, "unique")  # all forgotten
+    assert book.need(turn("b", 100), 100, "unique") == 2000
+    assert book.need(turn(f"{p}r", 100), 100, "unique") == 100
+    book.sent(turn("b", 100), 100, "unique")
+    assert book.working_set(100.0, 15.0, "unique") == 2000
+    for i in range(8):  # derived conversations: each back with a longer prompt
+        sid = f"{p}c{i}"
+        book.sent(turn(sid, 1000), 1000, "unique")
+        book.finished(sid, 100.0)
+        book.sent(turn(sid, 3000), 2000, "unique")
+        book.finished(sid, 101.0)
+    book.working_set(200.0, 15.0, "unique")
+    assert book.need(turn(f"{p}r", 100), 100, "unique") == 3000
+
+
+def test_each_kind_has_its_own_line_at_the_door() -> None:
+    """The oldest of each kind may pass next, and a first turn's predicted wait counts only the
+    sessions of its kind ahead of it (held, or shed with their place kept)."""
+    p = DERIVED_SESSION_PREFIX
+    door = SessionDoor()
+    a1, a2, q1, q2 = queued("a1", 1.0), queued("a2", 2.0), queued(f"{p}q1", 3.0), queued(f"{p}q2", 4.0)
+    line = door.line([q2, a2, q1, a1], True)
+    assert list(line) == [a1, a2, q1, q2]
+    assert door.heads(line) == [a1, q1]
+    assert door.ahead(q2, line, 0.0, True) == 1 and door.ahead(a2, line, 0.0, True) == 1
+    door.remember(queued("a0", 0.5), now=0.0, keep_s=100.0)
+    assert door.ahead(q2, line, 0.0, True) == 1 and door.ahead(a2, line, 0.0, True) == 2
+
+
+def test_a_derived_identity_passes_the_door_within_its_kinds_part() -> None:
+    """The fleet's cache is full of client-named sessions: a new one of theirs waits at the door,
+    the first derived identity goes past it at once (its kind holds nothing of the cache)."""
+    clock = Clock(1000.0)
+    d, workers = full_door(clock)
+    named = d.admit(key(300, session="new"), workers)
+    assert named.queued and d.flow.at_door(named)
+    derived = d.admit(key(300, session=f"{DERIVED_SESSION_PREFIX}q"), workers)
+    assert derived.state is TicketState.GRANTED
 
 
 # --- a client's new conversation ----------------------------------------------------------------
@@ -248,4 +342,4 @@ def test_the_sessions_remembered_as_served_are_bounded(monkeypatch: pytest.Monke
     book.sent(turn("a"), 100, "unique")  # a is back
     book.sent(turn("d"), 100, "unique")
     assert list(book.seen) == ["c", "a", "d"]
-    assert book.is_new("b") and not book.is_new("c")
+    assert book.is_new("b", 100) and not book.is_new("c", 100)

@@ -317,9 +317,9 @@ class FlowControl:
         aged_after = q.aged_after(s.flow_aging_s, s.flow_aging_factor)
         held_back: set[int] = set()
         granted: list[Ticket] = []
-        # New sessions pass the door oldest first (highest class first), none past another:
-        # where the order reaches one, the longest-held one takes its place (a bounded wait
-        # at the door, not the shortest prompt first forever).
+        # New sessions pass the door oldest first (highest class first), none past another of
+        # its kind: where the order reaches one, the longest-held one of a kind takes its place
+        # (a bounded wait at the door, not the shortest prompt first forever).
         door = m.door.line(q.tickets, door_on)
         door_shut = False
         while (best := q.next(now, order, aged_after, held_back, m.fair)) is not None:
@@ -329,17 +329,20 @@ class FlowControl:
                 held_back.add(best.seq)  # it waits for its holder; others may go
                 continue
             if m.door.holds(best, door_on):
-                # The door's oldest goes in its place, if the fleet's KV holds its session and
-                # a replica is admissible for it; else the door shuts for this pass, all of it
-                # at once (a continuing session's turn behind it may still go).
-                if door_shut or not door or not self._fits(door[0], m, now, s, door_on) or \
-                        q.room(door[0].key, placement, fill) <= q.reserved:
+                # The door's oldest of a kind goes in its place, if the fleet's KV holds its
+                # session and a replica is admissible for it; else the door shuts for this pass,
+                # all of it at once (a continuing session's turn behind it may still go).
+                head = None if door_shut else next(
+                    (h for h in m.door.heads(door) if self._fits(h, m, now, s, door_on) and
+                     q.room(h.key, placement, fill) > q.reserved), None)
+                if head is None:
                     door_shut = True
                     held_back.add(best.seq)
                     held_back.update(t.seq for t in door)
                     door.clear()
                     continue
-                best = door.popleft()
+                door.remove(head)
+                best = head
                 m.door.let_in(best, s.flow_session_rule)
             self._grant(best, m, s, now)
             granted.append(best)

@@ -12,6 +12,12 @@ EST_BYTES_PER_TOKEN = 4
 DERIVED_SESSION_PREFIX = "conv:"
 
 
+def client_named(session_id: str) -> bool:
+    """Whether ``session_id`` is one the client sent (a header or field), not one the router
+    derived from a conversation's head."""
+    return not session_id.startswith(DERIVED_SESSION_PREFIX)
+
+
 @dataclass(frozen=True, slots=True)
 class RoutingKey:
     """A request reduced to what routing needs.
@@ -55,7 +61,7 @@ class RoutingKey:
     def client_session(self) -> bool:
         """Whether the client named the session (a header or field), rather than the router
         deriving one from the conversation's head."""
-        return self.session_id is not None and not self.session_id.startswith(DERIVED_SESSION_PREFIX)
+        return self.session_id is not None and client_named(self.session_id)
 
     @property
     def cache_scope(self) -> bytes:

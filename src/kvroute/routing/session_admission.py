@@ -25,6 +25,17 @@ fits, and the sessions let in whose first request has not been sent yet (they co
 set meanwhile).  New sessions pass the door in their own line: highest class first, then oldest
 first, none past another.
 
+Two *kinds* of session share the door (``kind``): those the client names, and the identities the
+router derives for requests without a session id (a conversation without an id, or a one-shot
+question under a shared system prompt: a repeat of the same question derives the same identity,
+so only a longer prompt of a derived identity is a later turn, :meth:`SessionBook.is_new`).  While
+both kinds are served, each may fill its fair part of the KV cache (an equal part per kind served)
+whatever the other holds, and each kind's line is its own: the oldest of each kind is asked in
+turn, and a kind's predicted wait counts only its own line.  One kind past its part then waits for
+its own sessions to leave, not for the other kind's (docs/saturation.md, "Agents and shared
+prefixes on one fleet": with one line, the agents' sessions held the cache and the door shed the
+shared prefixes' questions).
+
 Pure: no clock (``now`` is passed in), no I/O.  ``FlowControl`` (routing/flow.py) owns one
 ``SessionDoor`` per model.
 """
@@ -39,7 +50,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from kvroute.routing.flow_queue import Ticket
-from kvroute.routing.key import RoutingKey
+from kvroute.routing.key import RoutingKey, client_named
 from kvroute.routing.worker import WorkerState
 
 
@@ -56,6 +67,7 @@ class ServedSession:
     mark: int = 0  # its entry among the quiet ones (SessionBook._quiet), while it is quiet
     pause: float | None = None  # its own longest pause between an answer and its next request
     pauses: int = 0  # how many pauses ``pause`` is the longest of
+    grew: bool = False  # a later request came with a longer prompt than its first
 
     def quiet(self) -> bool:
         """Nothing of it in flight or waiting at the gate."""
@@ -77,13 +89,13 @@ class Rule:
     """How a served session counts in the working set.
 
     ``tokens`` maps (the session's last request, its shared tokens) to the tokens it counts.  A
-    rule that ``learns`` counts each session at least at the size the last sessions to leave had
-    reached (a session grows turn by turn: one admitted at its first turn's size would later push
-    the working set past the cache), and forgets a quiet session after 1.5 x the longest of the
-    recent pauses between a session's answer and its next request, rather than after the fixed
-    ``flow_session_idle_s`` (a session that ended holds its place until it is forgotten, keeping
-    a new one out) — or sooner, after ``OWN_PAUSES`` x the session's own longest pause, once it
-    has paused ``OWN_SAMPLES`` times between turns.
+    rule that ``learns`` counts each session at least at the size the last sessions of its kind
+    (:func:`kind`) to leave had reached (a session grows turn by turn: one admitted at its first
+    turn's size would later push the working set past the cache), and forgets a quiet session
+    after 1.5 x the longest of the recent pauses between a session's answer and its next request,
+    rather than after the fixed ``flow_session_idle_s`` (a session that ended holds its place
+    until it is forgotten, keeping a new one out) — or sooner, after ``OWN_PAUSES`` x the
+    session's own longest pause, once it has paused ``OWN_SAMPLES`` times between turns.
     """
 
     tokens: Callable[[RoutingKey, int], int]
@@ -108,6 +120,7 @@ OWN_SAMPLES = 3
 _LEFT = 64  # sessions' departures the drain rate of the working set is measured over
 _CLIENTS = 4096  # clients whose last conversation is remembered
 _SEEN = 65536  # sessions remembered as admitted, so that their later turns pass the door
+KINDS = (True, False)  # the door's kinds of session: named by the client, derived by the router
 _RUN = 512  # sizes per run of _Sizes (a run is split past twice this)
 
 
@@ -189,22 +202,30 @@ class SessionBook:
     """
 
     sessions: dict[str, ServedSession] = field(default_factory=dict)
-    peaks: deque[int] = field(default_factory=lambda: deque(maxlen=64))  # forgotten sessions' sizes
+    # Forgotten sessions' sizes, by kind (``kind``): a conversation grows turn by turn, a one-shot
+    # question does not, so neither kind's sizes say what the other's reach; of the derived ids,
+    # only those that came back longer (conversations) count (in virtual time, with the one-shots'
+    # sizes as their kind's floor, shared-prefix questions beside 16 agents got 0.79 of their
+    # share, against 0.93: docs/saturation.md, "Agents and shared prefixes on one fleet").
+    peaks: dict[bool, deque[int]] = field(default_factory=lambda: {k: deque(maxlen=64) for k in KINDS})
     gaps: deque[float] = field(default_factory=lambda: deque(maxlen=256))  # answer -> next request
     sweep_at: int = 1024  # past this many sessions, a finished request sweeps the idle ones
     left: deque[float] = field(default_factory=lambda: deque(maxlen=_LEFT))  # when sessions left
     # Each client's (x-kvroute-client) last session, oldest client first.
     clients: OrderedDict[str, str] = field(default_factory=OrderedDict)
-    # Sessions that were served (entered the book), oldest first: their later turns are not new
-    # sessions, even once the book forgot them while they were quiet.
-    seen: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    # Sessions that were served (entered the book), oldest first, each with its first request's
+    # prompt tokens: their later turns are not new sessions, even once the book forgot them while
+    # they were quiet.
+    seen: OrderedDict[str, int] = field(default_factory=OrderedDict)
     # (ended, mark, session id) of each quiet session, plus stale ones (the session was busy again,
     # ended again or was forgotten since: its mark moved on), dropped when they reach the top.
     _quiet: list[tuple[float, int, str]] = field(default_factory=list, repr=False, compare=False)
     # (when its own pauses say it ended, mark, session id) of each quiet session that has paused
     # between turns OWN_SAMPLES times (OWN_PAUSES), stale ones as in ``_quiet``.
     _own: list[tuple[float, int, str]] = field(default_factory=list, repr=False, compare=False)
-    _sizes: _Sizes = field(default_factory=_Sizes, repr=False, compare=False)  # every session's tokens
+    # Every session's tokens, by kind (client-named, derived: ``kind``).
+    _sizes: dict[bool, _Sizes] = field(default_factory=lambda: {k: _Sizes() for k in KINDS},
+                                       repr=False, compare=False)
     # Sessions entered and quiet places handed out, for ``born`` and ``mark``.
     _count: int = field(default=0, repr=False, compare=False)
 
@@ -223,12 +244,14 @@ class SessionBook:
             return idle_s
         return min(idle_s, max(1.0, 1.5 * max(self.gaps)))
 
-    def expected(self, rule: Rule) -> int:
-        """The size a session is expected to reach: the median of the last forgotten ones' (0 for
-        a rule that does not learn, or until a few have left)."""
-        if not rule.learns or len(self.peaks) < _SAMPLES:
+    def expected(self, rule: Rule, of: bool = True) -> int:
+        """The size a session of kind ``of`` (:func:`kind`) is expected to reach: the median of
+        the last forgotten ones' of its kind (0 for a rule that does not learn, or until a few
+        have left)."""
+        peaks = self.peaks[of]
+        if not rule.learns or len(peaks) < _SAMPLES:
             return 0
-        return int(statistics.median(self.peaks))
+        return int(statistics.median(peaks))
 
     def arrived(self, session_id: str, now: float, client: str | None = None) -> None:
         """A request of the session reached the router: if the session was quiet, the pause since
@@ -253,10 +276,20 @@ class SessionBook:
             if former is not None and former.quiet():
                 self._forget([(old, former)], now)
 
-    def is_new(self, session_id: str) -> bool:
-        """Whether ``session_id`` is a session the fleet has not served (as far as the book
-        remembers): a later turn of one it served is not, even after the book forgot it."""
-        return session_id not in self.sessions and session_id not in self.seen
+    def is_new(self, session_id: str, prompt_tokens: int) -> bool:
+        """Whether a request of ``session_id`` with ``prompt_tokens`` opens a session the fleet
+        does not serve (as far as the book remembers): a later turn of one it served does not, even
+        after the book forgot it.  For an identity the router derived, a later turn is a longer
+        prompt than its first: the same prompt again is the same question asked again (a one-shot
+        client's repeat derives the same identity), which is a new session at the door (in virtual
+        time, at 10 req/s of shared-prefix questions, repeats let past the door as later turns
+        thrashed one seed of eight: 4.53 req/s, 65 % hits)."""
+        if session_id in self.sessions:
+            return False
+        first = self.seen.get(session_id)
+        if first is None:
+            return True
+        return not client_named(session_id) and prompt_tokens <= first
 
     def leave_rate(self, now: float) -> float:
         """Sessions leaving the working set per second (forgotten as ended, or freed by their
@@ -286,16 +319,20 @@ class SessionBook:
             self._count += 1
             entry = self.sessions[key.session_id] = ServedSession(0, shared, born=self._count)
             entry.tokens = RULES[rule].tokens(key, shared)
-            self._sizes.add(entry.tokens)
-            self.seen[key.session_id] = None
-            self.seen.move_to_end(key.session_id)  # a session back after a pause is recent again
+            self._sizes[kind(key.session_id)].add(entry.tokens)
+            # A session back after a pause is recent again; its first prompt stays its first.
+            self.seen[key.session_id] = self.seen.get(key.session_id, key.est_prompt_tokens)
+            self.seen.move_to_end(key.session_id)
             if len(self.seen) > _SEEN:
                 self.seen.popitem(last=False)
         else:
+            first = self.seen.get(key.session_id, key.est_prompt_tokens)
+            entry.grew = entry.grew or key.est_prompt_tokens > first
             tokens = RULES[rule].tokens(key, entry.shared)
             if tokens != entry.tokens:
-                self._sizes.remove(entry.tokens)
-                self._sizes.add(tokens)
+                sizes = self._sizes[kind(key.session_id)]
+                sizes.remove(entry.tokens)
+                sizes.add(tokens)
                 entry.tokens = tokens
         was_quiet = entry.quiet()
         entry.inflight += 1
@@ -357,13 +394,15 @@ class SessionBook:
 
     def _forget(self, gone: list[tuple[str, ServedSession]], now: float) -> None:
         """The sessions ``gone`` ended: out of the book, their sizes kept for ``expected`` (in the
-        order they entered it: ``peaks`` keeps only the last ones appended), their departures for
-        ``leave_rate``.  Their places among the quiet ones go stale."""
+        order they entered it: ``peaks`` keeps only the last ones appended; a derived id's only
+        if it grew), their departures for ``leave_rate``.  Their places among the quiet ones go
+        stale."""
         gone.sort(key=lambda item: item[1].born)
         for sid, entry in gone:
             del self.sessions[sid]
-            self._sizes.remove(entry.tokens)
-            self.peaks.append(entry.tokens)
+            self._sizes[kind(sid)].remove(entry.tokens)
+            if kind(sid) or entry.grew:  # a derived id that never grew was no conversation
+                self.peaks[kind(sid)].append(entry.tokens)
             self.left.append(now)
 
     def sweep(self, now: float, idle_s: float, rule: str) -> None:
@@ -390,27 +429,51 @@ class SessionBook:
                     below += (2 * i + 1, 2 * i + 2)
         return len(self.sessions) - len(idle)
 
-    def working_set(self, now: float, idle_s: float, rule: str) -> int:
-        """KV tokens the served sessions count (each at least ``expected``), the idle ones
-        forgotten first."""
+    def working_set(self, now: float, idle_s: float, rule: str, of: bool | None = None) -> int:
+        """KV tokens the served sessions count (each at least ``expected`` of its kind), the idle
+        ones forgotten first; only those of kind ``of`` (:func:`kind`), if given."""
         self.forget_idle(now, idle_s, rule)
-        return self._sizes.raised_to(self.expected(RULES[rule]))
+        r = RULES[rule]
+        return sum(self._sizes[k].raised_to(self.expected(r, k)) for k in KINDS if of is None or k == of)
+
+    def kinds(self, joining: bool) -> int:
+        """How many kinds of session (:func:`kind`) the book holds, a session of kind ``joining``
+        counted."""
+        return sum(1 for k in KINDS if k == joining or self._sizes[k].runs)
 
     def fits(self, key: RoutingKey, prefill_tokens: int, fleet_kv: int, share: float, rule: str,
-             now: float, idle_s: float, opened: int = 0) -> bool:
+             now: float, idle_s: float, opened: int = 0, opened_own: int = 0) -> bool:
         """Whether a new session whose first request has ``prefill_tokens`` not cached anywhere
         may start: the working set (plus ``opened``, the sessions let in and not sent yet) plus
         what it would add stays within ``share`` of the fleet's KV cache (always, when nothing is
-        served: a fleet too small for one session is the engine's to refuse)."""
+        served: a fleet too small for one session is the engine's to refuse); or, while both kinds
+        of session are served, its own kind's (plus ``opened_own``, those of ``opened`` of its
+        kind) stays within that kind's fair part of it: ``share`` over the kinds served."""
+        assert key.session_id is not None
         working = self.working_set(now, idle_s, rule) + opened
-        return working == 0 or working + self.need(key, prefill_tokens, rule) <= share * fleet_kv
+        need = self.need(key, prefill_tokens, rule)
+        if working == 0 or working + need <= share * fleet_kv:
+            return True
+        mine = kind(key.session_id)
+        kinds = self.kinds(mine)
+        if kinds < 2:
+            return False
+        own = self.working_set(now, idle_s, rule, of=mine) + opened_own
+        return own + need <= share * fleet_kv / kinds
 
     def need(self, key: RoutingKey, prefill_tokens: int, rule: str) -> int:
         """What a new session whose first request has ``prefill_tokens`` not cached anywhere adds
         to the working set."""
+        assert key.session_id is not None
         r = RULES[rule]
         shared = max(0, key.est_prompt_tokens - prefill_tokens)
-        return max(r.tokens(key, shared), self.expected(r))
+        return max(r.tokens(key, shared), self.expected(r, kind(key.session_id)))
+
+
+def kind(session_id: str) -> bool:
+    """The door's kind of a session (``KINDS``): named by the client (True), or an identity the
+    router derived (False)."""
+    return client_named(session_id)
 
 
 # Shed first turns whose place in the door's line is kept for their return, at most.
@@ -430,6 +493,7 @@ class SessionDoor:
 
     book: SessionBook = field(default_factory=SessionBook)
     opened: int = 0  # working-set tokens of new sessions let in at the door and not yet sent
+    opened_derived: int = 0  # ... of them, those of identities the router derived (``kind``)
     # First turns shed while held at the door, by session: (their place in the line, until when it
     # is kept for them), the oldest kept first.
     places: OrderedDict[str, tuple[float, float]] = field(default_factory=OrderedDict)
@@ -437,7 +501,8 @@ class SessionDoor:
     def is_new(self, key: RoutingKey, on: bool) -> bool:
         """Whether session admission applies to ``key``: on, and a session the fleet has not
         served (a later turn of an admitted session never waits at the door)."""
-        return on and key.session_id is not None and self.book.is_new(key.session_id)
+        return on and key.session_id is not None and \
+            self.book.is_new(key.session_id, key.est_prompt_tokens)
 
     def holds(self, t: Ticket, on: bool) -> bool:
         """Whether the door holds ``t``: a new session's request whose prefix is not resident."""
@@ -446,6 +511,18 @@ class SessionDoor:
     def line(self, tickets: Iterable[Ticket], on: bool) -> deque[Ticket]:
         """The requests the door holds, in the order they pass it (:func:`door_order`)."""
         return deque(sorted((t for t in tickets if self.holds(t, on)), key=door_order))
+
+    @staticmethod
+    def heads(line: Iterable[Ticket]) -> list[Ticket]:
+        """The first of each kind of session (:func:`kind`) in the door's ``line``, in its order:
+        the ones that may pass next (each kind's line is its own)."""
+        firsts: dict[bool, Ticket] = {}
+        for t in line:
+            assert t.key.session_id is not None
+            firsts.setdefault(kind(t.key.session_id), t)
+            if len(firsts) == len(KINDS):
+                break
+        return list(firsts.values())
 
     def waiting(self, tickets: Iterable[Ticket], on: bool) -> int:
         """How many new sessions have a request held at the door."""
@@ -484,22 +561,24 @@ class SessionDoor:
         return len(places)
 
     def ahead(self, t: Ticket, tickets: Iterable[Ticket], now: float, on: bool) -> int:
-        """How many new sessions stand before held ``t`` in the door's line: those held with an
-        earlier place, and those shed from an earlier place whose place is still kept (they are
-        coming back)."""
-        mine = door_order(t)
-        held = {u.key.session_id for u in tickets if u is not t and self.holds(u, on) and
-                door_order(u) < mine}
+        """How many new sessions of its kind (:func:`kind`) stand before held ``t`` in the door's
+        line: those held with an earlier place, and those shed from an earlier place whose place
+        is still kept (they are coming back)."""
+        assert t.key.session_id is not None
+        mine, own = door_order(t), kind(t.key.session_id)
+        held = {sid for u in tickets if (sid := u.key.session_id) is not None and u is not t and
+                kind(sid) == own and self.holds(u, on) and door_order(u) < mine}
         for sid in [sid for sid, (_, until) in self.places.items() if until < now]:
             del self.places[sid]
         kept = sum(1 for sid, (place, _) in self.places.items()
-                   if sid not in held and sid != t.key.session_id and place < t.place)
+                   if sid not in held and sid != t.key.session_id and place < t.place and
+                   kind(sid) == own)
         return len(held) + kept
 
     def wait_s(self, t: Ticket, tickets: Iterable[Ticket], now: float, on: bool) -> float | None:
-        """The predicted wait of held ``t`` at the door: the sessions before it and itself over the
-        rate at which served sessions leave the working set (each that leaves makes room for about
-        one more); None until that rate is measured."""
+        """The predicted wait of held ``t`` at the door: the sessions of its kind before it and
+        itself over the rate at which served sessions leave the working set (each that leaves
+        makes room for about one more); None until that rate is measured."""
         rate = self.book.leave_rate(now)
         if rate <= 0:
             return None
@@ -510,7 +589,8 @@ class SessionDoor:
         """Whether ``t`` may pass as far as session admission goes.  A request of a session the
         fleet serves, or whose prefix is still resident (a session forgotten while quiet), always
         fits; a new session's first request fits while the working set has room for it within
-        ``fill`` (``flow_session_fill``) of the fleet's KV cache, or once it has waited ``door_s``
+        ``fill`` (``flow_session_fill``) of the fleet's KV cache (or its kind's fair part of that:
+        :meth:`SessionBook.fits`), or once it has waited ``door_s``
         (``flow_session_door_s``; 0: never) — always, when the door is off, the request has no
         session or the KV sizes are unknown.  Sessions let in and not sent yet count in the
         working set."""
@@ -524,15 +604,23 @@ class SessionDoor:
                 if w.kv_tokens is None:
                     return True
                 fleet += w.kv_tokens
-        return self.book.fits(t.key, t.prefill_tokens, fleet, fill, rule, now, idle_s, self.opened)
+        sid = t.key.session_id
+        assert sid is not None
+        own = self.opened - self.opened_derived if kind(sid) else self.opened_derived
+        return self.book.fits(t.key, t.prefill_tokens, fleet, fill, rule, now, idle_s, self.opened, own)
 
     def let_in(self, t: Ticket, rule: str) -> None:
         """``t`` passes the door: what its session adds counts in the working set until it is sent."""
+        assert t.key.session_id is not None
         t.door_tokens = self.book.need(t.key, t.prefill_tokens, rule)
         self.opened += t.door_tokens
+        if not kind(t.key.session_id):
+            self.opened_derived += t.door_tokens
 
     def claimed(self, t: Ticket) -> None:
         """``t``, let in, is being sent (or was withdrawn): from its send on its session counts in
         the book, no longer through ``opened``."""
         self.opened -= t.door_tokens
+        if t.key.session_id is not None and not kind(t.key.session_id):
+            self.opened_derived -= t.door_tokens
         t.door_tokens = 0
