@@ -6,13 +6,18 @@ bench_router_overhead.py), then prints the functions with the largest shares of 
     python benchmarks/profile_request.py                  # streaming
     python benchmarks/profile_request.py --plain          # non-streaming
     python benchmarks/profile_request.py --src /path/to/other/checkout/src   # another checkout
+    python benchmarks/profile_request.py --plain --on-cpu  # perf: on-CPU time by shared object
 
 Two shares per function: *self*, the samples where it was the innermost frame (its own code and
 the C calls it makes), and *inclusive*, the samples where it was anywhere on the stack.  py-spy
 samples only while the router's thread runs (no ``--idle``), so the shares are of its CPU time.
 ``--raw FILE`` keeps py-spy's collapsed stacks for a flame graph.  ``--syscalls N`` counts the
 router's system calls instead (``strace -c``) over N requests, per request: each write to a
-socket is one, and on a small request they are the largest part of its CPU.
+socket is one.  ``--on-cpu`` samples with ``perf record -e cpu-clock`` instead and splits the
+router's time *on a CPU* by shared object (the interpreter, the kernel, uvloop...): py-spy also
+counts a router preempted inside a system call (each write wakes the client or a replica on a
+shared machine), which makes the writes and the event loop look several times larger than the
+CPU they take.  Both print the router's CPU per request over the sampled window (/proc).
 """
 
 from __future__ import annotations
@@ -115,29 +120,66 @@ async def main(args: argparse.Namespace) -> None:
             if args.syscalls:
                 counts = await count_syscalls(http, url, router.pid, args, logs / "strace.txt")
                 return
-            spy = subprocess.Popen(
-                ["py-spy", "record", "--format", "raw", "--rate", str(args.rate), "--duration",
-                 str(args.seconds), "--pid", str(router.pid), "--output", str(raw)],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            if args.on_cpu:
+                recorded = logs / "perf.data"
+                spy = subprocess.Popen(
+                    ["timeout", "-s", "INT", str(args.seconds), "perf", "record", "-q", "-e", "cpu-clock",
+                     "-F", "999", "-p", str(router.pid), "-o", str(recorded)],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            else:
+                spy = subprocess.Popen(
+                    ["py-spy", "record", "--format", "raw", "--rate", str(args.rate), "--duration",
+                     str(args.seconds), "--pid", str(router.pid), "--output", str(raw)],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            cpu_before = router_cpu_s(router.pid)
             served = 0
             while spy.poll() is None:
                 await load(http, "router", [url], args.concurrency, args.concurrency * 20, args.max_tokens,
                            served, not args.plain)
                 served += args.concurrency * 20
-            if spy.returncode:
-                raise RuntimeError(f"py-spy failed ({spy.returncode}); it needs ptrace rights (root)")
+            cpu_after = router_cpu_s(router.pid)
+            if spy.returncode and not (args.on_cpu and spy.returncode == 124):  # 124: timeout stopped perf
+                raise RuntimeError(f"{'perf' if args.on_cpu else 'py-spy'} failed ({spy.returncode}); "
+                                   "it needs ptrace rights (root)")
     finally:
         for proc in (router, sim):
             proc.terminate()
             proc.wait(30)
         if counts:
             print(counts)
+    user, system = ((after - before) / served * 1e6
+                    for before, after in zip(cpu_before, cpu_after, strict=True))
+    print(f"{'non-streaming' if args.plain else 'streaming'}, {args.concurrency} clients, {served} requests "
+          f"in {args.seconds} s, {args.max_tokens} tokens each, router log level {args.log_level}")
+    print(f"router CPU per request (/proc, while sampled): {user:.0f} µs user + {system:.0f} µs system")
+    if args.on_cpu:
+        print(on_cpu_split(recorded))
+        return
     text = raw.read_text()
     if args.raw:
         Path(args.raw).write_text(text)
-    print(f"{'non-streaming' if args.plain else 'streaming'}, {args.concurrency} clients, {served} requests "
-          f"in {args.seconds} s, {args.max_tokens} tokens each, router log level {args.log_level}")
     print(summarise(text, args.top))
+
+
+def router_cpu_s(pid: int) -> tuple[float, float]:
+    """The process's user and system CPU seconds so far (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def on_cpu_split(recorded: Path) -> str:
+    """The shares of perf's on-CPU samples by shared object: the interpreter, the kernel (system
+    calls, the TCP stack), uvloop, httptools, orjson...  Only time the router spent on a CPU counts
+    (``cpu-clock``), unlike py-spy's samples, which count a thread preempted inside a system call."""
+    report = subprocess.run(["perf", "report", "-q", "-i", str(recorded), "--sort", "dso", "--stdio"],
+                            capture_output=True, text=True, check=True).stdout
+    lines = ["| % of on-CPU samples | shared object |", "|---:|---|"]
+    for line in report.splitlines():
+        share, _, dso = line.strip().partition("%")
+        if dso.strip():
+            lines.append(f"| {share.strip()} | `{dso.strip()}` |")
+    return "\n".join(lines)
 
 
 async def count_syscalls(http: aiohttp.ClientSession, url: str, pid: int, args: argparse.Namespace,
@@ -173,6 +215,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--top", type=int, default=25, help="functions listed per table (default 25)")
     p.add_argument("--raw", help="also write py-spy's collapsed stacks here")
     p.add_argument("--summarise", metavar="RAW", help="only summarise collapsed stacks written by --raw")
+    p.add_argument("--on-cpu", action="store_true",
+                   help="sample with perf (cpu-clock) instead of py-spy: on-CPU time by shared object")
     p.add_argument("--syscalls", type=int, default=0,
                    help="count the router's system calls (strace -c) over this many requests instead")
     return p.parse_args()
