@@ -14,6 +14,7 @@ from kvroute.routing.dispatch import Dispatcher, InFlight
 from kvroute.routing.flow import FlowSettings, ShedReason, Ticket, TicketState
 from kvroute.routing.flow_queue import admissible, cache_order, fifo_order
 from kvroute.routing.key import RoutingKey
+from kvroute.routing.saturation import Saturation
 from kvroute.routing.scheduler import Scheduler
 from kvroute.routing.settings import PlacementSettings
 from kvroute.routing.worker import WorkerState
@@ -267,7 +268,7 @@ def test_kv_footprint_is_counted_while_in_flight() -> None:
 
 def test_settings_are_validated() -> None:
     for bad in ({"flow_order": "random"}, {"flow_queue_ttl_s": 0}, {"flow_kv_fill": 0},
-                {"flow_max_queued": -1}):
+                {"flow_max_queued": -1}, {"flow_session_fill_unsaturated": -0.5}):
         with pytest.raises(ValueError):
             ModelSettings(**bad)
 
@@ -293,6 +294,27 @@ def test_session_admission_holds_new_sessions_not_continuing_ones() -> None:
     clock.now += 6.0
     d.scraped(workers[0], 0, 0, 0.0)  # any wake re-checks: "b" has been idle for 6 s
     assert new.state is TicketState.GRANTED
+
+
+@pytest.mark.parametrize("fill_unsaturated, saturated, granted", [
+    (0.0, False, False),  # flow_session_fill at all times: 1800 + 900 > 2000
+    (1.5, False, True),   # the fleet is not saturated: 1800 + 900 <= 1.5 x 2000
+    (1.5, True, False),   # saturated: flow_session_fill again
+])
+def test_the_door_fill_before_saturation(fill_unsaturated: float, saturated: bool, granted: bool) -> None:
+    """``flow_session_fill_unsaturated`` stands for ``flow_session_fill`` while the fleet is not
+    saturated; a new session counts at least the size served sessions reached (900)."""
+    clock = Clock(1000.0)
+    d = dispatcher(clock, flow_session_admission=True, flow_session_fill=1.0, flow_kv_fill=10.0,
+                   flow_session_fill_unsaturated=fill_unsaturated)
+    if saturated:
+        d.saturation[MODEL] = Saturation(level=1.0, engaged=True)
+    workers = fleet(2, seqs=8, kv_tokens=1000)
+    send(d, key(900, session="a"), workers)
+    send(d, key(900, session="b"), workers)
+    new = d.admit(key(300, session="c"), workers)
+    assert (new.state is TicketState.GRANTED) is granted
+    assert d.saturated(MODEL) is saturated
 
 
 def test_session_admission_is_off_by_default() -> None:

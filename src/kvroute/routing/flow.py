@@ -113,6 +113,9 @@ class FlowSettings:
     flow_session_fill: float = setting(
         1.0, "share of the fleet's KV cache the working set of active sessions may take before a new "
              "session waits (with flow_session_admission)")
+    flow_session_fill_unsaturated: float = setting(
+        0.0, "share of the fleet's KV cache the working set may take before a new session waits "
+             "while the fleet is not saturated (0: flow_session_fill then too; docs/saturation.md)")
     flow_session_idle_s: float = setting(
         15.0, "a session stops counting in the working set this long after its last request ended")
     flow_session_door_s: float = setting(
@@ -122,7 +125,8 @@ class FlowSettings:
     def __post_init__(self) -> None:
         check_switch(self, "flow_control", "flow_session_admission")
         check_non_negative(self, "flow_aging_s", "flow_aging_factor", "flow_max_queued",
-                           "flow_max_queued_tokens", "flow_session_idle_s", "flow_session_door_s")
+                           "flow_max_queued_tokens", "flow_session_idle_s", "flow_session_door_s",
+                           "flow_session_fill_unsaturated")
         tenant_weights(self.flow_tenant_weights)  # raises ValueError when malformed
         if self.flow_session_rule not in RULES:
             raise ValueError(f"flow_session_rule must be one of {', '.join(RULES)}")
@@ -195,7 +199,12 @@ class FlowControl:
         return switch_on(s.flow_session_admission, self._thrashing(model))
 
     def _fits(self, t: Ticket, m: ModelFlow, now: float, s: FlowSettings, door_on: bool) -> bool:
-        return m.door.fits(t, m.queue.workers, now, door_on, fill=s.flow_session_fill,
+        fill = s.flow_session_fill
+        if s.flow_session_fill_unsaturated and not self._saturated(t.key.model):
+            # Before the fleet saturates, sessions a little past the KV are still served warm
+            # while others pause; once it is saturated, every one let in evicts a paused one.
+            fill = s.flow_session_fill_unsaturated
+        return m.door.fits(t, m.queue.workers, now, door_on, fill=fill,
                            rule=s.flow_session_rule, idle_s=s.flow_session_idle_s,
                            door_s=s.flow_session_door_s)
 
