@@ -32,7 +32,7 @@ def free_ports(n: int) -> int:
     for _ in range(50):
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
+            base: int = probe.getsockname()[1]
         if base + n > 65535:
             continue
         socks = []
@@ -78,7 +78,8 @@ async def turn(http: aiohttp.ClientSession, r: RunningRouter, sim: str,
 
 
 def last_decision(r: RunningRouter) -> str:
-    return r.router.activity.requests[-1].reason
+    reason: str = r.router.activity.requests[-1].reason
+    return reason
 
 
 async def test_a_follow_up_goes_to_the_rank_holding_its_history(sim_fleet: MakeFleet,
