@@ -85,15 +85,6 @@ def test_clear_and_lost_stream_forget_everything() -> None:
     assert len(index) == 0
 
 
-def test_a_worker_matches_the_least_of_its_ranks() -> None:
-    index = ExactIndex()
-    live(index, "a", ranks=(0, 1))
-    toks = tokens(4)
-    index.stored("a", 0, [1, 2, 3, 4], None, toks, BS, None, 1.0)
-    index.stored("a", 1, [11, 12], None, toks[:2 * BS], BS, None, 1.0)
-    assert index.match(token_block_hashes(toks, BS), ["a"], 1.0) == {"a": 2}
-
-
 def test_speculative_entries_count_until_their_ttl() -> None:
     index = ExactIndex(speculative_ttl_s=2.0)
     live(index, "a")

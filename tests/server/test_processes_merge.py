@@ -68,15 +68,18 @@ def test_a_single_exposition_passes_through_unchanged():
 
 
 def test_the_admin_listing_sums_counts_over_processes():
-    def listing(inflight: int, peer: int, requests: dict[str, int]) -> bytes:
+    def listing(inflight: int, peer: int, requests: dict[str, int], ranks: dict[str, int]) -> bytes:
         return orjson.dumps({"workers": [{"id": WORKER, "inflight": inflight, "peer_inflight": peer,
-                                          "requests": requests, "draining": True}],
+                                          "requests": requests, "draining": True,
+                                          "rank_inflight": ranks}],
                              "scheduler": {"sessions": 4}})
 
-    answering, sibling = listing(2, 5, {"cold": 1}), listing(3, 4, {"cold": 2, "sticky": 6})
+    answering = listing(2, 5, {"cold": 1}, {"1": 2})
+    sibling = listing(3, 4, {"cold": 2, "sticky": 6}, {"10": 1, "1": 1})
     merged = orjson.loads(merge_listings([answering, sibling]))
     worker = merged["workers"][0]
     assert worker["inflight"] == 5
+    assert worker["rank_inflight"] == {"1": 3, "10": 1}
     assert worker["peer_inflight"] == 2  # the sibling's 3 were counted as a peer's
     assert worker["requests"] == {"cold": 3, "sticky": 6}
     assert worker["draining"] is True and merged["scheduler"] == {"sessions": 4}

@@ -160,6 +160,7 @@ class WorkerRecord:
             "max_num_seqs": s.max_num_seqs,
             "max_model_len": s.max_model_len,
             "inflight": s.inflight,
+            "rank_inflight": {str(rank): n for rank, n in sorted(s.rank_inflight.items())},
             "peer_inflight": s.peer_inflight,
             "running": s.running,
             "waiting": s.waiting,

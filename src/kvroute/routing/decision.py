@@ -37,6 +37,9 @@ class Decision:
     proxy's first-byte deadline scales.  ``exact``: the chosen worker's match came from its KV
     events (``matched_blocks`` and ``total_blocks`` are then engine blocks); ``held_tokens`` is the
     prompt tokens the index said the chosen worker holds (what cache realisation compares with).
+    ``rank`` is the data-parallel rank of the chosen worker the request is pinned to (vLLM's
+    ``X-data-parallel-rank``): set where its state is exact and it publishes several ranks' events,
+    else None (its engine's own balancer picks).
     """
 
     worker_id: str | None
@@ -57,3 +60,4 @@ class Decision:
     predicted_ttft_s: float = 0.0
     exact: bool = False
     held_tokens: float = 0.0
+    rank: int | None = None

@@ -242,6 +242,9 @@ class Dispatcher:
         """``key`` leaves for ``state`` as ``decision`` said; returns its handle and the facts to
         publish to other router instances."""
         state.inflight += 1
+        rank = decision.rank
+        if rank is not None:
+            state.rank_inflight[rank] = state.rank_inflight.get(rank, 0) + 1
         # What it adds to the worker's KV: the prompt the worker does not hold and the output.  A
         # prefix it holds is there once, however many requests share it (a system prompt of many
         # clients, a session's history).
@@ -290,6 +293,13 @@ class Dispatcher:
         flight.done = True
         flight.state.inflight -= 1
         flight.state.inflight_tokens -= flight.tokens
+        rank = flight.decision.rank
+        if rank is not None:
+            pinned = flight.state.rank_inflight
+            if pinned.get(rank, 0) > 1:
+                pinned[rank] -= 1
+            else:
+                pinned.pop(rank, None)
         self.book.touch(flight.state)
         if ok:
             ttft = flight.ttft_s if streamed else None

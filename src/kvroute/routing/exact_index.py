@@ -6,10 +6,13 @@ not reproducible (its algorithm and seed are the engine's), so each stored block
 the router's own chain (``routing/hashing.py``, ``token_block_hashes``) from the event's token ids,
 and the engine's hash is kept only as the key to apply a later removal ("dual key", as llm-d).
 
-A worker has one event *source* per data-parallel rank.  The router cannot pick a rank, so a
-worker's match is the least of its ranks' matches.  Right after routing, the chosen worker gets
-*speculative* entries for the request's blocks (the engine's events arrive only once it has
-computed them), dropped after ``speculative_ttl_s`` unless the events confirm them.
+A worker has one event *source* per data-parallel rank (vLLM's ``--data-parallel-size``: one API
+server, several engines, each its own cache).  The router picks the rank too (vLLM's header
+``X-data-parallel-rank``), so a worker's match is the best of its ranks' matches, and
+``pick_rank`` chooses the rank a request is sent to.  Right after routing, the chosen worker (the
+chosen rank, where one was picked) gets *speculative* entries for the request's blocks (the
+engine's events arrive only once it has computed them), dropped after ``speculative_ttl_s``
+unless the events confirm them.
 
 Mode per worker: ``exact`` while each of its sources is synchronised (a replay answered, or events
 arriving) and no events are overdue (``expect``: a request that adds blocks got its first token,
@@ -23,7 +26,7 @@ Pure: no I/O, times are the caller's clock.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -44,11 +47,15 @@ class _Source:
     copies: dict[EngineHash, int] = field(default_factory=dict)
     synced: bool = False
     block_size: int | None = None
+    # Speculative entries of requests sent to this rank (own hash -> expiry).
+    speculative: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
 class _Worker:
     sources: dict[int, _Source] = field(default_factory=dict)  # rank -> source
+    # Speculative entries of requests sent to no rank in particular (the engine's balancer picks
+    # one): counted on every rank.
     speculative: dict[int, float] = field(default_factory=dict)  # own hash -> expiry
     expect_since: float | None = None
     last_event: float | None = None
@@ -275,14 +282,17 @@ class ExactIndex:
             return told is not None
         return told is None or told == block_size
 
-    def speculate(self, worker_id: str, hashes: Sequence[int], now: float, wait_s: float = 0.0) -> None:
-        """``worker_id`` was just sent a prompt of these own block hashes, predicted to be computed
-        in ``wait_s``: count them as held until the engine's events confirm them, for ``wait_s`` +
+    def speculate(self, worker_id: str, hashes: Sequence[int], now: float, wait_s: float = 0.0,
+                  rank: int | None = None) -> None:
+        """``worker_id`` (its data-parallel ``rank``, or whichever its engine picks when None) was
+        just sent a prompt of these own block hashes, predicted to be computed in ``wait_s``: count
+        them as held until the engine's events confirm them, for ``wait_s`` +
         ``speculative_ttl_s`` at most."""
         w = self._workers.get(worker_id)
         if w is None:
             return
-        spec = w.speculative
+        src = w.sources.get(rank) if rank is not None else None
+        spec = src.speculative if src is not None else w.speculative
         if spec:
             for h in [h for h, until in spec.items() if until <= now]:
                 del spec[h]
@@ -290,36 +300,54 @@ class ExactIndex:
         for h in hashes:
             spec[h] = until
 
+    def _depth(self, hashes: Sequence[int], w: _Worker, src: _Source, now: float) -> int:
+        """Leading blocks of ``hashes`` the rank ``src`` holds, counting live speculative entries."""
+        held, slot, spec, own_spec = self._held, src.slot, w.speculative, src.speculative
+        d = 0
+        for h in hashes:
+            owners = held.get(h)
+            if owners is not None and slot in owners:
+                d += 1
+                continue
+            until = spec.get(h)
+            if until is None and own_spec:
+                until = own_spec.get(h)
+            if until is not None and until > now:
+                d += 1
+                continue
+            break
+        return d
+
     def match(self, hashes: Sequence[int], worker_ids: Collection[str], now: float) -> dict[str, int]:
-        """Leading blocks of ``hashes`` each of ``worker_ids`` holds (the least over its ranks),
-        counting its live speculative entries."""
+        """Leading blocks of ``hashes`` each of ``worker_ids`` holds (the best over its ranks: the
+        request can be sent to that rank), counting its live speculative entries."""
         out: dict[str, int] = {}
-        held = self._held
+        full = len(hashes)
         for wid in worker_ids:
             w = self._workers.get(wid)
-            if w is None or not w.sources:
-                out[wid] = 0
-                continue
-            spec = w.speculative
-            depth = len(hashes)
-            for src in w.sources.values():
-                slot = src.slot
-                d = 0
-                for h in hashes[:depth]:
-                    owners = held.get(h)
-                    if owners is not None and slot in owners:
-                        d += 1
-                        continue
-                    until = spec.get(h)
-                    if until is not None and until > now:
-                        d += 1
-                        continue
-                    break
-                depth = d
-                if not depth:
-                    break
-            out[wid] = depth
+            best = 0
+            if w is not None:
+                for src in w.sources.values():
+                    d = self._depth(hashes, w, src, now)
+                    if d > best:
+                        best = d
+                        if best == full:
+                            break
+            out[wid] = best
         return out
+
+    def ranks(self, worker_id: str) -> int:
+        """How many data-parallel ranks ``worker_id`` publishes events of."""
+        w = self._workers.get(worker_id)
+        return len(w.sources) if w is not None else 0
+
+    def rank_figures(self, hashes: Sequence[int], worker_id: str, now: float) -> dict[int, tuple[int, int]]:
+        """Per rank of ``worker_id``: the leading blocks of ``hashes`` it holds (as ``match``) and
+        the blocks its engine reports holding in all (what ``pick_rank`` compares)."""
+        w = self._workers.get(worker_id)
+        if w is None:
+            return {}
+        return {rank: (self._depth(hashes, w, src, now), len(src.own)) for rank, src in w.sources.items()}
 
     def holders(self, first: int, now: float) -> set[str]:
         """Workers holding the block ``first``, by their events or a live speculative entry: every
@@ -331,6 +359,12 @@ class ExactIndex:
             until = w.speculative.get(first)
             if until is not None and until > now:
                 out.add(wid)
+                continue
+            for src in w.sources.values():
+                until = src.speculative.get(first)
+                if until is not None and until > now:
+                    out.add(wid)
+                    break
         return out
 
     def resident_blocks(self, worker_id: str) -> int:
@@ -344,5 +378,19 @@ class ExactIndex:
         if w is None:
             return {}
         out = {f"rank{rank}_blocks": len(src.own) for rank, src in sorted(w.sources.items())}
-        out["speculative"] = len(w.speculative)
+        out["speculative"] = len(w.speculative) + sum(len(src.speculative) for src in w.sources.values())
         return out
+
+
+def pick_rank(figures: Mapping[int, tuple[int, int]], inflight: Mapping[int, int], slack: int) -> int:
+    """The data-parallel rank a request goes to, from each rank's (match, resident blocks) as
+    ``ExactIndex.rank_figures`` tells them and this router's requests in flight there: among the
+    ranks carrying at most ``slack`` more in flight than the freest (the placement's prompt-size
+    slack, as between workers: a prefix many requests share must not pile them all on the rank that
+    computed it first), the one holding the longest match; ties (no match anywhere, say) to the
+    fewest in flight, then to the emptier cache (a new conversation goes where it evicts least),
+    then to the lowest rank."""
+    least = min(inflight.get(rank, 0) for rank in figures)
+    limit = least + slack
+    return min((rank for rank in figures if inflight.get(rank, 0) <= limit),
+               key=lambda rank: (-figures[rank][0], inflight.get(rank, 0), figures[rank][1], rank))

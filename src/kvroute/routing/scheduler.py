@@ -23,7 +23,7 @@ import xxhash
 from kvroute.routing.cache_fill import CacheFill, CacheFillSettings
 from kvroute.routing.config import ModelSettings, RoutingConfig
 from kvroute.routing.decision import Decision, DecisionKind
-from kvroute.routing.exact_index import ExactIndex, Mode
+from kvroute.routing.exact_index import ExactIndex, Mode, pick_rank
 from kvroute.routing.filters import seq_slots
 from kvroute.routing.hashing import block_hashes, stored_positions
 from kvroute.routing.key import EST_BYTES_PER_TOKEN, RoutingKey
@@ -168,7 +168,10 @@ class Scheduler:
         chosen = cands[i]
         if Signal.PREFIX not in needs:
             self._match(key, hashes, [chosen], now)  # for the log line, the metrics and the backlog
+        rank = self._rank(view, chosen) if chosen.exact else None
         kind, reason = policy.explain(view, cands, i)
+        if rank is not None:
+            reason += f" rank={rank}"
         prefill = max(0, round(key.est_prompt_tokens - policy.held(view, chosen)))
         total = len(key.token_hashes) if chosen.exact else len(hashes)
         return Decision(
@@ -178,8 +181,24 @@ class Scheduler:
             session_id=key.session_id, worker_epoch=chosen.worker.epoch, session=view.session,
             prefill_tokens=prefill, scores=keys[i], considered=considered,
             predicted_ttft_s=self.predicted_ttft(policy, view, chosen, prefill),
-            exact=chosen.exact, held_tokens=chosen.held_tokens,
+            exact=chosen.exact, held_tokens=chosen.held_tokens, rank=rank,
         )
+
+    def _rank(self, view: View, c: Candidate) -> int | None:
+        """The data-parallel rank the request goes to on ``c``, whose state is exact (None where it
+        publishes the events of one rank only): ``pick_rank``.  ``c``'s match becomes that rank's
+        (what the decision, its prefill and its log line then say)."""
+        exact, wid = self.exact, c.worker.id
+        if exact.ranks(wid) < 2:
+            return None
+        key = view.key
+        figures = exact.rank_figures(key.token_hashes, wid, view.now)
+        rank = pick_rank(figures, c.worker.rank_inflight, view.placement.slack_for(view.est_tokens))
+        depth = figures[rank][0]
+        if depth != c.matched_blocks:
+            c.matched_blocks = depth
+            c.held_tokens = min(float(key.est_prompt_tokens), float(depth * key.token_block))
+        return rank
 
     def _resident_home(self, key: RoutingKey, workers: Sequence[WorkerState], now: float) -> str | None:
         """The worker a session's history lives on by the engines' own cache state: the one exact
@@ -469,7 +488,7 @@ class Scheduler:
                 records.append(PrefixRecord(worker, decision.worker_epoch, now, stored,
                                             decision.prefill_tokens))
         if key.cacheable and key.token_hashes:
-            self.exact.speculate(worker, key.token_hashes, now, decision.predicted_ttft_s)
+            self.exact.speculate(worker, key.token_hashes, now, decision.predicted_ttft_s, decision.rank)
         self._fill.computed(worker, decision.worker_epoch, now, decision.prefill_tokens)
         if key.cacheable:
             settings = cfg.block(LearningSettings)

@@ -3,7 +3,7 @@ virtual-time cluster); the routing core only reads it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(slots=True)
@@ -46,6 +46,9 @@ class WorkerState:
     # Router in-flight (own + peers) when running/waiting were scraped: the engine's figures minus
     # this are load from elsewhere; our own share is always taken fresh from the in-flight counts.
     scraped_inflight: int = 0
+    # This router's requests in flight per data-parallel rank they were pinned to (those of
+    # decisions that picked a rank; the rest of ``inflight`` went where the engine balanced them).
+    rank_inflight: dict[int, int] = field(default_factory=dict)
 
     @property
     def total_inflight(self) -> int:

@@ -125,7 +125,8 @@ async def drain_worker(request: web.Request) -> web.Response:
 
 def merge_listings(bodies: Sequence[bytes]) -> bytes:
     """``GET /admin/workers`` of several router processes as one: the first one's listing, with
-    every worker's in-flight and request counts summed over the processes, and ``peer_inflight``
+    every worker's in-flight (also per data-parallel rank) and request counts summed over the
+    processes, and ``peer_inflight``
     left with what router instances outside this router have in flight there."""
     docs = [orjson.loads(b) for b in bodies]
     first = docs[0]
@@ -135,9 +136,12 @@ def merge_listings(bodies: Sequence[bytes]) -> bytes:
         worker["inflight"] += extra
         worker["peer_inflight"] = max(0, worker["peer_inflight"] - extra)
         requests = Counter(worker["requests"])
+        pinned = Counter(worker.get("rank_inflight", {}))
         for w in same:
             requests.update(w["requests"])
+            pinned.update(w.get("rank_inflight", {}))
         worker["requests"] = dict(requests)
+        worker["rank_inflight"] = {r: n for r, n in sorted(pinned.items(), key=lambda i: int(i[0])) if n}
     return orjson.dumps(first)
 
 

@@ -566,10 +566,13 @@ class Exchange:
                                  + b"content-length: %d\r\n\r\n" % len(body) + body)
         origin = pool.origin(state.url)
         traced = b"" if self.trail is None else self.trail.attempt(state.id, state.url, self.attempts)
+        # The decision's data-parallel rank, ahead of any the client sent (vLLM reads the first).
+        rank = self.decision.rank if self.decision is not None else None
+        pinned = b"" if rank is None else b"x-data-parallel-rank: %d\r\n" % rank
         self.call = None
         call = self.call = await pool.send(origin, b"POST " + origin.base_path + self.request.target
                                            + b" HTTP/1.1\r\nhost: " + origin.host_header + b"\r\n"
-                                           + traced + tail)
+                                           + traced + pinned + tail)
         try:
             assert self.decision is not None
             deadline = first_byte_deadline(settings, self.decision.predicted_ttft_s, key)

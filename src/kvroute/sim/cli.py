@@ -1,4 +1,5 @@
-"""``kvroute sim``: N simulated vLLM replicas on ports BASE..BASE+N-1, in one process."""
+"""``kvroute sim``: N simulated vLLM replicas on ports BASE..BASE+N-1, in one process (each with
+``--data-parallel-size`` engine ranks)."""
 
 from __future__ import annotations
 
@@ -40,19 +41,24 @@ async def _serve(preset: str, replicas: int, host: str, port: int, speed: float,
             replica.faults.set(fault)
     try:
         cfg = fleet.replicas[0].config
+        dp = fleet.replicas[0].data_parallel_size
+        ranks = f" (data_parallel_size={dp})" if dp > 1 else ""
         typer.echo(
-            f"kvroute sim: {replicas} x {preset} serving {cfg.model!r} (block_size={cfg.block_size}, "
+            f"kvroute sim: {replicas} x {preset}{ranks} serving {cfg.model!r} (block_size={cfg.block_size}, "
             f"num_gpu_blocks={cfg.num_gpu_blocks}, max_num_seqs={cfg.max_num_seqs}, "
             f"enable_prefix_caching={cfg.enable_prefix_caching}, speed={speed})"
         )
         for url in fleet.urls:
             typer.echo(f"  {url}")
         for replica in fleet.replicas:
-            if replica.kv_publisher is not None:
-                info = replica.kv_publisher.describe()
-                replay = f", replay {info['replay_endpoint']}" if info["replay_endpoint"] else ""
-                typer.echo(f"  kv events of rank {replica.index}: {info['endpoint']}{replay} "
-                           f"({info['encoding']}, topic {info['topic']!r})")
+            for rank in replica.ranks:
+                if rank.kv_publisher is not None:
+                    info = rank.kv_publisher.describe()
+                    replay = f", replay {info['replay_endpoint']}" if info["replay_endpoint"] else ""
+                    of = f"replica {replica.index} rank {rank.index}" if replica.data_parallel_size > 1 \
+                        else f"rank {replica.index}"
+                    typer.echo(f"  kv events of {of}: {info['endpoint']}{replay} "
+                               f"({info['encoding']}, topic {info['topic']!r})")
         await asyncio.Event().wait()
     finally:
         await fleet.close()
@@ -61,6 +67,10 @@ async def _serve(preset: str, replicas: int, host: str, port: int, speed: float,
 def sim(
     preset: Annotated[str, typer.Option(help=f"Engine preset: {', '.join(PRESETS)}.")] = "a4000-qwen3-4b",
     replicas: Annotated[int, typer.Option(min=1, help="Number of replicas.")] = 1,
+    data_parallel_size: Annotated[int, typer.Option(
+        "--data-parallel-size", min=1,
+        help="Engine ranks behind each replica's server, each with its own KV cache (vLLM's flag; "
+             "the header X-data-parallel-rank pins one).")] = 1,
     port: Annotated[int, typer.Option(help="First port (replica i: PORT+i; 0: free).")] = 8100,
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
     speed: Annotated[float, typer.Option(min=0.001, help="Model seconds per wall second.")] = 1.0,
@@ -92,7 +102,8 @@ def sim(
         help="Cost parameter NAME=VALUE (a, b, c, d0, d1, d_kv, ...).")] = None,
     kv_events_config: Annotated[str | None, typer.Option(
         help="vLLM's KV-event publishing, as JSON: enable_kv_cache_events, publisher, endpoint, "
-             "replay_endpoint, topic, buffer_steps, hwm, max_queue_size (replica i: ports + i).")] = None,
+             "replay_endpoint, topic, buffer_steps, hwm, max_queue_size (replica i's rank r: ports + "
+             "i * data-parallel-size + r).")] = None,
     kv_events_encoding: Annotated[str, typer.Option(
         help="KV events as the newest vLLM sends them (map: events tagged 'type', replay with the "
              "topic) or as older vLLM (array).")] = "map",
@@ -114,7 +125,8 @@ def sim(
         "output_tokens_max": output_tokens_max,
     }
     overrides: dict[str, Any] = {k: v for k, v in named.items() if v is not None}
-    overrides.update(answer_mode=answer_mode, corrupt_rate=corrupt_rate, seed=seed)
+    overrides.update(answer_mode=answer_mode, corrupt_rate=corrupt_rate, seed=seed,
+                     data_parallel_size=data_parallel_size)
     overrides.update(_cost_overrides(cost or []))
     try:
         faults = [Fault.from_flag(text) for text in fault or []]

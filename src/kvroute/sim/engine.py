@@ -357,6 +357,11 @@ class EngineModel:
         events.clear()
         return out
 
+    def queue_figures(self) -> tuple[int, int, float]:
+        """Waiting and running requests and the KV cache's usage: what vLLM's engines report to
+        its data-parallel balancer."""
+        return len(self._waiting), len(self._running), self._pool.usage
+
     def snapshot(self) -> EngineSnapshot:
         """Current gauges and a copy of the counters."""
         return EngineSnapshot(

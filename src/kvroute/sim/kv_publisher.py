@@ -51,14 +51,17 @@ class KvEventPublisher:
     """PUB + ROUTER sockets of one data-parallel rank; ``publish`` is called on the event loop."""
 
     def __init__(self, config: KVEventsConfig, rank: int, encoding: Encoding,
-                 context: zmq.asyncio.Context) -> None:
+                 context: zmq.asyncio.Context, *, port_offset: int | None = None) -> None:
+        """Publish as data-parallel ``rank`` on the configured ports plus ``port_offset`` (default:
+        the rank, as vLLM)."""
         self.config = config
         self.rank = rank
         self.encoding = encoding
         self._topic = config.topic.encode()
         self._with_topic = encoding == "map"
-        self._endpoint = offset_endpoint_port(config.endpoint, rank) or config.endpoint
-        self._replay_endpoint = offset_endpoint_port(config.replay_endpoint, rank)
+        offset = rank if port_offset is None else port_offset
+        self._endpoint = offset_endpoint_port(config.endpoint, offset) or config.endpoint
+        self._replay_endpoint = offset_endpoint_port(config.replay_endpoint, offset)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
         self._next_seq = 0
         self.published = 0

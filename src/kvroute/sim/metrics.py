@@ -4,9 +4,13 @@ It follows what vLLM 0.32.0 writes (tests/vllm/fixtures/metrics_after_chat.prom,
 this output by tests/vllm/test_sim_matches_vllm.py): counters declared under their ``_total``
 name, a ``_created`` gauge beside every counter and histogram, ``model_name`` and ``engine="0"``
 on every ``vllm:`` sample except ``vllm:cache_config_info``, which carries the cache config only.
+A replica of several data-parallel ranks writes each family once, with one series per rank
+(``engine="0"``, ``engine="1"``, ...), as vLLM's one API server does for its engines.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from kvroute.sim.cache_config import cache_config_labels
 from kvroute.sim.engine import EngineConfig, EngineSnapshot
@@ -31,20 +35,27 @@ def _num(value: float) -> str:
 
 
 class _Writer:
-    __slots__ = ("base", "created", "lines")
+    """One engine's families, each a block: its two header lines, then its samples."""
+
+    __slots__ = ("base", "blocks", "created", "shared")
 
     def __init__(self, base: dict[str, str], created: float) -> None:
         self.base = base
         self.created = created
-        self.lines: list[str] = []
+        self.blocks: list[list[str]] = []
+        self.shared: set[int] = set()   # blocks of families without the engine label
 
     def family(self, name: str, kind: str, help_text: str) -> None:
-        self.lines.append(f"# HELP {name} {help_text}")
-        self.lines.append(f"# TYPE {name} {kind}")
+        self.blocks.append([f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"])
 
     def sample(self, name: str, value: float, extra: dict[str, str] | None = None) -> None:
         labels = {**self.base, **extra} if extra else self.base
-        self.lines.append(f"{name}{_labels(labels)} {_num(value)}")
+        self.blocks[-1].append(f"{name}{_labels(labels)} {_num(value)}")
+
+    def plain(self, line: str) -> None:
+        """A sample of a family the engines share (written once whatever the ranks)."""
+        self.shared.add(len(self.blocks) - 1)
+        self.blocks[-1].append(line)
 
     def gauge(self, name: str, value: float, help_text: str) -> None:
         self.family(name, "gauge", help_text)
@@ -71,16 +82,32 @@ class _Writer:
         self.sample(name + "_created", self.created)
 
 
-def render_metrics(config: EngineConfig, snap: EngineSnapshot, served_model: str,
-                   process_start_time: float) -> bytes:
-    """The ``/metrics`` body: gauges, counters (tokens), histograms, cache config info.
+def render_metrics(config: EngineConfig, snaps: EngineSnapshot | Sequence[EngineSnapshot],
+                   served_model: str, process_start_time: float) -> bytes:
+    """The ``/metrics`` body: gauges, counters (tokens), histograms, cache config info, of one
+    engine or of each data-parallel rank's (``snaps`` in rank order).
 
     ``process_start_time`` (wall clock) is also the ``_created`` time of every counter and
     histogram: the engine's counters start with the process, and restart with it.
     """
-    w = _Writer({"model_name": served_model, "engine": "0"}, process_start_time)
+    ranks = [snaps] if isinstance(snaps, EngineSnapshot) else list(snaps)
+    writers = [_engine_families(config, snap, served_model, process_start_time, str(i))
+               for i, snap in enumerate(ranks)]
+    first = writers[0]
+    lines: list[str] = []
+    for k, block in enumerate(first.blocks):
+        lines += block
+        if k not in first.shared:
+            for w in writers[1:]:
+                lines += w.blocks[k][2:]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _engine_families(config: EngineConfig, snap: EngineSnapshot, served_model: str,
+                     process_start_time: float, engine: str) -> _Writer:
+    w = _Writer({"model_name": served_model, "engine": engine}, process_start_time)
     w.family("process_start_time_seconds", "gauge", "Start time of the process since unix epoch in seconds.")
-    w.lines.append(f"process_start_time_seconds {_num(process_start_time)}")
+    w.plain(f"process_start_time_seconds {_num(process_start_time)}")
     w.gauge("vllm:num_requests_running", snap.num_running, "Number of requests in model execution batches.")
     w.gauge("vllm:num_requests_waiting", snap.num_waiting, "Number of requests waiting to be processed.")
     w.family("vllm:num_requests_waiting_by_reason", "gauge",
@@ -115,5 +142,5 @@ def render_metrics(config: EngineConfig, snap: EngineSnapshot, served_model: str
     w.histogram("vllm:request_prefill_kv_computed_tokens", st.prefill_kv_computed,
                 "Histogram of new KV tokens computed during prefill (excluding cached tokens).")
     w.family("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig")
-    w.lines.append(f"vllm:cache_config_info{_labels(cache_config_labels(config))} 1.0")
-    return ("\n".join(w.lines) + "\n").encode()
+    w.plain(f"vllm:cache_config_info{_labels(cache_config_labels(config))} 1.0")
+    return w

@@ -6,21 +6,30 @@ Endpoints (as vLLM serves them): ``POST /v1/chat/completions``, ``/v1/completion
 ``/v1/completions/render``, ``/reset_prefix_cache``; and the simulator's own ``/admin/fault`` (GET
 lists, POST sets, DELETE clears; see ``sim/faults.py``).
 
-With a ``KVEventsConfig`` that enables events, each replica is a data-parallel rank publishing vLLM's
-KV-cache events on ZeroMQ (``sim/kv_publisher.py``): the engine's events of a step are published
-when the step ends, those of a prefix-cache reset at once.
+A replica fronts ``data_parallel_size`` engine ranks (vLLM's ``--data-parallel-size``: one API
+server, N engines, each with its own KV cache).  A request's header ``X-data-parallel-rank`` pins
+its rank as vLLM does (a value that is not an integer is ignored; one out of range is refused);
+without it the rank is the one vLLM's balancer (``DPLBAsyncMPClient``) would pick.  ``/metrics``
+has one series per rank (label ``engine``); restarts, prefix-cache resets and faults apply to every
+rank.
 
-Each replica runs one asyncio task that drives its :class:`EngineModel` on a :class:`ModelClock`:
+With a ``KVEventsConfig`` that enables events, each rank publishes vLLM's KV-cache events on ZeroMQ
+(``sim/kv_publisher.py``): the engine's events of a step are published when the step ends, those
+of a prefix-cache reset at once.  Replica ``i``'s rank ``r`` uses the configured ports plus
+``i * data_parallel_size + r``; a one-rank replica is, as before, data-parallel rank ``i`` (a
+fleet of one-rank replicas reads as one deployment balanced from outside).
+
+Each rank runs one asyncio task that drives its :class:`EngineModel` on a :class:`ModelClock`:
 while busy, each step starts in model time where the previous one ended, and its events are
 delivered to the waiting handlers at the wall-clock deadline of its end (model time runs ``speed``
 times faster than the wall clock); idle while there is no work, then resynchronised to the wall
-clock.  How far behind schedule a replica ran is in ``/server_info`` under ``clock``.
+clock.  How far behind schedule rank 0 ran is in ``/server_info`` under ``clock``.
 
 Public helper::
 
     fleet = await start_sim_fleet("a4000-qwen3-4b", 4, speed=20.0)
     fleet.urls        # ["http://127.0.0.1:PORT", ...]
-    fleet.replicas    # SimReplica objects: .engine, .faults, .restart(), .url
+    fleet.replicas    # SimReplica objects: .engine (rank 0), .ranks, .faults, .restart(), .url
     await fleet.close()
 """
 
@@ -68,6 +77,9 @@ log = logging.getLogger("kvroute.sim")
 
 SIM_VERSION = "0.26.0+kvroute.sim"
 _JSON = "application/json"
+# The request header vLLM's OpenAI server reads the engine rank from (entrypoints, "router can
+# inject it").
+DP_RANK_HEADER = "X-data-parallel-rank"
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,57 +126,118 @@ async def _read_json(request: web.Request) -> Any:
         raise ApiError(400, f"Invalid JSON body: {exc}") from None
 
 
+class _Rank:
+    """One engine rank of a replica: its engine, model clock, engine loop and KV-event publisher."""
+
+    __slots__ = ("clock", "engine", "index", "inflight", "kv_publisher", "loop_task", "wake")
+
+    def __init__(self, index: int, config: EngineConfig, clock: ModelClock) -> None:
+        self.index = index
+        self.clock = clock
+        self.engine = EngineModel(config, clock.origin_model)
+        self.wake = asyncio.Event()
+        self.kv_publisher: KvEventPublisher | None = None
+        self.loop_task: asyncio.Task[None] | None = None
+        # This server's requests on the rank not yet finished (vLLM's ``engine_inflight``).
+        self.inflight = 0
+
+    def now(self) -> float:
+        """The rank's model time (see ``ModelClock.now``)."""
+        return self.clock.now(time.monotonic())
+
+
+def parse_dp_rank(value: str | None) -> int | None:
+    """The rank a request's ``X-data-parallel-rank`` header asks for, as vLLM reads it
+    (``int(value)``; anything else is ignored: the balancer picks)."""
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        return None
+
+
 class SimReplica:
-    """One simulated vLLM replica: engine, engine loop, HTTP app, faults."""
+    """One simulated vLLM replica: HTTP app, faults, and ``data_parallel_size`` engine ranks."""
 
     def __init__(self, index: int, config: EngineConfig, *, served_model: str, speed: float,
                  options: ReplyOptions, preset: str, kv_events: KVEventsConfig | None = None,
-                 kv_events_encoding: Encoding = "map") -> None:
+                 kv_events_encoding: Encoding = "map", data_parallel_size: int = 1) -> None:
+        if data_parallel_size < 1:
+            raise ValueError("data_parallel_size must be at least 1")
         self.index = index
         if kv_events is not None and kv_events.enable_kv_cache_events != config.enable_kv_cache_events:
             config = dataclasses.replace(config, enable_kv_cache_events=kv_events.enable_kv_cache_events)
         self.config = config
+        self.data_parallel_size = data_parallel_size
         self.kv_events = kv_events
         self.kv_events_encoding: Encoding = kv_events_encoding
-        self.kv_publisher: KvEventPublisher | None = None
         self._zmq: zmq.asyncio.Context | None = None
         self.served_model = served_model
         self.speed = speed
         self.options = options
         self.preset = preset
         self.faults = FaultSet(options.seed * 1_000_003 + index)
-        self.clock = ModelClock(speed, origin_model=time.time(), origin_wall=time.monotonic())
-        self.process_start_time = self.clock.origin_model
-        self.engine = EngineModel(config, self.now())
+        origin_model, origin_wall = time.time(), time.monotonic()
+        self.process_start_time = origin_model
+        self.ranks = [_Rank(r, config, ModelClock(speed, origin_model=origin_model, origin_wall=origin_wall))
+                      for r in range(data_parallel_size)]
         self._pending: dict[str, asyncio.Queue[EngineEvent | None]] = {}
-        self._wake = asyncio.Event()
+        # Where vLLM's balancer starts its scan (rotated after each pick, so that ties rotate).
+        self._lb_start = 0
         self._down_until = 0.0
-        self._loop_task: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
         self.url = ""
         self.app = self._build_app()
 
+    @property
+    def engine(self) -> EngineModel:
+        """Rank 0's engine (the only one unless ``data_parallel_size`` > 1)."""
+        return self.ranks[0].engine
+
+    @property
+    def clock(self) -> ModelClock:
+        """Rank 0's model clock."""
+        return self.ranks[0].clock
+
+    @property
+    def kv_publisher(self) -> KvEventPublisher | None:
+        """Rank 0's KV-event publisher (None when events are not published)."""
+        return self.ranks[0].kv_publisher
+
     # ------------------------------------------------------------------------- lifecycle
 
     def now(self) -> float:
-        """Model time: the wall clock at start plus elapsed time times ``speed`` (never past the end
-        of the engine step in progress; see ``sim/clock.py``)."""
-        return self.clock.now(time.monotonic())
+        """Rank 0's model time: the wall clock at start plus elapsed time times ``speed`` (never
+        past the end of the engine step in progress; see ``sim/clock.py``)."""
+        return self.ranks[0].now()
+
+    def _event_rank(self, rank: int) -> tuple[int, int]:
+        """The ``data_parallel_rank`` rank ``rank``'s events carry, and its ports' offset."""
+        n = self.data_parallel_size
+        if n == 1:
+            return self.index, self.index
+        return rank, self.index * n + rank
 
     async def start(self, host: str, port: int) -> None:
-        """Start the engine loop and listen on ``host:port`` (0: a free port); open the KV-event
-        sockets of this rank when events are published."""
+        """Start the engine loops and listen on ``host:port`` (0: a free port); open the KV-event
+        sockets of each rank when events are published."""
         if self.kv_events is not None and self.kv_events.publishes:
             self._zmq = zmq.asyncio.Context()
             try:
-                self.kv_publisher = KvEventPublisher(self.kv_events, self.index, self.kv_events_encoding,
-                                                     self._zmq)
+                for rank in self.ranks:
+                    label, offset = self._event_rank(rank.index)
+                    rank.kv_publisher = KvEventPublisher(self.kv_events, label, self.kv_events_encoding,
+                                                         self._zmq, port_offset=offset)
             except ValueError:
-                self._zmq.term()
-                self._zmq = None
+                await self._close_publishers()
                 raise
-            self.kv_publisher.start()
-        self._loop_task = asyncio.create_task(self._engine_loop(), name=f"sim-engine-{self.index}")
+            for rank in self.ranks:
+                assert rank.kv_publisher is not None
+                rank.kv_publisher.start()
+        for rank in self.ranks:
+            name = f"sim-engine-{self.index}" + (f"-dp{rank.index}" if self.data_parallel_size > 1 else "")
+            rank.loop_task = asyncio.create_task(self._engine_loop(rank), name=name)
         self._runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None,
                                      shutdown_timeout=0.5)
         await self._runner.setup()
@@ -174,31 +247,39 @@ class SimReplica:
         bound_port = sockets[0][1]
         self.url = f"http://{host}:{bound_port}"
 
-    async def close(self) -> None:
-        """Stop serving and stop the engine loop."""
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-        if self._loop_task is not None:
-            self._loop_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._loop_task
-            self._loop_task = None
-        if self.kv_publisher is not None:
-            await self.kv_publisher.close()
-            self.kv_publisher = None
+    async def _close_publishers(self) -> None:
+        for rank in self.ranks:
+            if rank.kv_publisher is not None:
+                await rank.kv_publisher.close()
+                rank.kv_publisher = None
         if self._zmq is not None:
             self._zmq.term()
             self._zmq = None
 
+    async def close(self) -> None:
+        """Stop serving and stop the engine loops."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        for rank in self.ranks:
+            if rank.loop_task is not None:
+                rank.loop_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await rank.loop_task
+                rank.loop_task = None
+        await self._close_publishers()
+
     def restart(self, down_s: float = 0.0) -> int:
-        """Simulate a process restart: drop in-flight requests, empty the cache, reset counters,
-        new start time; refuse requests (503) for ``down_s`` model seconds.  Returns requests dropped."""
-        dropped = self.engine.restart(self.now())
-        # A new process publishes afresh: sequence 0, nothing to replay, no word of the old cache.
-        self.engine.drain_kv_events()
-        if self.kv_publisher is not None:
-            self.kv_publisher.reset()
+        """Simulate a process restart: drop in-flight requests, empty every rank's cache, reset
+        counters, new start time; refuse requests (503) for ``down_s`` model seconds.  Returns
+        requests dropped."""
+        dropped: list[str] = []
+        for rank in self.ranks:
+            dropped += rank.engine.restart(rank.now())
+            # A new process publishes afresh: sequence 0, nothing to replay, no word of the old cache.
+            rank.engine.drain_kv_events()
+            if rank.kv_publisher is not None:
+                rank.kv_publisher.reset()
         for rid in dropped:
             queue = self._pending.get(rid)
             if queue is not None:
@@ -214,16 +295,16 @@ class SimReplica:
 
     # ------------------------------------------------------------------------- engine loop
 
-    async def _engine_loop(self) -> None:
-        engine, clock = self.engine, self.clock
+    async def _engine_loop(self, rank: _Rank) -> None:
+        engine, clock = rank.engine, rank.clock
         while True:
             if not engine.has_work():
-                await self._idle()
+                await self._idle(rank)
                 continue
             start = clock.start_step(time.monotonic())
             result = engine.step(start)
             if not result.events and result.duration_s == 0:
-                await self._idle()
+                await self._idle(rank)
                 continue
             deadline = clock.end_step(start, result.duration_s * self.faults.slow_factor)
             await asyncio.sleep(max(0.0, deadline - time.monotonic()))
@@ -232,18 +313,40 @@ class SimReplica:
                 queue = self._pending.get(event.request_id)
                 if queue is not None:
                     queue.put_nowait(event)
-            self._publish_kv_events()
+            self._publish_kv_events(rank)
 
-    def _publish_kv_events(self) -> None:
-        """Send what the engine's cache did since the last batch (vLLM: one batch per step)."""
-        events = self.engine.drain_kv_events()
-        if events and self.kv_publisher is not None:
-            self.kv_publisher.publish(EventBatch(time.time(), events, self.index))
+    def _publish_kv_events(self, rank: _Rank) -> None:
+        """Send what the rank's cache did since the last batch (vLLM: one batch per step)."""
+        events = rank.engine.drain_kv_events()
+        if events and rank.kv_publisher is not None:
+            rank.kv_publisher.publish(EventBatch(time.time(), events, rank.kv_publisher.rank))
 
-    async def _idle(self) -> None:
-        self.clock.idle()
-        self._wake.clear()
-        await self._wake.wait()
+    async def _idle(self, rank: _Rank) -> None:
+        rank.clock.idle()
+        rank.wake.clear()
+        await rank.wake.wait()
+
+    def _balanced_rank(self) -> _Rank:
+        """The rank vLLM's balancer (``DPLBAsyncMPClient.get_core_engine_for_request``, one API
+        server) picks: the least score, the greater of this server's in-flight requests there and
+        the engine's waiting + running, waiting ones weighing more as its KV cache fills past half;
+        the scan starts one rank further each time, so that ties rotate.  The engines' own figures
+        are read exactly here (vLLM's coordinator reports them every 100 ms)."""
+        ranks = self.ranks
+        n = len(ranks)
+        if n == 1:
+            return ranks[0]
+        best, best_score = ranks[0], float("inf")
+        for i in range(n):
+            rank = ranks[(self._lb_start + i) % n]
+            waiting, running, usage = rank.engine.queue_figures()
+            score = float(max(rank.inflight, waiting + running))
+            if waiting:
+                score += waiting * 6.0 * max(0.0, usage - 0.5)
+            if score < best_score:
+                best, best_score = rank, score
+        self._lb_start = (self._lb_start + 1) % n
+        return best
 
     # ------------------------------------------------------------------------- generation
 
@@ -276,6 +379,15 @@ class SimReplica:
             if message or limit < 1:
                 raise ApiError(400, message or "The prompt leaves no room for the completion.",
                                param="messages" if api != "completions" else "prompt")
+            pinned = parse_dp_rank(request.headers.get(DP_RANK_HEADER))
+            if pinned is not None and not 0 <= pinned < self.data_parallel_size:
+                # vLLM's input processor refuses it when the engine is asked, that is while a
+                # streamed answer has begun: there it is the stream's one event.
+                refusal = ApiError(400, f"data_parallel_rank {pinned} is out of range "
+                                        f"[0, {self.data_parallel_size}).")
+                if g.stream and style == "openai":
+                    return await _stream_error(request, refusal)
+                raise refusal
             fault = self.faults.draw("error")
             if fault is not None:
                 raise ApiError(fault.status, "Simulated engine failure (fault injection).")
@@ -291,13 +403,15 @@ class SimReplica:
         rid = uuid.uuid4().hex
         queue: asyncio.Queue[EngineEvent | None] = asyncio.Queue()
         self._pending[rid] = queue
-        engine = self.engine
+        rank = self.ranks[pinned] if pinned is not None else self._balanced_rank()
+        engine = rank.engine
+        rank.inflight += 1
         try:
             try:
-                engine.add_request(SimRequest(rid, g.prompt, output, limit, g.cache_salt), self.now())
+                engine.add_request(SimRequest(rid, g.prompt, output, limit, g.cache_salt), rank.now())
             except ValueError as exc:
                 return _error(style, ApiError(400, str(exc)))
-            self._wake.set()
+            rank.wake.set()
             reply = Reply(g)
             if g.stream:
                 return await self._stream(request, reply, queue, output, faults)
@@ -307,7 +421,8 @@ class SimReplica:
             return web.Response(status=500)
         finally:
             del self._pending[rid]
-            engine.abort(rid, self.now())
+            rank.inflight -= 1
+            engine.abort(rid, rank.now())
 
     async def _next(self, queue: asyncio.Queue[EngineEvent | None]) -> EngineEvent:
         event = await queue.get()
@@ -431,8 +546,8 @@ class SimReplica:
         }]})
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        body = render_metrics(self.config, self.engine.snapshot(), self.served_model,
-                              self.process_start_time)
+        body = render_metrics(self.config, [rank.engine.snapshot() for rank in self.ranks],
+                              self.served_model, self.process_start_time)
         return web.Response(body=body, content_type="text/plain", charset="utf-8")
 
     def info(self) -> dict[str, Any]:
@@ -440,8 +555,10 @@ class SimReplica:
         cfg = dataclasses.asdict(self.config)
         cost = cfg.pop("cost")
         cfg["prefix_match_unit"] = self.config.match_unit
+        if self.data_parallel_size > 1:
+            cfg["data_parallel_size"] = self.data_parallel_size
         dump = ", ".join(f"{k}={v!r}" for k, v in cfg.items())
-        return {
+        info = {
             **cfg,
             "served_model_name": self.served_model,
             "preset": self.preset,
@@ -456,6 +573,13 @@ class SimReplica:
             "kv_events_config": msgspec.structs.asdict(self.kv_events) if self.kv_events else None,
             "kv_events": self.kv_publisher.describe() if self.kv_publisher else None,
         }
+        if self.data_parallel_size > 1:
+            info["ranks"] = [
+                {"data_parallel_rank": rank.index, "inflight": rank.inflight, "num_running": running,
+                 "num_waiting": waiting, "kv_cache_usage": usage,
+                 "kv_events": rank.kv_publisher.describe() if rank.kv_publisher else None}
+                for rank in self.ranks for waiting, running, usage in [rank.engine.queue_figures()]]
+        return info
 
     async def _server_info(self, request: web.Request) -> web.Response:
         return _json(self.info())
@@ -528,13 +652,14 @@ class SimReplica:
             _query_bool(request, "reset_external")   # no external (connector) cache to reset here
         except ApiError as exc:
             return _error("openai", exc)
-        if self.engine.reset_prefix_cache(reset_running_requests=running):
-            log.info("replica %d: prefix cache reset", self.index)
-            self._wake.set()     # preempted requests are waiting again
-        else:
-            log.warning("replica %d: failed to reset prefix cache because some blocks are not freed yet",
-                        self.index)
-        self._publish_kv_events()
+        for rank in self.ranks:
+            if rank.engine.reset_prefix_cache(reset_running_requests=running):
+                log.info("replica %d rank %d: prefix cache reset", self.index, rank.index)
+                rank.wake.set()     # preempted requests are waiting again
+            else:
+                log.warning("replica %d rank %d: failed to reset prefix cache because some blocks are "
+                            "not freed yet", self.index, rank.index)
+            self._publish_kv_events(rank)
         return web.Response(status=200)
 
     async def _get_faults(self, request: web.Request) -> web.Response:
@@ -583,6 +708,17 @@ def _model_permission(created: int) -> dict[str, Any]:
     }
 
 
+async def _stream_error(request: web.Request, exc: ApiError) -> web.StreamResponse:
+    """A streamed answer whose only event is an error (vLLM's answer to an error raised once the
+    stream has begun), then ``[DONE]``."""
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    body = error_body("openai", exc.status, exc.message, exc.param, exc.code)
+    await resp.write(b"data: " + body + b"\n\ndata: [DONE]\n\n")
+    await resp.write_eof()
+    return resp
+
+
 def _abort_connection(request: web.Request) -> None:
     transport = request.transport
     if transport is not None:
@@ -615,7 +751,8 @@ class SimFleet:
         await old.close()
         new = SimReplica(old.index, config, served_model=old.served_model, speed=old.speed,
                          options=old.options, preset=old.preset, kv_events=old.kv_events,
-                         kv_events_encoding=old.kv_events_encoding)
+                         kv_events_encoding=old.kv_events_encoding,
+                         data_parallel_size=old.data_parallel_size)
         await new.start(host, int(port))
         self.replicas[i] = new
         return new
@@ -633,12 +770,14 @@ _REPLY_FIELDS = {f.name for f in dataclasses.fields(ReplyOptions)}
 async def start_sim_fleet(preset: str, replicas: int, *, host: str = "127.0.0.1", base_port: int = 0,
                           speed: float = 1.0, model: str | None = None,
                           kv_events: KVEventsConfig | None = None, kv_events_encoding: Encoding = "map",
-                          **overrides: Any) -> SimFleet:
+                          data_parallel_size: int = 1, **overrides: Any) -> SimFleet:
     """Start ``replicas`` simulated replicas of ``preset`` in this event loop.
 
     ``base_port`` 0 binds free ports, otherwise ports ``base_port .. base_port+replicas-1``.
-    ``kv_events`` (vLLM's ``--kv-events-config``) makes replica ``i`` publish KV-cache events as
-    data-parallel rank ``i``, on the configured ports plus ``i``, in ``kv_events_encoding``.
+    ``data_parallel_size`` (vLLM's ``--data-parallel-size``) is the number of engine ranks behind
+    each replica's one server.  ``kv_events`` (vLLM's ``--kv-events-config``) makes each rank
+    publish KV-cache events in ``kv_events_encoding``: replica ``i``'s rank ``r`` on the configured
+    ports plus ``i * data_parallel_size + r`` (a one-rank replica as data-parallel rank ``i``).
     ``model`` is the served model name (default: the preset's).  ``overrides`` are engine settings
     (``EngineConfig`` fields such as ``max_num_seqs``, ``enable_prefix_caching``,
     ``mamba_cache_mode``, ``prefix_match_unit``, ``kv_cache_dtype``, ``num_gpu_blocks_override``),
@@ -654,7 +793,8 @@ async def start_sim_fleet(preset: str, replicas: int, *, host: str = "127.0.0.1"
     config = build_config(preset, model, **overrides)
     fleet = SimFleet([
         SimReplica(i, config, served_model=config.model, speed=speed, options=reply, preset=preset,
-                   kv_events=kv_events, kv_events_encoding=kv_events_encoding)
+                   kv_events=kv_events, kv_events_encoding=kv_events_encoding,
+                   data_parallel_size=data_parallel_size)
         for i in range(replicas)
     ])
     try:
@@ -663,5 +803,7 @@ async def start_sim_fleet(preset: str, replicas: int, *, host: str = "127.0.0.1"
     except BaseException:
         await fleet.close()
         raise
-    log.info("simulated %d x %s (%s) at %s", replicas, preset, config.model, ", ".join(fleet.urls))
+    log.info("simulated %d x %s (%s%s) at %s", replicas, preset, config.model,
+             f", {data_parallel_size} data-parallel ranks each" if data_parallel_size > 1 else "",
+             ", ".join(fleet.urls))
     return fleet
