@@ -147,6 +147,12 @@ async def test_nothing_listening_is_unhealthy_at_once_and_removal_ends_the_loop(
     ({"max_num_seqs": True}, None),
     ([{"a": 1}], None),
     (None, None),
+    # One API server in front of several data-parallel ranks: each rank has max_num_seqs slots.
+    ({"max_num_seqs": 48, "data_parallel_size": 2}, 96),
+    ({"vllm_config": "max_num_seqs=256, max_model_len=4096, tensor_parallel_size=1, "
+                     "pipeline_parallel_size=1, data_parallel_size=4, decode_context_parallel_size=1"}, 1024),
+    ({"vllm_config": "max_num_seqs=8, decode_context_parallel_size=2"}, 8),
+    ({"max_num_seqs": 48, "data_parallel_size": 0}, 48),
 ])
 def test_max_num_seqs_from_server_info(info, expected):
     assert find_max_num_seqs(info) == expected

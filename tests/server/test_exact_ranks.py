@@ -122,3 +122,5 @@ async def test_a_follow_up_goes_to_the_rank_holding_its_history(sim_fleet: MakeF
         async with http.get(r.url + "/admin/workers", headers={"authorization": "Bearer secret"}) as resp:
             listed = (await resp.json())["workers"][0]
     assert listed["rank_inflight"] == {} and listed["kv_events"]["rank1_blocks"] > 0
+    # Each rank has its own sequence slots: the worker has both ranks' (/server_info names them per rank).
+    assert listed["max_num_seqs"] == 2 * fleet.replicas[0].config.max_num_seqs

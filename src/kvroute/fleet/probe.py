@@ -21,30 +21,38 @@ from kvroute.fleet.vllm_metrics import EngineMetrics, parse_vllm_metrics
 
 log = logging.getLogger("kvroute.probe")
 
-_MAX_NUM_SEQS = re.compile(r"max_num_seqs['\"]?\s*[=:]\s*(\d+)")
-
-
-def find_max_num_seqs(info: Any) -> int | None:
-    """``max_num_seqs`` from a ``/server_info`` answer: a JSON field anywhere in it (the simulator)
-    or ``max_num_seqs=N`` inside a config dump string (vLLM's dev-mode ``vllm_config``)."""
+def find_config_int(info: Any, name: str) -> int | None:
+    """The positive integer setting ``name`` from a ``/server_info`` answer: a JSON field anywhere
+    in it (the simulator) or ``name=N`` inside a config dump string (vLLM's dev-mode
+    ``vllm_config``)."""
     if isinstance(info, Mapping):
-        value = info.get("max_num_seqs")
+        value = info.get(name)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
         for v in info.values():
-            found = find_max_num_seqs(v)
+            found = find_config_int(v, name)
             if found is not None:
                 return found
     elif isinstance(info, list):
         for v in info:
-            found = find_max_num_seqs(v)
+            found = find_config_int(v, name)
             if found is not None:
                 return found
     elif isinstance(info, str):
-        match = _MAX_NUM_SEQS.search(info)
-        if match:
+        match = re.search(rf"\b{name}['\"]?\s*[=:]\s*(\d+)", info)
+        if match and int(match.group(1)) > 0:
             return int(match.group(1))
     return None
+
+
+def find_max_num_seqs(info: Any) -> int | None:
+    """The sequence slots of the worker a ``/server_info`` answer describes: ``max_num_seqs``,
+    which is per engine rank, times ``data_parallel_size`` (one API server in front of several
+    ranks, each with its own slots)."""
+    per_rank = find_config_int(info, "max_num_seqs")
+    if per_rank is None:
+        return None
+    return per_rank * (find_config_int(info, "data_parallel_size") or 1)
 
 
 _VLLM_KV_EVENTS = re.compile(r"kv_events_config=KVEventsConfig\((?P<body>[^)]*)\)")
