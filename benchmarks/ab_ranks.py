@@ -23,9 +23,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import socket
 import statistics
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -35,32 +36,15 @@ from kvroute.router_settings import Settings, parse_worker_spec
 from kvroute.server.app import start_router
 from kvroute.sim.server import start_sim_fleet
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))  # developer tooling, not in the wheel
+from kvroute_dev.ports import free_ports
+
 WORDS = [w + " " for w in ("cat", "sea", "map", "oak", "red", "sky", "tin", "elm", "fox", "ivy", "jam",
                             "owl")]
 
 
 def prose(words: int, rng: random.Random) -> str:
     return "".join(rng.choice(WORDS) for _ in range(words))
-
-
-def free_base(n: int) -> int:
-    """The first of ``n`` consecutive free loopback ports."""
-    while True:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base: int = probe.getsockname()[1]
-        socks: list[socket.socket] = []
-        try:
-            for port in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
 
 
 async def conversation(http: aiohttp.ClientSession, url: str, model: str, rng: random.Random,
@@ -83,7 +67,7 @@ async def run_one(variant: str, seed: int, args: argparse.Namespace) -> dict[str
     ranks = args.ranks
     events = None
     if variant == "ranks":
-        base = free_base(2 * ranks)
+        base = free_ports(2 * ranks)
         events = KVEventsConfig(enable_kv_cache_events=True, publisher="zmq", endpoint=f"tcp://*:{base}",
                                 replay_endpoint=f"tcp://*:{base + ranks}")
     fleet = await start_sim_fleet(args.preset, 1, speed=args.speed, kv_events=events,

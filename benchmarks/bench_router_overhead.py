@@ -44,7 +44,6 @@ import asyncio
 import contextlib
 import math
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -58,6 +57,9 @@ import orjson
 from aiohttp import web
 
 from kvroute.prometheus_text import parse_exposition
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))  # developer tooling, not in the wheel
+from kvroute_dev.ports import free_ports
 
 KVROUTE = [sys.executable, "-c", "from kvroute.cli import main; main()"]
 MODEL = "qwen3-4b"
@@ -89,29 +91,6 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU time of process ``pid`` so far (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def free_ports(n: int) -> int:
-    """A base port with ``n`` consecutive free ports after it (best effort)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = int(s.getsockname()[1])
-        if base + n > 65000:
-            continue
-        try:
-            socks = []
-            for i in range(n):
-                sock = socket.socket()
-                socks.append(sock)
-                sock.bind(("127.0.0.1", base + i))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in socks:
-                sock.close()
-    raise RuntimeError("no free port range")
 
 
 async def wait_ready(http: aiohttp.ClientSession, url: str, path: str) -> None:

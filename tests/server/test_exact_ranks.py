@@ -9,7 +9,6 @@ state")."""
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -20,34 +19,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvroute.fleet.kv_event_wire import KVEventsConfig
 from kvroute.server.app import RunningRouter
 from kvroute.sim.server import SimFleet
+from kvroute_dev.ports import free_ports
 
 MakeFleet = Callable[..., Awaitable[SimFleet]]
 MakeRouter = Callable[..., Awaitable[RunningRouter]]
 
 MODEL = "qwen3-4b"
-
-
-def free_ports(n: int) -> int:
-    """The first of ``n`` consecutive TCP ports free on loopback now."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base: int = probe.getsockname()[1]
-        if base + n > 65535:
-            continue
-        socks = []
-        try:
-            for port in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise AssertionError("no run of free ports")
 
 
 async def per_engine(http: aiohttp.ClientSession, url: str) -> dict[str, float]:

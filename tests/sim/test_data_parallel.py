@@ -42,12 +42,6 @@ async def fleet() -> AsyncIterator[SimFleet]:
         await fleet.close()
 
 
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as session:
-        yield session
-
-
 def body(seed: int, **extra: Any) -> dict[str, Any]:
     return {"model": MODEL, "messages": [{"role": "user", "content": prose(80, seed)}], "max_tokens": 8,
             **extra}

@@ -53,12 +53,6 @@ async def zctx() -> AsyncIterator[zmq.asyncio.Context]:
     ctx.destroy(linger=0)
 
 
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as session:
-        yield session
-
-
 @contextlib.asynccontextmanager
 async def sim(encoding: str = "map", replicas: int = 1, **kw: Any) -> AsyncIterator[SimFleet]:
     config = kw.pop("kv_events", None) or events_config()

@@ -36,12 +36,6 @@ async def fleet() -> AsyncIterator[SimFleet]:
         await fleet.close()
 
 
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as session:
-        yield session
-
-
 def oai(url: str, **kw: Any) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=url + "/v1", api_key="sk-sim", max_retries=0, **kw)
 

@@ -12,7 +12,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -28,6 +27,7 @@ from vllm_helpers import ADMIN_TOKEN, serving
 from kvroute.router_settings import Settings, WorkerSpec
 from kvroute.server.app import RunningRouter
 from kvroute.sync.local_redis import free_port
+from kvroute_dev.ports import free_ports
 from kvroute_dev.vllm_env import VllmEnv
 from kvroute_dev.vllm_replicas import ReplicaOptions, replica_command, replica_environment
 
@@ -36,31 +36,12 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 RANKS = 2
 
 
-def free_run(n: int) -> int:
-    """The first of ``n`` consecutive loopback ports free now (each rank uses the ports + rank)."""
-    for _ in range(50):
-        base: int = free_port()
-        socks: list[socket.socket] = []
-        try:
-            for port in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise AssertionError("no run of free ports")
-
-
 class DpServer:
     """One vLLM API server of ``RANKS`` engine ranks, publishing KV events."""
 
     def __init__(self, env: VllmEnv, log: Path) -> None:
         self.port = free_port()
-        base = free_run(2 * RANKS)
+        base = free_ports(2 * RANKS)
         self.kv_events = f"tcp://127.0.0.1:{base},tcp://127.0.0.1:{base + RANKS}"
         options = ReplicaOptions(kv_cache_memory_bytes=256 << 20,
                                  extra_args=("--data-parallel-size", str(RANKS)))
