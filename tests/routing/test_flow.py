@@ -345,12 +345,13 @@ def test_sessions_the_client_names_pass_the_door_from_the_start(session: str, fi
     assert not d.saturated(MODEL)
 
 
-def test_session_admission_is_off_by_default() -> None:
+def test_by_default_the_door_waits_for_thrashing_for_derived_ids() -> None:
+    """A derived identity's first turn is not held before the fleet thrashes, past the KV too."""
     clock = Clock(1000.0)
-    d = dispatcher(clock)
+    d = dispatcher(clock, flow_kv_fill=10.0)
     workers = fleet(1, seqs=8, kv_tokens=1000)
-    send(d, key(400, session="a"), workers)
-    assert d.admit(key(400, session="b"), workers).state is TicketState.GRANTED
+    send(d, key(700, session=DERIVED_SESSION_PREFIX + "a"), workers)
+    assert d.admit(key(700, session=DERIVED_SESSION_PREFIX + "b"), workers).state is TicketState.GRANTED
 
 
 @pytest.mark.parametrize("flow_control", [False, True])
