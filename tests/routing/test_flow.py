@@ -13,7 +13,7 @@ from kvroute.routing.config import ModelSettings, RoutingConfig
 from kvroute.routing.dispatch import Dispatcher, InFlight
 from kvroute.routing.flow import FlowSettings, ShedReason, Ticket, TicketState
 from kvroute.routing.flow_queue import admissible, cache_order, fifo_order
-from kvroute.routing.key import RoutingKey
+from kvroute.routing.key import DERIVED_SESSION_PREFIX, RoutingKey
 from kvroute.routing.saturation import Saturation
 from kvroute.routing.scheduler import Scheduler
 from kvroute.routing.settings import PlacementSettings
@@ -279,7 +279,8 @@ def test_session_admission_holds_new_sessions_not_continuing_ones() -> None:
     """With the fleet's KV (2 x 1000 tokens) held by served sessions, a new session waits while a
     continuing one is admitted past it; once a session goes idle the new one starts."""
     clock = Clock(1000.0)
-    d = dispatcher(clock, flow_session_admission=True, flow_session_idle_s=5.0, flow_kv_fill=10.0)
+    d = dispatcher(clock, flow_session_admission=True, flow_session_fill_unsaturated=0.0,
+                   flow_session_idle_s=5.0, flow_kv_fill=10.0)
     workers = fleet(2, seqs=8, kv_tokens=1000)
     a = send(d, key(900, session="a"), workers)
     b = send(d, key(900, session="b"), workers)
@@ -317,12 +318,40 @@ def test_the_door_fill_before_saturation(fill_unsaturated: float, saturated: boo
     assert d.saturated(MODEL) is saturated
 
 
-def test_session_admission_is_off_by_default() -> None:
+@pytest.mark.parametrize("session, fill_unsaturated, held", [
+    ("c", 1.25, True),    # the client names it: the door from the start, 1800 + 900 > 1.25 x 2000
+    ("c", 0.0, False),    # 0: the door waits for the fleet to thrash, as for every session
+    (DERIVED_SESSION_PREFIX + "c", 1.25, False),  # a derived identity: left to the reading
+])
+def test_sessions_the_client_names_pass_the_door_from_the_start(session: str, fill_unsaturated: float,
+                                                               held: bool) -> None:
+    """With the defaults' switches ("auto"), a first turn of a session the client names waits at
+    the door before the fleet saturates, while a later turn of a served one goes at once; once a
+    session goes idle the held one passes, the fleet never saturated."""
     clock = Clock(1000.0)
-    d = dispatcher(clock)
+    d = dispatcher(clock, flow_control="auto", flow_session_fill_unsaturated=fill_unsaturated,
+                   flow_session_idle_s=5.0, flow_kv_fill=10.0)
+    workers = fleet(2, seqs=8, kv_tokens=1000)
+    a = send(d, key(900, session="a"), workers)
+    send(d, key(900, session="b"), workers)
+    new = d.admit(key(900, session=session), workers)
+    assert new.queued is held
+    assert d.admit(key(950, session="b", text="turn 2"), workers).state is TicketState.GRANTED
+    if held:
+        d.finished(a, ok=True)
+        clock.now += 6.0
+        d.scraped(workers[0], 0, 0, 0.0)  # any wake re-checks: "a" has been idle for 6 s
+        assert new.state is TicketState.GRANTED
+    assert not d.saturated(MODEL)
+
+
+def test_by_default_the_door_waits_for_thrashing_for_derived_ids() -> None:
+    """A derived identity's first turn is not held before the fleet thrashes, past the KV too."""
+    clock = Clock(1000.0)
+    d = dispatcher(clock, flow_kv_fill=10.0)
     workers = fleet(1, seqs=8, kv_tokens=1000)
-    send(d, key(400, session="a"), workers)
-    assert d.admit(key(400, session="b"), workers).state is TicketState.GRANTED
+    send(d, key(700, session=DERIVED_SESSION_PREFIX + "a"), workers)
+    assert d.admit(key(700, session=DERIVED_SESSION_PREFIX + "b"), workers).state is TicketState.GRANTED
 
 
 @pytest.mark.parametrize("flow_control", [False, True])

@@ -51,7 +51,7 @@ def test_a_full_fleet_and_the_requests_ahead() -> None:
 
 def test_a_new_session_held_by_session_admission() -> None:
     clock = Clock(1000.0)
-    d = dispatcher(clock, flow_session_admission=True, flow_kv_fill=10.0)
+    d = dispatcher(clock, flow_session_admission=True, flow_session_fill_unsaturated=0.0, flow_kv_fill=10.0)
     workers = fleet(2, seqs=8, kv_tokens=1000)
     send(d, key(900, session="a"), workers)
     send(d, key(900, session="b"), workers)

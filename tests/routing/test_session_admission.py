@@ -13,8 +13,8 @@ from test_flow import MODEL, dispatcher, fleet, key, send
 from kvroute.routing.config import ModelSettings
 from kvroute.routing.flow import Ticket, TicketState
 from kvroute.routing.flow_queue import ModelQueue
-from kvroute.routing.key import RoutingKey
-from kvroute.routing.session_admission import RULES, SessionBook, SessionDoor
+from kvroute.routing.key import DERIVED_SESSION_PREFIX, RoutingKey
+from kvroute.routing.session_admission import KINDS, NAMED, RULES, SessionBook, SessionDoor
 from kvroute.routing.worker import WorkerState
 
 
@@ -116,7 +116,8 @@ def test_held_first_turns_pass_the_door_oldest_first() -> None:
     session goes quiet and is forgotten, room for one: the older held session goes first, even
     though the younger one's prompt is shorter (the 'cache' order would pick it otherwise)."""
     clock = Clock(1000.0)
-    d = dispatcher(clock, flow_session_admission=True, flow_session_idle_s=5.0, flow_kv_fill=10.0)
+    d = dispatcher(clock, flow_session_admission=True, flow_session_fill_unsaturated=0.0,
+                   flow_session_idle_s=5.0, flow_kv_fill=10.0)
     workers = fleet(2, seqs=8, kv_tokens=1000)
     a = send(d, key(900, session="a"), workers)
     send(d, key(900, session="b"), workers)
@@ -135,7 +136,8 @@ def test_held_first_turns_pass_the_door_oldest_first() -> None:
 
 def test_a_held_first_turn_is_admitted_after_the_door_wait() -> None:
     clock = Clock(1000.0)
-    d = dispatcher(clock, flow_session_admission=True, flow_kv_fill=10.0, flow_session_door_s=4.0)
+    d = dispatcher(clock, flow_session_admission=True, flow_session_fill_unsaturated=0.0,
+                   flow_kv_fill=10.0, flow_session_door_s=4.0)
     workers = fleet(2, seqs=8, kv_tokens=1000)
     send(d, key(900, session="a"), workers)
     send(d, key(900, session="b"), workers)
@@ -157,7 +159,8 @@ def test_the_door_shuts_in_one_step_however_many_wait_at_it(monkeypatch: pytest.
     request a bounded number of times (it used to hold them back one ``next`` scan each, a
     quadratic pass on every answer), and a continuing session's turn behind them still goes."""
     clock = Clock(1000.0)
-    d = dispatcher(clock, flow_session_admission=True, flow_kv_fill=10.0, flow_max_queued=1000)
+    d = dispatcher(clock, flow_session_admission=True, flow_session_fill_unsaturated=0.0,
+                   flow_kv_fill=10.0, flow_max_queued=1000)
     workers = fleet(2, seqs=8, kv_tokens=1000)
     a = send(d, key(900, session="a"), workers)
     send(d, key(900, session="b"), workers)
@@ -184,7 +187,7 @@ def test_the_door_lets_in_only_a_request_a_replica_can_start() -> None:
     admissible for it: an 8k first turn on a 10k replica with 5k in flight waits, and so does
     the younger 500-token one behind it (none passes another at the door)."""
     clock = Clock(1000.0)
-    d = dispatcher(clock, flow_session_admission=True)
+    d = dispatcher(clock, flow_session_admission=True, flow_session_fill_unsaturated=0.0)
     workers = fleet(1, seqs=8, kv_tokens=10_000)
     running = send(d, key(5000), workers)  # no session: not in the working set
     big = d.admit(key(8000, session="big"), workers)
@@ -200,7 +203,7 @@ def test_sessions_let_in_count_until_they_are_sent_across_passes() -> None:
     """Two new sessions of 5k wait for a 15k fleet that serves 8k: the first answer lets one in;
     a second pass before its edge sends it must count it (8 + 5 + 5 > 15) and hold the other."""
     clock = Clock(1000.0)
-    d = dispatcher(clock, flow_session_admission=True, flow_kv_fill=10.0)
+    d = dispatcher(clock, flow_session_admission=True, flow_session_fill_unsaturated=0.0, flow_kv_fill=10.0)
     workers = fleet(1, seqs=2, kv_tokens=15_000)
     a = send(d, key(4000, session="a"), workers)
     b = send(d, key(4000, session="b"), workers)
@@ -219,7 +222,8 @@ def test_the_session_book_stays_bounded_where_the_door_is_never_asked() -> None:
     """KV sizes unknown: the door always opens and never sweeps; finished requests bound the book
     instead, and the admitted count on /metrics counts only the sessions not idle."""
     clock = Clock(1000.0)
-    d = dispatcher(clock, flow_session_admission=True, flow_session_idle_s=5.0)
+    d = dispatcher(clock, flow_session_admission=True, flow_session_fill_unsaturated=0.0,
+                   flow_session_idle_s=5.0)
     workers = fleet(4, seqs=8)
     for i in range(5000):
         flight = send(d, key(100, session=f"s{i}"), workers)
@@ -235,7 +239,7 @@ def test_a_request_granted_as_it_arrives_adds_no_wait_sample() -> None:
     not pull the aging threshold down, and its edge routes it with no callback and no
     reservation left to claim."""
     clock = Clock(1000.0)
-    d = dispatcher(clock, flow_session_admission=True, flow_kv_fill=10.0)
+    d = dispatcher(clock, flow_session_admission=True, flow_session_fill_unsaturated=0.0, flow_kv_fill=10.0)
     workers = fleet(2, seqs=8, kv_tokens=1000)
     a = send(d, key(900, session="a"), workers)
     send(d, key(900, session="b"), workers)
@@ -265,13 +269,16 @@ def served_door(*sessions: str) -> SessionDoor:
 
 
 @pytest.mark.parametrize("session, resident, on, new, held", [
-    ("new", False, True, True, True),
-    ("new", True, True, True, False),     # its prefix is resident: not held
-    ("new", False, False, False, False),  # the door is off
-    ("served", False, True, False, False),
-    (None, False, True, False, False),    # no session: nothing to admit
+    ("new", False, KINDS, True, True),
+    ("new", True, KINDS, True, False),     # its prefix is resident: not held
+    ("new", False, (), False, False),      # the door is off
+    ("new", False, NAMED, True, True),     # on for the sessions the client names
+    (DERIVED_SESSION_PREFIX + "new", False, NAMED, False, False),  # ... not a derived identity
+    ("served", False, KINDS, False, False),
+    (None, False, KINDS, False, False),    # no session: nothing to admit
 ])
-def test_what_the_door_holds(session: str | None, resident: bool, on: bool, new: bool, held: bool) -> None:
+def test_what_the_door_holds(session: str | None, resident: bool, on: tuple[bool, ...], new: bool,
+                             held: bool) -> None:
     door = served_door("served")
     t = door_ticket(session, resident=resident)
     assert door.is_new(t.key, on) is new
@@ -283,9 +290,9 @@ def test_the_door_line_is_highest_class_then_oldest_and_counts_sessions() -> Non
     tickets = [door_ticket("b", arrived=2.0, seq=1), door_ticket("a", arrived=1.0, seq=2),
                door_ticket("c", arrived=3.0, priority=1, seq=3), door_ticket("served", seq=4),
                door_ticket("a", arrived=4.0, seq=5)]
-    assert [t.seq for t in door.line(tickets, True)] == [3, 2, 1, 5]
-    assert door.waiting(tickets, True) == 3
-    assert not door.line(tickets, False) and door.waiting(tickets, False) == 0
+    assert [t.seq for t in door.line(tickets, KINDS)] == [3, 2, 1, 5]
+    assert door.waiting(tickets, KINDS) == 3
+    assert not door.line(tickets, ()) and door.waiting(tickets, ()) == 0
 
 
 def kv_fleet(*kv: int | None) -> list[WorkerState]:
@@ -306,7 +313,7 @@ def test_the_door_fits(session: str, workers: list[WorkerState], now: float, doo
                        expected: bool) -> None:
     door = served_door("served")
     door.opened = opened
-    assert door.fits(door_ticket(session), workers, now, True, fill=1.0, rule="unique", idle_s=60.0,
+    assert door.fits(door_ticket(session), workers, now, KINDS, fill=1.0, rule="unique", idle_s=60.0,
                      door_s=door_s) is expected
 
 

@@ -15,7 +15,7 @@ from kvroute.routing import session_admission
 from kvroute.routing.dispatch import Dispatcher, InFlight
 from kvroute.routing.flow import ShedReason, Ticket, TicketState
 from kvroute.routing.key import DERIVED_SESSION_PREFIX, RoutingKey
-from kvroute.routing.session_admission import SessionBook, SessionDoor
+from kvroute.routing.session_admission import KINDS, SessionBook, SessionDoor
 from kvroute.routing.worker import WorkerState
 
 
@@ -72,7 +72,8 @@ def test_a_quiet_session_is_forgotten_after_its_own_pauses(pauses: tuple[float, 
 def full_door(clock: Clock, **policy: object) -> tuple[Dispatcher, list[WorkerState]]:
     """A fleet of 2 x 1000 KV tokens whose served sessions b and c (900 each) leave room for no
     new session of 300, after session a was served and forgotten while quiet."""
-    d = dispatcher(clock, flow_session_admission=True, flow_kv_fill=10.0, **policy)
+    d = dispatcher(clock, flow_session_admission=True, flow_session_fill_unsaturated=0.0,
+                   flow_kv_fill=10.0, **policy)
     workers = fleet(2, seqs=8, kv_tokens=1000)
     d.finished(go(d, key(900, session="a"), workers), ok=True)
     clock.now += 20.0  # past flow_session_idle_s: a is forgotten
@@ -166,12 +167,12 @@ def test_each_kind_has_its_own_line_at_the_door() -> None:
     p = DERIVED_SESSION_PREFIX
     door = SessionDoor()
     a1, a2, q1, q2 = queued("a1", 1.0), queued("a2", 2.0), queued(f"{p}q1", 3.0), queued(f"{p}q2", 4.0)
-    line = door.line([q2, a2, q1, a1], True)
+    line = door.line([q2, a2, q1, a1], KINDS)
     assert list(line) == [a1, a2, q1, q2]
     assert door.heads(line) == [a1, q1]
-    assert door.ahead(q2, line, 0.0, True) == 1 and door.ahead(a2, line, 0.0, True) == 1
+    assert door.ahead(q2, line, 0.0, KINDS) == 1 and door.ahead(a2, line, 0.0, KINDS) == 1
     door.remember(queued("a0", 0.5), now=0.0, keep_s=100.0)
-    assert door.ahead(q2, line, 0.0, True) == 1 and door.ahead(a2, line, 0.0, True) == 2
+    assert door.ahead(q2, line, 0.0, KINDS) == 1 and door.ahead(a2, line, 0.0, KINDS) == 2
 
 
 def test_a_derived_identity_passes_the_door_within_its_kinds_part() -> None:
@@ -218,7 +219,8 @@ def test_a_clients_new_session_passes_the_door_its_old_one_held() -> None:
     so the new one fits (without the header it waits for c to be forgotten)."""
     for client, passes in (("agent-1", True), (None, False)):
         clock = Clock(1000.0)
-        d = dispatcher(clock, flow_session_admission=True, flow_kv_fill=10.0)
+        d = dispatcher(clock, flow_session_admission=True, flow_session_fill_unsaturated=0.0,
+                       flow_kv_fill=10.0)
         workers = fleet(2, seqs=8, kv_tokens=1000)
         go(d, key(900, session="b"), workers)
         d.finished(go(d, of(key(900, session="c"), "agent-1"), workers), ok=True)
@@ -233,7 +235,8 @@ def draining(clock: Clock, ttl_s: float) -> tuple[Dispatcher, list[WorkerState]]
     """Served session b (900 of 2 x 1000 KV tokens) and one client's sessions one after another
     (900 each): at t + 10 and t + 20 the client's next session frees the last, so by t + 20
     sessions leave at 1 every 10 s, and a new session of 300 does not fit."""
-    d = dispatcher(clock, flow_session_admission=True, flow_kv_fill=10.0, flow_queue_ttl_s=ttl_s)
+    d = dispatcher(clock, flow_session_admission=True, flow_session_fill_unsaturated=0.0,
+                   flow_kv_fill=10.0, flow_queue_ttl_s=ttl_s)
     workers = fleet(2, seqs=8, kv_tokens=1000)
     go(d, key(900, session="b"), workers)
     for i in range(3):
@@ -294,7 +297,7 @@ def test_a_shed_first_turn_that_comes_back_keeps_its_place() -> None:
     assert door.kept(clock.now) == 1 and d.flow.blocked(MODEL, clock.now) == 2
     clock.now += 1.0
     z = d.admit(key(300, session="z"), workers)
-    assert door.ahead(z, d.flow.queued(MODEL), clock.now, True) == 2  # x, and y coming back
+    assert door.ahead(z, d.flow.queued(MODEL), clock.now, KINDS) == 2  # x, and y coming back
     assert z.state is TicketState.SHED
     clock.now += y.retry_after_s
     back = d.admit(key(300, session="y"), workers)
@@ -327,7 +330,7 @@ def test_the_door_line_is_by_place() -> None:
     door = SessionDoor()
     young, old, back = queued("young", 5.0), queued("old", 3.0), queued("back", 9.0)
     back.place = 1.0
-    assert list(door.line([young, old, back], True)) == [back, old, young]
+    assert list(door.line([young, old, back], KINDS)) == [back, old, young]
 
 
 def test_the_sessions_remembered_as_served_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:

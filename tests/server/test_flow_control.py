@@ -276,7 +276,8 @@ async def test_a_first_turn_predicted_past_the_ttl_is_shed_at_the_door_in_each_a
     the third stays served and the working set may hold nothing more (a tiny flow_session_fill).
     A new session's first turn would wait past the (tiny) TTL at that drain: it is shed at once
     with door_wait and Retry-After, as each API's overload error."""
-    r, _ = await one_slot(flow_session_admission=True, flow_session_fill=1e-6, flow_queue_ttl_s=0.001)
+    r, _ = await one_slot(flow_session_admission=True, flow_session_fill=1e-6,
+                          flow_session_fill_unsaturated=0.0, flow_queue_ttl_s=0.001)
     for sid in ("s1", "s2", "s3"):
         headers = {"x-claude-code-session-id": sid, "x-kvroute-client": "agent-1"}
         async with http.post(r.url + "/v1/chat/completions", json=chat(f"conversation {sid}", 5),

@@ -154,7 +154,7 @@ class Dispatcher:
         self._fleets[model] = workers
         now = self._timer()
         self._observe(now)
-        if not self.flow.engaged(model):
+        if not self.flow.engaged(key):
             return GRANTED_AT_ONCE
 
         def predict() -> Prediction:

@@ -46,7 +46,7 @@ import heapq
 import statistics
 from bisect import bisect_left, insort
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from kvroute.routing.flow_queue import Ticket
@@ -121,6 +121,7 @@ _LEFT = 64  # sessions' departures the drain rate of the working set is measured
 _CLIENTS = 4096  # clients whose last conversation is remembered
 _SEEN = 65536  # sessions remembered as admitted, so that their later turns pass the door
 KINDS = (True, False)  # the door's kinds of session: named by the client, derived by the router
+NAMED = (True,)  # the door on for the sessions the client names only (FlowControl's door from the start)
 _RUN = 512  # sizes per run of _Sizes (a run is split past twice this)
 
 
@@ -488,8 +489,9 @@ def door_order(t: Ticket) -> tuple[int, float, int]:
 
 @dataclass(slots=True)
 class SessionDoor:
-    """Session admission at one model's gate.  ``on`` (every method's switch) is whether it applies
-    now: ``flow_session_admission`` true, or "auto" while the fleet thrashes."""
+    """Session admission at one model's gate.  ``on`` (every method's switch) is the kinds of
+    session (:func:`kind`) it applies to now (``KINDS``, ``NAMED`` or none: FlowControl's
+    ``_door_kinds``)."""
 
     book: SessionBook = field(default_factory=SessionBook)
     opened: int = 0  # working-set tokens of new sessions let in at the door and not yet sent
@@ -498,17 +500,17 @@ class SessionDoor:
     # is kept for them), the oldest kept first.
     places: OrderedDict[str, tuple[float, float]] = field(default_factory=OrderedDict)
 
-    def is_new(self, key: RoutingKey, on: bool) -> bool:
-        """Whether session admission applies to ``key``: on, and a session the fleet has not
-        served (a later turn of an admitted session never waits at the door)."""
-        return on and key.session_id is not None and \
-            self.book.is_new(key.session_id, key.est_prompt_tokens)
+    def is_new(self, key: RoutingKey, on: Container[bool]) -> bool:
+        """Whether session admission applies to ``key``: on for its kind, and a session the fleet
+        has not served (a later turn of an admitted session never waits at the door)."""
+        sid = key.session_id
+        return sid is not None and kind(sid) in on and self.book.is_new(sid, key.est_prompt_tokens)
 
-    def holds(self, t: Ticket, on: bool) -> bool:
+    def holds(self, t: Ticket, on: Container[bool]) -> bool:
         """Whether the door holds ``t``: a new session's request whose prefix is not resident."""
         return not t.resident and self.is_new(t.key, on)
 
-    def line(self, tickets: Iterable[Ticket], on: bool) -> deque[Ticket]:
+    def line(self, tickets: Iterable[Ticket], on: Container[bool]) -> deque[Ticket]:
         """The requests the door holds, in the order they pass it (:func:`door_order`)."""
         return deque(sorted((t for t in tickets if self.holds(t, on)), key=door_order))
 
@@ -524,7 +526,7 @@ class SessionDoor:
                 break
         return list(firsts.values())
 
-    def waiting(self, tickets: Iterable[Ticket], on: bool) -> int:
+    def waiting(self, tickets: Iterable[Ticket], on: Container[bool]) -> int:
         """How many new sessions have a request held at the door."""
         return len({t.key.session_id for t in tickets if self.holds(t, on)})
 
@@ -560,7 +562,7 @@ class SessionDoor:
             del places[sid]
         return len(places)
 
-    def ahead(self, t: Ticket, tickets: Iterable[Ticket], now: float, on: bool) -> int:
+    def ahead(self, t: Ticket, tickets: Iterable[Ticket], now: float, on: Container[bool]) -> int:
         """How many new sessions of its kind (:func:`kind`) stand before held ``t`` in the door's
         line: those held with an earlier place, and those shed from an earlier place whose place
         is still kept (they are coming back)."""
@@ -575,7 +577,7 @@ class SessionDoor:
                    kind(sid) == own)
         return len(held) + kept
 
-    def wait_s(self, t: Ticket, tickets: Iterable[Ticket], now: float, on: bool) -> float | None:
+    def wait_s(self, t: Ticket, tickets: Iterable[Ticket], now: float, on: Container[bool]) -> float | None:
         """The predicted wait of held ``t`` at the door: the sessions of its kind before it and
         itself over the rate at which served sessions leave the working set (each that leaves
         makes room for about one more); None until that rate is measured."""
@@ -584,7 +586,7 @@ class SessionDoor:
             return None
         return (self.ahead(t, tickets, now, on) + 1) / rate
 
-    def fits(self, t: Ticket, workers: Sequence[WorkerState], now: float, on: bool, *,
+    def fits(self, t: Ticket, workers: Sequence[WorkerState], now: float, on: Container[bool], *,
              fill: float, rule: str, idle_s: float, door_s: float) -> bool:
         """Whether ``t`` may pass as far as session admission goes.  A request of a session the
         fleet serves, or whose prefix is still resident (a session forgotten while quiet), always
