@@ -162,3 +162,18 @@ def test_uncacheable_requests_are_routed_but_not_indexed(make_scheduler: MakeSch
     k = RoutingKey(model="m", prefix=text(1, 5000).encode(), est_prompt_tokens=1250, cacheable=False)
     assert s.commit(k, s.decide(k, ws)) == []
     assert s.stats()["index_blocks"] == 0
+
+
+@pytest.mark.parametrize("policy", ["round-robin", "p2c", "least-loaded"])
+def test_foreseeing_a_decision_leaves_the_next_ones_where_they_were(make_scheduler: MakeScheduler,
+                                                                    policy: str) -> None:
+    # Flow control asks where a queued request would go; that must not move the pickers' turn or
+    # their random source, or every question shifts where the requests really sent go.
+    plain, asked, ws = make_scheduler(policy), make_scheduler(policy), fleet(4)
+    sent = [plain.decide(key(text(i, 2000)), ws).worker_id for i in range(12)]
+    seen = []
+    for i in range(12):
+        asked.foresee(key(text(100 + i, 2000)), ws)
+        seen.append(asked.decide(key(text(i, 2000)), ws).worker_id)
+    assert seen == sent
+    assert len(set(sent)) > 1  # the pickers do move between decisions: the check means something

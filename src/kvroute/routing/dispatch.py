@@ -160,7 +160,7 @@ class Dispatcher:
         def predict() -> Prediction:
             # Where it would go now, for the order only: it is decided afresh when granted.
             full = self.saturated(model)
-            d = self.scheduler.decide(key, workers, (), self.book, fleet_full=full)
+            d = self.scheduler.foresee(key, workers, self.book, fleet_full=full)
             resident = key.session_id is not None and d.matched_blocks > 0 and \
                 2 * d.prefill_tokens < d.est_tokens
             if not full:

@@ -113,6 +113,20 @@ class Scheduler:
         finally:  # the pruning's walk of the index and the exact depths hold for this decision only
             self._walk, self._filled, self._resident = None, False, None
 
+    def foresee(self, key: RoutingKey, workers: Sequence[WorkerState], book: LoadBook | None = None, *,
+                fleet_full: bool = False) -> Decision:
+        """``decide`` for a request that is not being sent (flow control's order of a queued
+        request): the pickers' turn and random source are left as they were, so that asking where a
+        request would go does not move where the next ones go."""
+        saved = self._picker
+        rng = random.Random()
+        rng.setstate(saved.rng.getstate())
+        self._picker = PickerState(saved.turn, rng)
+        try:
+            return self.decide(key, workers, (), book, fleet_full=fleet_full)
+        finally:
+            self._picker = saved
+
     def _decide(self, key: RoutingKey, workers: Sequence[WorkerState], exclude: Collection[str],
                 book: LoadBook | None, fleet_full: bool) -> Decision:
         now = self._clock()
