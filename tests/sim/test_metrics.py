@@ -62,7 +62,7 @@ def test_exposition_parses_and_histograms_count_finished_requests() -> None:
     shared = prose(1200, 1)
     first = v.run(shared.encode())
     second = v.run((shared + prose(100, 2)).encode())
-    text = render_metrics(config, v.engine.snapshot(), "m", 1.7e9).decode()
+    text = render_metrics(config, [v.engine.snapshot()], "m", 1.7e9).decode()
     samples = {(s.name, s.labels.get("le", s.labels.get("source", ""))): s.value
                for family in text_string_to_metric_families(text) for s in family.samples}
     assert samples[("vllm:request_prompt_tokens_bucket", "2000.0")] == 2

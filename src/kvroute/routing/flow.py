@@ -198,9 +198,8 @@ class FlowControl:
     def _gate_on(self, key: RoutingKey, s: FlowSettings, m: ModelFlow | None) -> bool:
         """Whether ``key``'s request passes the gate: ``flow_control`` true, or "auto" while the
         fleet is saturated; before that, a first turn the door holds from the start (``_early``).
-        A later turn passes as before: the door alone made the gain (with every turn of a named
-        session gated too, agents with pauses made 18,933 / 18,656 tokens/min at 32 / 48 sessions
-        against 18,624 / 18,827, and without pauses about the same; docs/saturation.md)."""
+        A later turn passes as before: gating every turn of a named session too made no difference
+        beyond the spread (docs/saturation.md, "The door from the start for every kind")."""
         if switch_on(s.flow_control, self._saturated(key.model)):
             return True
         if not (key.client_session and self._early(s)):

@@ -82,17 +82,16 @@ class _Writer:
         self.sample(name + "_created", self.created)
 
 
-def render_metrics(config: EngineConfig, snaps: EngineSnapshot | Sequence[EngineSnapshot],
-                   served_model: str, process_start_time: float) -> bytes:
-    """The ``/metrics`` body: gauges, counters (tokens), histograms, cache config info, of one
-    engine or of each data-parallel rank's (``snaps`` in rank order).
+def render_metrics(config: EngineConfig, snaps: Sequence[EngineSnapshot], served_model: str,
+                   process_start_time: float) -> bytes:
+    """The ``/metrics`` body: gauges, counters (tokens), histograms, cache config info, of each
+    data-parallel rank's engine (``snaps`` in rank order; one for a one-rank replica).
 
     ``process_start_time`` (wall clock) is also the ``_created`` time of every counter and
     histogram: the engine's counters start with the process, and restart with it.
     """
-    ranks = [snaps] if isinstance(snaps, EngineSnapshot) else list(snaps)
     writers = [_engine_families(config, snap, served_model, process_start_time, str(i))
-               for i, snap in enumerate(ranks)]
+               for i, snap in enumerate(snaps)]
     first = writers[0]
     lines: list[str] = []
     for k, block in enumerate(first.blocks):
