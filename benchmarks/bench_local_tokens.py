@@ -1,4 +1,4 @@
-"""What the local tokenizer (server/local_tokens.py) costs a request of the shared-prefix workload:
+"""What the local tokenizer (api/local_tokens.py) costs a request of the shared-prefix workload:
 groups of new conversations, each group under its own long system prompt, each conversation its
 own short question (llm-d's benchmark shape, as benchmarks/ab_shared_prefix.py sends it).  Every
 request is a first turn, so the per-conversation tail rule does not apply; the shared heads do.
@@ -20,7 +20,7 @@ import time
 # Run as a script, this directory is on the path.
 from subagents import WORDS, words
 
-from kvroute.server.local_tokens import ChatTokenizer
+from kvroute.api.local_tokens import ChatTokenizer
 
 
 def main() -> None:

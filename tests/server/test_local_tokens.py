@@ -1,4 +1,4 @@
-"""The local tokenizer (server/local_tokens.py): the tail rule, table-driven, on a small real
+"""The local tokenizer (api/local_tokens.py): the tail rule, table-driven, on a small real
 tokenizer: whatever the next turn changes, its ids equal a whole re-encoding, and only what follows
 the last shared special token is encoded again; the template's environment is transformers'."""
 
@@ -17,9 +17,9 @@ pytest.importorskip("jinja2")
 from tiny_tokenizer import TOOL_TEMPLATE, write_tokenizer
 
 from kvroute.api import tokenizer_settings
+from kvroute.api.local_tokens import ChatTokenizer, TemplateError, merges_inline_system, shared_cut
 from kvroute.router_settings import Settings, SettingsError
 from kvroute.routing.token_chains import Rendering, TokenChains
-from kvroute.server.local_tokens import ChatTokenizer, TemplateError, merges_inline_system, shared_cut
 
 SYSTEM = {"role": "system", "content": "You review pull requests for a storage engine; be terse."}
 U1 = {"role": "user", "content": "What is the capital of France?"}

@@ -430,6 +430,10 @@ class ChatTokenizer:
                 cuts.extend((span[0], span[1], i))
         return array("Q", listed), cuts
 
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of token ids, special tokens included."""
+        return str(self._tokenizer.decode(list(ids), skip_special_tokens=False))
+
     def prompt_tokens(self, prompt: str) -> tuple[array[int], None, int]:
         """A completions prompt's token ids (with the special tokens the tokenizer adds, as vLLM's
         completions do by default); nothing is kept from another request."""
