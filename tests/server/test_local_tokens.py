@@ -153,6 +153,13 @@ def test_a_template_that_loops_over_content_gets_parts(tmp_path: Path) -> None:
     tok = ChatTokenizer(write_tokenizer(tmp_path, template))
     assert tok.render(chat(U1, add_generation_prompt=False)) == \
         "<|im_start|>user\n[What is the capital of France?]<|im_end|>\n"
+    # An assistant's tool-call turn without text: no parts.
+    assert tok.render(chat({"role": "assistant", "content": None}, add_generation_prompt=False)) == \
+        "<|im_start|>assistant\n<|im_end|>\n"
+    # vLLM keeps a part's other fields (cache_control, ...) for such a template, after its own
+    # validation: left to the engine.
+    marked = {"type": "text", "text": "x", "cache_control": {"type": "ephemeral"}}
+    assert tok.render(chat({"role": "user", "content": [marked]})) is None
 
 
 def test_the_chains_carry_the_rendering_to_the_next_turn(tok: ChatTokenizer) -> None:

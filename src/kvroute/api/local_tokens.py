@@ -366,7 +366,8 @@ class ChatTokenizer:
         """A message's text content as vLLM's ``_parse_chat_message_content`` passes it on: parts
         for a template that loops over them ("openai" format), else the non-empty texts joined by
         newlines ("string" format); a tool's answer as text either way (its parts' texts joined,
-        empty ones too where they were kept as parts).  None: not text only."""
+        empty ones too where they were kept as parts).  None: not text only, or parts with other
+        fields for a template that gets parts."""
         if content is None:
             texts: list[str] = []
         elif isinstance(content, str):
@@ -381,6 +382,10 @@ class ChatTokenizer:
             return "\n".join(t for t in texts if t)
         if role == "tool":
             return "\n".join(texts)
+        # vLLM hands such a template a part's other fields too (cache_control, ...), as its
+        # validation rebuilds them: not reproduced here.
+        if isinstance(content, list) and any(len(p) > 2 for p in content):
+            return None
         return [{"type": "text", "text": t} for t in texts]
 
     def render(self, doc: Mapping[str, Any]) -> str | None:
