@@ -95,7 +95,69 @@ async def test_an_anthropic_conversations_follow_up_is_matched_on_the_engines_bl
         assert r.router.tokens is not None and set(r.router.tokens._merges.values()) == {False}
 
 
-async def test_the_local_tokenizer_takes_anthropic_text_and_leaves_tool_calls_to_the_engine(
+def tokenize_counts(text: str) -> dict[tuple[str, str], float]:
+    """kvroute_tokenize_total by (path, outcome)."""
+    return {(s.labels["path"], s.labels["outcome"]): s.value
+            for s in parse_exposition(text, ["kvroute_tokenize_total"])}
+
+
+async def engine_tokenize_calls(http: aiohttp.ClientSession, fleet: SimFleet) -> float:
+    """How many /tokenize requests the replicas answered (vLLM's http_requests_total)."""
+    total = 0.0
+    for url in fleet.urls:
+        async with http.get(url + "/metrics") as resp:
+            total += sum(s.value for s in parse_exposition(await resp.text(), ["http_requests_total"])
+                         if s.labels["handler"] == "/tokenize")
+    return total
+
+
+async def test_a_claude_code_conversation_with_tools_is_predicted_exactly_by_the_local_tokenizer(
+        sim_fleet: MakeFleet, router: MakeRouter, http: aiohttp.ClientSession, tmp_path: Path) -> None:
+    """Replicas that tokenize with a real tokenizer and a Qwen-style template that renders tools,
+    tool calls and tool results (``kvroute sim --tokenizer``), a router with the same folder: every
+    turn of a Claude-Code-shaped conversation (tools on every request, tool_use and tool_result
+    blocks) is tokenized in the router, no /tokenize reaches an engine, and each follow-up's
+    prediction is exactly what the engine serves from its cache."""
+    pytest.importorskip("tokenizers")
+    pytest.importorskip("jinja2")
+    from tiny_tokenizer import TOOL_TEMPLATE, write_tokenizer
+
+    folder = str(write_tokenizer(tmp_path / "model", TOOL_TEMPLATE))
+    fleet = await sim_fleet(2, speed=50.0, kv_events=EVENTS, tokenizer=folder)
+    r = await router(fleet.urls, models={MODEL: {"tokenizer": folder}})
+    exact = r.scheduler.exact
+    await all_exact(r)
+    client = anthropic.AsyncAnthropic(base_url=r.url, api_key="sk-test", max_retries=0)
+    async with client:
+        history: list[Any] = [{"role": "user", "content": "Read the diff in change.patch."}]
+        reply, worker, _ = await turn(client, history)
+        await until(lambda: exact.stats(worker).get("rank0_blocks", 0) > 0)
+        block = exact.block_size(worker)
+        assert block is not None
+        files = ["change.patch", "pool.c", "pool.h"]
+        for i, name in enumerate(files):
+            history += [
+                {"role": "assistant", "content": [
+                    *([{"type": "text", "text": reply}] if reply else []),
+                    {"type": "tool_use", "id": f"toolu_0{i}", "name": "read_file", "input": {"path": name}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": f"toolu_0{i}",
+                     "content": [{"type": "text", "text": f"--- a/{name}\n+++ b/{name}\n" * 20}]},
+                    *([{"type": "text", "text": "Is it safe?"}] if i == len(files) - 1 else [])]}]
+            await asyncio.sleep(2.5)  # the last turn's speculative entries have expired: events only
+            reply, again, cached = await turn(client, history)
+            held = last_request(r, again)
+            assert again == worker and "(exact)" in held.reason, held.reason
+            assert cached > 0 and held.matched_blocks * block == cached, (i, held.reason, cached)
+    async with http.get(r.url + "/metrics") as resp:
+        done = tokenize_counts(await resp.text())
+    # Every follow-up locally (the first turn came before any event told the engines' block size).
+    assert done[("local", "ok")] == len(files) and done.get(("local", "declined"), 0) == 0, done
+    assert done.get(("engine", "ok"), 0) == 0, done
+    assert await engine_tokenize_calls(http, fleet) == 0
+
+
+async def test_the_local_tokenizer_leaves_what_it_cannot_render_to_the_engine(
         sim_fleet: MakeFleet, router: MakeRouter, http: aiohttp.ClientSession, tmp_path: Path) -> None:
     pytest.importorskip("tokenizers")
     pytest.importorskip("jinja2")
@@ -106,7 +168,7 @@ async def test_the_local_tokenizer_takes_anthropic_text_and_leaves_tool_calls_to
     await all_exact(r)
 
     async def send(messages: list[Any]) -> None:
-        body = {"model": MODEL, "max_tokens": 4, "system": SYSTEM, "messages": messages}
+        body = {"model": MODEL, "max_tokens": 4, "system": SYSTEM, "tools": TOOLS, "messages": messages}
         headers = {"anthropic-version": "2023-06-01"}
         async with http.post(r.url + "/v1/messages", json=body, headers=headers) as resp:
             assert resp.status == 200, await resp.text()
@@ -114,15 +176,18 @@ async def test_the_local_tokenizer_takes_anthropic_text_and_leaves_tool_calls_to
 
     await send([{"role": "user", "content": "warm up " * 200}])
     await until(lambda: any(r.scheduler.exact.block_size(w.id) for w in r.registry.states()))
-    await send([{"role": "user", "content": "First diff?"}])
-    await send([{"role": "user", "content": "First diff?"},
-                {"role": "assistant",
-                 "content": [{"type": "tool_use", "id": "t1", "name": "read_file", "input": {}}]},
-                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "ok"}]}])
+    asked: list[Any] = [{"role": "user", "content": "First diff?"},
+                        {"role": "assistant",
+                         "content": [{"type": "tool_use", "id": "t1", "name": "read_file", "input": {}}]}]
+    await send([*asked, {"role": "user",
+                         "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "ok"}]}])
+    # A screenshot in a tool result: media, which the local tokenizer leaves to the engine.
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}
+    await send([*asked, {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                                      "content": [image]}]}])
     async with http.get(r.url + "/metrics") as resp:
-        text = await resp.text()
-    done = {(s.labels["path"], s.labels["outcome"]): s.value
-            for s in parse_exposition(text, ["kvroute_tokenize_total"])}
-    # The text turn locally; the tool call (which the local tokenizer does not render) by /tokenize.
-    assert done[("local", "ok")] >= 1 and done[("local", "declined")] == 1, done
+        done = tokenize_counts(await resp.text())
+    # The tool turn locally; the image by /tokenize.
+    assert done[("local", "ok")] == 1 and done[("local", "declined")] == 1, done
     assert done[("engine", "ok")] == 1, done
+    assert await engine_tokenize_calls(http, fleet) == 1

@@ -1,9 +1,10 @@
-"""The local tokenizer (server/local_tokens.py): the tail rule, table-driven, on a small real
+"""The local tokenizer (api/local_tokens.py): the tail rule, table-driven, on a small real
 tokenizer: whatever the next turn changes, its ids equal a whole re-encoding, and only what follows
 the last shared special token is encoded again; the template's environment is transformers'."""
 
 from __future__ import annotations
 
+import json
 from array import array
 from pathlib import Path
 from typing import Any
@@ -13,12 +14,12 @@ import pytest
 pytest.importorskip("tokenizers")
 pytest.importorskip("jinja2")
 
-from tiny_tokenizer import write_tokenizer
+from tiny_tokenizer import TOOL_TEMPLATE, write_tokenizer
 
 from kvroute.api import tokenizer_settings
+from kvroute.api.local_tokens import ChatTokenizer, TemplateError, merges_inline_system, shared_cut
 from kvroute.router_settings import Settings, SettingsError
 from kvroute.routing.token_chains import Rendering, TokenChains
-from kvroute.server.local_tokens import ChatTokenizer, TemplateError, merges_inline_system, shared_cut
 
 SYSTEM = {"role": "system", "content": "You review pull requests for a storage engine; be terse."}
 U1 = {"role": "user", "content": "What is the capital of France?"}
@@ -117,8 +118,19 @@ def test_the_template_gets_what_transformers_gives_it(tok: ChatTokenizer) -> Non
 
 @pytest.mark.parametrize("doc", [
     chat({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:"}}]}),
-    chat({**A1, "tool_calls": [{"id": "1", "type": "function",
+    # Tool calls vLLM's request model or its _postprocess_messages refuses.
+    *(chat(U1, {**A1, "tool_calls": [call]}) for call in (
+        {"id": "1", "type": "custom", "custom": {"name": "f", "input": "x"}},
+        {"type": "function", "function": {"name": "f", "arguments": "{}"}},
+        {"id": "1", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}},
+        {"id": "1", "type": "function", "function": {"name": "f"}},
+        {"id": 1, "type": "function", "function": {"name": "f", "arguments": "{}"}},
+        {"id": "1", "function": {"name": "f", "arguments": "{}"}})),
+    chat({**U1, "tool_calls": [{"id": "1", "type": "function",
                                 "function": {"name": "f", "arguments": "{}"}}]}),
+    chat({"role": "tool", "tool_call_id": 7, "content": "x"}),
+    chat({"role": "user", "content": None}),
+    chat(U1, tools=[]),
     chat(U1, chat_template="{{ messages }}"),
     chat(U1, A1, add_generation_prompt=False, continue_final_message=True),
     chat({"role": "developer", "content": "be terse"}, U1),
@@ -141,6 +153,13 @@ def test_a_template_that_loops_over_content_gets_parts(tmp_path: Path) -> None:
     tok = ChatTokenizer(write_tokenizer(tmp_path, template))
     assert tok.render(chat(U1, add_generation_prompt=False)) == \
         "<|im_start|>user\n[What is the capital of France?]<|im_end|>\n"
+    # An assistant's tool-call turn without text: no parts.
+    assert tok.render(chat({"role": "assistant", "content": None}, add_generation_prompt=False)) == \
+        "<|im_start|>assistant\n<|im_end|>\n"
+    # vLLM keeps a part's other fields (cache_control, ...) for such a template, after its own
+    # validation: left to the engine.
+    marked = {"type": "text", "text": "x", "cache_control": {"type": "ephemeral"}}
+    assert tok.render(chat({"role": "user", "content": [marked]})) is None
 
 
 def test_the_chains_carry_the_rendering_to_the_next_turn(tok: ChatTokenizer) -> None:
@@ -293,3 +312,137 @@ def test_an_anthropic_request_is_converted_for_the_folders_template(tmp_path: Pa
     rendered = thinking.render(thinking.anthropic_chat(body) or {})
     assert rendered is not None and rendered.endswith("<think></think>")
     assert accepting.anthropic_chat({"messages": [{"role": "wizard", "content": "x"}]}) is None
+
+
+# --------------------------------------------------------------------------- tool calls and results
+
+PATH = {"type": "object", "properties": {"path": {"type": "string"}}}
+READ = {"type": "function",
+        "function": {"name": "read_file", "description": "Read a file.", "parameters": PATH}}
+
+
+def call(call_id: str, arguments: str, name: str = "read_file") -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+TOOL_TURN = [
+    {"role": "system", "content": "Be terse."}, {"role": "user", "content": "Read pool.c"},
+    {"role": "assistant", "content": None, "tool_calls": [call("c1", '{"path": "pool.c", "lines": [1, 2]}')]},
+    {"role": "tool", "tool_call_id": "c1", "content": "int x;"}]
+
+
+@pytest.fixture(scope="module")
+def tool_tok(tmp_path_factory: pytest.TempPathFactory) -> ChatTokenizer:
+    return ChatTokenizer(write_tokenizer(tmp_path_factory.mktemp("tools"), TOOL_TEMPLATE))
+
+
+def test_tool_calls_and_results_reach_the_template_as_vllm_hands_them_over(tool_tok: ChatTokenizer) -> None:
+    text = tool_tok.render(chat(*TOOL_TURN, tools=[READ]))
+    # Checked by hand: the arguments a dict (through tojson, not the client's string), the null
+    # content of the call's turn no text, the result under its call's id, the tools as vLLM dumps them.
+    assert text == (
+        '<|im_start|>system\nBe terse.\n\n# Tools\n<tools>\n{"type": "function", "function": {"name": '
+        '"read_file", "description": "Read a file.", "parameters": {"type": "object", "properties": '
+        '{"path": {"type": "string"}}}}}\n</tools><|im_end|>\n'
+        '<|im_start|>user\nRead pool.c<|im_end|>\n'
+        '<|im_start|>assistant\n<tool_call id="c1">\n{"name": "read_file", "arguments": {"path": "pool.c", '
+        '"lines": [1, 2]}}\n</tool_call><|im_end|>\n'
+        '<|im_start|>user\n<tool_response id="c1">\nint x;\n</tool_response><|im_end|>\n'
+        '<|im_start|>assistant\n')
+    got = tool_tok.tokens(chat(*TOOL_TURN, tools=[READ]), None)
+    assert got is not None and list(got[0]) == list(tool_tok.encode(text)[0])
+
+
+@pytest.mark.parametrize(("arguments", "rendered"), [
+    ('{"b": 1, "a": "ü"}', '{"b": 1, "a": "ü"}'),  # the client's key order, non-ASCII as it is
+    ("", "{}"),                  # empty: vLLM substitutes an empty object
+    ("not json {", "{}"),        # not JSON: the same (a bad call must not fail every later turn)
+    ("[1, 2]", "{}"),            # JSON, but not an object
+    ("null", "{}"),
+])
+def test_a_calls_arguments_are_decoded_as_vllm_decodes_them(tool_tok: ChatTokenizer, arguments: str,
+                                                            rendered: str) -> None:
+    messages = [*TOOL_TURN[:2], {"role": "assistant", "tool_calls": [call("c9", arguments)]}]
+    text = tool_tok.render(chat(*messages))
+    assert text is not None and f'"arguments": {rendered}}}' in text
+
+
+def test_a_calls_other_fields_come_after_the_declared_ones(tmp_path: Path) -> None:
+    # Pydantic rebuilds a call with its TypedDict's fields first, in their order, then the rest.
+    tok = ChatTokenizer(write_tokenizer(tmp_path, "{{ (messages[1].tool_calls or []) | tojson }}"))
+    odd = {"index": 0, "function": {"name": "f", "x": 1, "arguments": "{}"}, "type": "function", "id": "c1"}
+    assert tok.render(chat(U1, {"role": "assistant", "tool_calls": [odd]})) == (
+        '[{"id": "c1", "function": {"arguments": {}, "name": "f", "x": 1}, "type": "function", "index": 0}]')
+
+
+def test_an_empty_list_of_calls_is_a_plain_assistant_turn(tool_tok: ChatTokenizer) -> None:
+    assert tool_tok.render(chat(U1, {**A1, "tool_calls": []}, U2)) == tool_tok.render(chat(U1, A1, U2))
+    assert tool_tok.render(chat(U1, {**A1, "tool_calls": None}, U2)) == tool_tok.render(chat(U1, A1, U2))
+
+
+def test_tool_choice_does_not_change_the_rendering(tool_tok: ChatTokenizer) -> None:
+    # vLLM hands the tools to the template whatever tool_choice says (unless the engine runs with
+    # --exclude-tools-when-tool-choice-none, which the router cannot see and /tokenize ignores).
+    plain = tool_tok.render(chat(*TOOL_TURN, tools=[READ]))
+    for choice in ("auto", "none", "required", {"type": "function", "function": {"name": "read_file"}}):
+        assert tool_tok.render(chat(*TOOL_TURN, tools=[READ], tool_choice=choice)) == plain
+
+
+def test_a_folders_tool_use_template_is_left_to_the_engine(tmp_path: Path) -> None:
+    folder = write_tokenizer(tmp_path)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = [{"name": "default", "template": "{{ messages[0].content }}"},
+                               {"name": "tool_use", "template": "{{ tools | tojson }}"}]
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    tok = ChatTokenizer(folder)
+    assert tok.render(chat(U1)) == U1["content"]
+    assert tok.render(chat(U1, tools=[READ])) is None  # transformers would pick "tool_use"
+
+
+TOOL_CASES = [
+    ("a call's result appended", chat(*TOOL_TURN[:3], tools=[READ]), chat(*TOOL_TURN, tools=[READ])),
+    ("the answer after a result", chat(*TOOL_TURN, tools=[READ]),
+     chat(*TOOL_TURN, {"role": "assistant", "content": "It declares x."}, U2, tools=[READ])),
+    ("two calls, two results", chat(*TOOL_TURN, tools=[READ]),
+     chat(*TOOL_TURN, {"role": "assistant", "content": "And these:",
+                       "tool_calls": [call("c2", '{"path": "a.c"}'), call("c3", '{"path": "b.c"}')]},
+          {"role": "tool", "tool_call_id": "c2", "content": "a"},
+          {"role": "tool", "tool_call_id": "c3", "content": [{"type": "text", "text": "b"}]}, tools=[READ])),
+]
+
+
+@pytest.mark.parametrize(("name", "before", "after"), TOOL_CASES, ids=[c[0] for c in TOOL_CASES])
+def test_a_tool_turn_encodes_only_its_tail(tool_tok: ChatTokenizer, name: str, before: dict[str, Any],
+                                           after: dict[str, Any]) -> None:
+    first = tool_tok.tokens(before, None)
+    assert first is not None
+    got = tool_tok.tokens(after, (first[0], first[1]))
+    assert got is not None
+    ids, _, kept = got
+    text = tool_tok.render(after)
+    assert text is not None and list(ids) == list(tool_tok.encode(text)[0]), name
+    assert first[1] is not None and kept == first[1].cuts[-1], name  # everything up to the generation prompt
+
+
+def test_an_anthropic_tool_conversation_renders_as_its_chat_request(tmp_path: Path) -> None:
+    tok = ChatTokenizer(write_tokenizer(tmp_path, TOOL_TEMPLATE))
+    body = {"system": "Be terse.", "tools": [{"name": "read_file", "description": "Read a file.",
+                                              "input_schema": {"properties": {"path": {"type": "string"}}}}],
+            "messages": [{"role": "user", "content": "Read pool.c"},
+                         {"role": "assistant", "content": [
+                             {"type": "text", "text": "Reading."},
+                             {"type": "tool_use", "id": "toolu_1", "name": "read_file",
+                              "input": {"path": "pool.c"}}]},
+                         {"role": "user", "content": [
+                             {"type": "tool_result", "tool_use_id": "toolu_1",
+                              "content": [{"type": "text", "text": "int x;"}]},
+                             {"type": "text", "text": "Safe?"}]}]}
+    converted = tok.anthropic_chat(body)
+    assert converted is not None
+    text = tok.render(converted)
+    assert text is not None and text.endswith(
+        '<|im_start|>assistant\nReading.\n<tool_call id="toolu_1">\n{"name": "read_file", "arguments": '
+        '{"path": "pool.c"}}\n</tool_call><|im_end|>\n'
+        '<|im_start|>user\n<tool_response id="toolu_1">\nint x;\n</tool_response><|im_end|>\n'
+        '<|im_start|>user\nSafe?<|im_end|>\n<|im_start|>assistant\n')
+    assert '"parameters": {"properties": {"path": {"type": "string"}}, "type": "object"}' in text

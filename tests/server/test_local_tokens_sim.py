@@ -91,3 +91,38 @@ async def test_a_router_without_the_setting_never_loads_a_tokenizer(
     r = await router(fleet.urls)
     tokens = r.router.tokens
     assert tokens is not None and tokens._local == {}
+
+
+async def test_a_simulator_with_a_tokenizer_folder_tokenizes_as_the_local_tokenizer(
+        sim_fleet: MakeFleet, http: aiohttp.ClientSession, tmp_path: Path) -> None:
+    """``kvroute sim --tokenizer``: the replica's prompts are the folder's ids (its /tokenize, its
+    usage), tool calls included; what the local tokenizer declines is a 400; /tokenize calls are
+    counted in vLLM's http_requests_total."""
+    from tiny_tokenizer import TOOL_TEMPLATE
+
+    from kvroute.api.local_tokens import ChatTokenizer
+
+    folder = write_tokenizer(tmp_path / "model", TOOL_TEMPLATE)
+    fleet = await sim_fleet(1, tokenizer=str(folder))
+    url = fleet.urls[0]
+    tok = ChatTokenizer(folder)
+    body: dict[str, object] = {"model": MODEL, "messages": [
+        *CONVERSATION, {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "read", "arguments": '{"path": "a.c"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "int x;"}]}
+    expected = tok.tokens(body, None)
+    assert expected is not None
+    async with http.post(url + "/tokenize", json=body) as resp:
+        got = await resp.json()
+    assert got["tokens"] == list(expected[0]) and got["count"] == len(expected[0])
+    async with http.post(url + "/detokenize", json={"tokens": got["tokens"]}) as resp:
+        assert (await resp.json())["prompt"] == tok.render(body)
+    async with http.post(url + "/v1/chat/completions", json={**body, "max_tokens": 4}) as resp:
+        assert (await resp.json())["usage"]["prompt_tokens"] == len(expected[0])
+    async with http.post(url + "/tokenize", json={"model": MODEL, "messages": IMAGE}) as resp:
+        assert resp.status == 400 and "--tokenizer" in await resp.text()
+    async with http.get(url + "/metrics") as resp:
+        calls = {(s.labels["handler"], s.labels["status"]): s.value
+                 for s in parse_exposition(await resp.text(), ["http_requests_total"])}
+    assert calls == {("/tokenize", "2xx"): 1, ("/tokenize", "4xx"): 1, ("/detokenize", "2xx"): 1,
+                     ("/v1/chat/completions", "2xx"): 1}

@@ -19,8 +19,8 @@ from test_kv_events_real import WORDS, last_decision, until
 from vllm_helpers import exact_router_for
 
 from kvroute.api.anthropic_chat import anthropic_to_chat
+from kvroute.api.local_tokens import ChatTokenizer
 from kvroute.server.app import RunningRouter
-from kvroute.server.local_tokens import ChatTokenizer
 from kvroute_dev.vllm_env import VllmEnv
 from kvroute_dev.vllm_replicas import ReplicaFleet
 

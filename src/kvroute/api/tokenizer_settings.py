@@ -1,4 +1,4 @@
-"""The per-model setting ``tokenizer``: where exact mode tokenizes a request (server/local_tokens.py
+"""The per-model setting ``tokenizer``: where exact mode tokenizes a request (api/local_tokens.py
 does the work; this is what configuration reads, below the server)."""
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ What is remembered is bounded twice: by conversations and by tokens (kept as 8-b
 they are hashed in: a token id decoded from JSON costs ~36 bytes as a Python int in a list, and an
 agent's conversation can hold 100k of them).
 
-A router that tokenizes locally (server/local_tokens.py) also keeps, in the same entry, the text it
+A router that tokenizes locally (api/local_tokens.py) also keeps, in the same entry, the text it
 rendered the prompt into and where that text's tokens may be cut (``Rendering``), so that the next
 turn encodes only the text after the last cut the two renderings share.  That text is not counted
 against ``max_tokens``: at about four characters a token and a byte a character it weighs about

@@ -211,9 +211,9 @@ class StartupError(RuntimeError):
 
 async def _serve(settings: Settings) -> int:
     """Serve until SIGINT/SIGTERM; returns how many requests the shutdown timeout cut."""
+    from kvroute.api.local_tokens import TemplateError
     from kvroute.server.app import CUT_EXIT_CODE, freeze_startup_heap, start_router
     from kvroute.server.dashboard import setup_dashboard
-    from kvroute.server.local_tokens import TemplateError
     from kvroute.server.tracing import TracingUnavailable
 
     # With settings.redis_url, start_router shares routing state through the Redis bus.

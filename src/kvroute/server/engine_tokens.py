@@ -11,7 +11,7 @@ routed on the approximate index, as if no worker were exact.  The block hashes a
 conversation (routing/token_chains.py): a turn hashes only the blocks its previous turn lacked.
 
 Where the model's settings name a ``tokenizer`` folder, the router tokenizes the request itself
-(server/local_tokens.py: no round trip, and a conversation's next turn encodes only its tail); what
+(api/local_tokens.py: no round trip, and a conversation's next turn encodes only its tail); what
 that cannot vouch for still goes to ``/tokenize``.  ``kvroute_tokenize_total{path,outcome}`` counts
 which path tokenized each request.
 """
@@ -29,12 +29,12 @@ import orjson
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from kvroute.api.anthropic_chat import AnthropicConversionError, anthropic_to_chat, has_inline_system
+from kvroute.api.local_tokens import ChatTokenizer, TemplateError
 from kvroute.api.tokenizer_settings import TokenizerSettings
 from kvroute.fleet.registry import Registry
 from kvroute.routing.key import RoutingKey
 from kvroute.routing.scheduler import Scheduler, session_hash
 from kvroute.routing.token_chains import TokenChains, with_tokens
-from kvroute.server.local_tokens import ChatTokenizer, TemplateError
 from kvroute.server.upstream import UpstreamError, UpstreamPool
 
 log = logging.getLogger("kvroute.tokens")

@@ -107,6 +107,11 @@ def sim(
     kv_events_encoding: Annotated[str, typer.Option(
         help="KV events as the newest vLLM sends them (map: events tagged 'type', replay with the "
              "topic) or as older vLLM (array).")] = "map",
+    tokenizer: Annotated[str | None, typer.Option(
+        help="A model's folder (tokenizer.json and its chat template) to render and tokenize "
+             "prompts with, as vLLM does, instead of the simulator's 4-bytes-a-token "
+             "pseudo-tokenizer: a router with the same folder as its per-model setting "
+             "'tokenizer' predicts the replicas' caches exactly (needs kvroute[tokenizer]).")] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
     log_format: Annotated[str, typer.Option(help="text or json (one JSON object a line).")] = "text",
 ) -> None:
@@ -128,6 +133,12 @@ def sim(
     overrides.update(answer_mode=answer_mode, corrupt_rate=corrupt_rate, seed=seed,
                      data_parallel_size=data_parallel_size)
     overrides.update(_cost_overrides(cost or []))
+    if tokenizer is not None:
+        from kvroute.api.tokenizer_settings import EXTRA, extra_missing
+
+        if (missing := extra_missing()) is not None:
+            fail("sim", f"--tokenizer needs {missing}: {EXTRA}")
+        overrides["tokenizer"] = tokenizer
     try:
         faults = [Fault.from_flag(text) for text in fault or []]
     except ValueError as exc:

@@ -10,7 +10,7 @@ A replica of several data-parallel ranks writes each family once, with one serie
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from kvroute.sim.cache_config import cache_config_labels
 from kvroute.sim.engine import EngineConfig, EngineSnapshot
@@ -83,9 +83,12 @@ class _Writer:
 
 
 def render_metrics(config: EngineConfig, snaps: Sequence[EngineSnapshot], served_model: str,
-                   process_start_time: float) -> bytes:
+                   process_start_time: float,
+                   http_requests: Mapping[tuple[str, str, str], int] | None = None) -> bytes:
     """The ``/metrics`` body: gauges, counters (tokens), histograms, cache config info, of each
-    data-parallel rank's engine (``snaps`` in rank order; one for a one-rank replica).
+    data-parallel rank's engine (``snaps`` in rank order; one for a one-rank replica), then the
+    server's ``http_requests_total`` by (handler, method, status class), as vLLM's API server
+    writes them.
 
     ``process_start_time`` (wall clock) is also the ``_created`` time of every counter and
     histogram: the engine's counters start with the process, and restart with it.
@@ -99,6 +102,10 @@ def render_metrics(config: EngineConfig, snaps: Sequence[EngineSnapshot], served
         if k not in first.shared:
             for w in writers[1:]:
                 lines += w.blocks[k][2:]
+    lines += ["# HELP http_requests_total Total number of requests by method, status and handler.",
+              "# TYPE http_requests_total counter"]
+    lines += [f"http_requests_total{_labels({'handler': h, 'method': m, 'status': st})} {_num(n)}"
+              for (h, m, st), n in (http_requests or {}).items()]
     return ("\n".join(lines) + "\n").encode()
 
 

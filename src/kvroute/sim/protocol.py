@@ -17,14 +17,7 @@ from typing import Any, Literal
 import orjson
 
 from kvroute.api.errors import ApiError
-from kvroute.sim.tokenizer import (
-    RenderError,
-    chat_template_options,
-    count_tokens,
-    render_anthropic,
-    render_chat,
-    render_completion,
-)
+from kvroute.sim.tokenizer import PseudoTokens, RenderError, count_tokens
 
 Api = Literal["chat", "completions", "messages"]
 
@@ -88,8 +81,13 @@ def _check_anthropic_options(body: Mapping[str, Any], max_tokens: int) -> None:
                        param="output_config")
 
 
-def parse_generation_request(api: Api, body: Any, served_model: str) -> GenerationRequest:
-    """Validate a request body and render its prompt; ``ApiError`` (400/404) on bad input."""
+_PSEUDO = PseudoTokens()
+
+
+def parse_generation_request(api: Api, body: Any, served_model: str,
+                             tokens: PseudoTokens = _PSEUDO) -> GenerationRequest:
+    """Validate a request body and render its prompt with ``tokens`` (the pseudo-tokenizer, or a
+    model's own: sim/real_tokens.py); ``ApiError`` (400/404) on bad input."""
     if not isinstance(body, dict):
         raise ApiError(400, "The request body must be a JSON object.")
     model = body.get("model") or served_model
@@ -97,13 +95,13 @@ def parse_generation_request(api: Api, body: Any, served_model: str) -> Generati
         raise ApiError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
     try:
         if api == "chat":
-            prompt = render_chat(body, *chat_template_options(body))
+            prompt = tokens.chat(body)
         elif api == "completions":
             if "prompt" not in body:
                 raise ApiError(400, "Field required: 'prompt'.", param="prompt")
-            prompt = render_completion(body["prompt"])
+            prompt = tokens.completion(body["prompt"])
         else:
-            prompt = render_anthropic(body)
+            prompt = tokens.anthropic(body)
     except RenderError as exc:
         raise ApiError(400, str(exc)) from None
     if not prompt:

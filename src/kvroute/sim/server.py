@@ -41,6 +41,7 @@ import dataclasses
 import logging
 import time
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -60,18 +61,7 @@ from kvroute.sim.kv_publisher import KvEventPublisher
 from kvroute.sim.metrics import render_metrics
 from kvroute.sim.presets import build_config
 from kvroute.sim.protocol import Api, GenerationRequest, Reply, parse_generation_request
-from kvroute.sim.tokenizer import (
-    RenderError,
-    chat_template_options,
-    count_tokens,
-    detokenize,
-    is_anthropic_body,
-    render_anthropic,
-    render_chat,
-    render_completion,
-    token_ids,
-    token_strs,
-)
+from kvroute.sim.tokenizer import PseudoTokens, RenderError, count_tokens, is_anthropic_body, token_ids
 
 log = logging.getLogger("kvroute.sim")
 
@@ -104,6 +94,11 @@ class ReplyOptions:
 _GARBAGE = b"\x00\xff<html><body>502 upstream garbage</body></html>\n\n"
 _WRONG_SHAPE = orjson.dumps({"object": "kvroute.sim.wrong_shape", "detail": "not an answer (fault)"})
 _WRONG_SHAPE_EVENT = b"data: " + _WRONG_SHAPE + b"\n\n"
+
+
+# The handlers vLLM's instrumentator leaves out of http_requests_total
+# (vllm/entrypoints/serve/instrumentator/metrics.py).
+_UNCOUNTED = frozenset(("/metrics", "/health", "/load", "/ping", "/version", "/server_info"))
 
 
 class _Dropped(Exception):
@@ -162,7 +157,8 @@ class SimReplica:
 
     def __init__(self, index: int, config: EngineConfig, *, served_model: str, speed: float,
                  options: ReplyOptions, preset: str, kv_events: KVEventsConfig | None = None,
-                 kv_events_encoding: Encoding = "map", data_parallel_size: int = 1) -> None:
+                 kv_events_encoding: Encoding = "map", data_parallel_size: int = 1,
+                 tokens: PseudoTokens | None = None) -> None:
         if data_parallel_size < 1:
             raise ValueError("data_parallel_size must be at least 1")
         self.index = index
@@ -177,6 +173,10 @@ class SimReplica:
         self.speed = speed
         self.options = options
         self.preset = preset
+        self.tokens = tokens or PseudoTokens()
+        # vLLM's http_requests_total (prometheus-fastapi-instrumentator): by handler, method and
+        # status class, so a client can see which endpoints a router called (e.g. /tokenize).
+        self.http_requests: Counter[tuple[str, str, str]] = Counter()
         self.faults = FaultSet(options.seed * 1_000_003 + index)
         origin_model, origin_wall = time.time(), time.monotonic()
         self.process_start_time = origin_model
@@ -359,7 +359,7 @@ class SimReplica:
             kind = Corruption.EMPTY if self.faults.uniform() < 0.5 else Corruption.BANGS
             return corrupted(kind, min(natural, limit))
         if opts.answer_mode and not g.ignore_eos:
-            answer = arithmetic_answer(g.prompt)
+            answer = arithmetic_answer(self.tokens.tail_text(g.prompt))
             if answer is not None:
                 return answer
         return filler(g.prompt, natural)
@@ -370,7 +370,7 @@ class SimReplica:
             body = await _read_json(request)
             if self.down:
                 raise ApiError(503, "The engine is restarting.")
-            g = parse_generation_request(api, body, self.served_model)
+            g = parse_generation_request(api, body, self.served_model, self.tokens)
             # vLLM 0.32 caps max_tokens at what the context leaves (Claude Code asks for 32000
             # whatever the model) and rejects only a prompt that does not fit by itself.
             room = self.config.max_model_len - g.prompt_tokens
@@ -505,7 +505,7 @@ class SimReplica:
     # ------------------------------------------------------------------------- other endpoints
 
     def _build_app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024**2)
+        app = web.Application(client_max_size=64 * 1024**2, middlewares=[self._count_request])
         gen = self._generate
 
         def route(api: Api) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
@@ -531,6 +531,23 @@ class SimReplica:
         app.router.add_delete("/admin/fault", self._clear_faults)
         return app
 
+    @web.middleware
+    async def _count_request(self, request: web.Request, handler: Callable[[web.Request], Awaitable[
+            web.StreamResponse]]) -> web.StreamResponse:
+        status = 500
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        finally:
+            resource = request.match_info.route.resource
+            path = resource.canonical if resource is not None else None
+            if path is not None and path not in _UNCOUNTED:
+                self.http_requests[(path, request.method, f"{status // 100}xx")] += 1
+
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(status=503 if self.down else 200)
 
@@ -547,7 +564,7 @@ class SimReplica:
 
     async def _metrics(self, request: web.Request) -> web.Response:
         body = render_metrics(self.config, [rank.engine.snapshot() for rank in self.ranks],
-                              self.served_model, self.process_start_time)
+                              self.served_model, self.process_start_time, self.http_requests)
         return web.Response(body=body, content_type="text/plain", charset="utf-8")
 
     def info(self) -> dict[str, Any]:
@@ -593,12 +610,12 @@ class SimReplica:
             raise ApiError(400, "The request body must be a JSON object.")
         try:
             if kind == "auto" and "messages" in body and is_anthropic_body(body):
-                return render_anthropic(body), body
+                return self.tokens.anthropic(body), body
             if kind == "chat" or (kind == "auto" and "messages" in body):
-                return render_chat(body, *chat_template_options(body)), body
+                return self.tokens.chat(body), body
             if "prompt" not in body:
                 raise ApiError(400, "Field required: 'prompt' or 'messages'.")
-            return render_completion(body["prompt"]), body
+            return self.tokens.completion(body["prompt"]), body
         except RenderError as exc:
             raise ApiError(400, str(exc)) from None
 
@@ -609,7 +626,7 @@ class SimReplica:
             return _error("openai", exc)
         return _json({"count": count_tokens(data), "max_model_len": self.config.max_model_len,
                       "tokens": token_ids(data),
-                      "token_strs": token_strs(data) if body.get("return_token_strs") else None})
+                      "token_strs": self.tokens.token_strs(data) if body.get("return_token_strs") else None})
 
     async def _detokenize(self, request: web.Request) -> web.Response:
         try:
@@ -617,7 +634,7 @@ class SimReplica:
             tokens = body.get("tokens") if isinstance(body, dict) else None
             if not isinstance(tokens, list):
                 raise ApiError(400, "Field required: 'tokens' (a list of token ids).", param="tokens")
-            text = detokenize(tokens).decode("utf-8", "replace")
+            text = self.tokens.detokenize(tokens)
         except RenderError as exc:
             return _error("openai", ApiError(400, str(exc)))
         except ApiError as exc:
@@ -752,7 +769,7 @@ class SimFleet:
         new = SimReplica(old.index, config, served_model=old.served_model, speed=old.speed,
                          options=old.options, preset=old.preset, kv_events=old.kv_events,
                          kv_events_encoding=old.kv_events_encoding,
-                         data_parallel_size=old.data_parallel_size)
+                         data_parallel_size=old.data_parallel_size, tokens=old.tokens)
         await new.start(host, int(port))
         self.replicas[i] = new
         return new
@@ -770,7 +787,8 @@ _REPLY_FIELDS = {f.name for f in dataclasses.fields(ReplyOptions)}
 async def start_sim_fleet(preset: str, replicas: int, *, host: str = "127.0.0.1", base_port: int = 0,
                           speed: float = 1.0, model: str | None = None,
                           kv_events: KVEventsConfig | None = None, kv_events_encoding: Encoding = "map",
-                          data_parallel_size: int = 1, **overrides: Any) -> SimFleet:
+                          data_parallel_size: int = 1, tokenizer: str | None = None,
+                          **overrides: Any) -> SimFleet:
     """Start ``replicas`` simulated replicas of ``preset`` in this event loop.
 
     ``base_port`` 0 binds free ports, otherwise ports ``base_port .. base_port+replicas-1``.
@@ -778,7 +796,9 @@ async def start_sim_fleet(preset: str, replicas: int, *, host: str = "127.0.0.1"
     each replica's one server.  ``kv_events`` (vLLM's ``--kv-events-config``) makes each rank
     publish KV-cache events in ``kv_events_encoding``: replica ``i``'s rank ``r`` on the configured
     ports plus ``i * data_parallel_size + r`` (a one-rank replica as data-parallel rank ``i``).
-    ``model`` is the served model name (default: the preset's).  ``overrides`` are engine settings
+    ``model`` is the served model name (default: the preset's).  ``tokenizer``: a model's folder
+    whose tokenizer and chat template render and tokenize the prompts (sim/real_tokens.py; needs
+    kvroute[tokenizer]) instead of the pseudo-tokenizer.  ``overrides`` are engine settings
     (``EngineConfig`` fields such as ``max_num_seqs``, ``enable_prefix_caching``,
     ``mamba_cache_mode``, ``prefix_match_unit``, ``kv_cache_dtype``, ``num_gpu_blocks_override``),
     cost-model parameters (``a``, ``b``, ``c``, ``d0``, ``d1``, ``d_kv``, ``request_overhead_s``),
@@ -791,10 +811,15 @@ async def start_sim_fleet(preset: str, replicas: int, *, host: str = "127.0.0.1"
         raise ValueError(f"kv_events_encoding must be one of {', '.join(ENCODINGS)}")
     reply = ReplyOptions(**{k: overrides.pop(k) for k in list(overrides) if k in _REPLY_FIELDS})
     config = build_config(preset, model, **overrides)
+    tokens = PseudoTokens()
+    if tokenizer:
+        from kvroute.sim.real_tokens import RealTokens  # needs kvroute[tokenizer]
+
+        tokens = RealTokens(tokenizer)
     fleet = SimFleet([
         SimReplica(i, config, served_model=config.model, speed=speed, options=reply, preset=preset,
                    kv_events=kv_events, kv_events_encoding=kv_events_encoding,
-                   data_parallel_size=data_parallel_size)
+                   data_parallel_size=data_parallel_size, tokens=tokens)
         for i in range(replicas)
     ])
     try:

@@ -287,3 +287,38 @@ def render_anthropic(body: Mapping[str, Any], add_generation_prompt: bool = True
     if not chat["messages"]:
         raise RenderError("messages: nothing to render (every message is empty)")
     return render_chat(chat, add_generation_prompt)
+
+
+# ---------------------------------------------------------------------------------- prompt makers
+
+
+class PseudoTokens:
+    """The default way a replica turns a request into prompt bytes: this module's template and
+    pseudo-tokenizer.  :class:`kvroute.sim.real_tokens.RealTokens` is the other (a model's own
+    tokenizer and chat template); the server and the request parser take either."""
+
+    def chat(self, body: Mapping[str, Any]) -> bytes:
+        """A chat-completions body's prompt (its ``add_generation_prompt`` and
+        ``continue_final_message`` as vLLM reads them)."""
+        return render_chat(body, *chat_template_options(body))
+
+    def anthropic(self, body: Mapping[str, Any]) -> bytes:
+        """An Anthropic messages body's prompt."""
+        return render_anthropic(body)
+
+    def completion(self, prompt: Any) -> bytes:
+        """A completions ``prompt``'s prompt."""
+        return render_completion(prompt)
+
+    def detokenize(self, ids: list[Any]) -> str:
+        """``/detokenize``: the text of token ids."""
+        return detokenize(ids).decode("utf-8", "replace")
+
+    def token_strs(self, data: bytes) -> list[str]:
+        """``/tokenize`` with ``return_token_strs``: each token's text."""
+        return token_strs(data)
+
+    def tail_text(self, prompt: bytes) -> bytes:
+        """The text at the end of a prompt (the last few hundred bytes at least), where
+        sim/answers.py looks for a question to answer."""
+        return prompt

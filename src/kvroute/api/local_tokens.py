@@ -9,8 +9,13 @@ its ``tojson``, the special tokens by name, ``{% generation %}``), over the mess
 renderer hands them over.  Both are the optional extra ``kvroute[tokenizer]``.
 
 What this module cannot vouch for it declines (``render`` answers None) and the request goes to
-the engine's ``/tokenize`` as before: media or other non-text content parts, tool calls in the
-history, a request's own ``chat_template``, ``continue_final_message``.
+the engine's ``/tokenize`` as before: media or other non-text content parts, tool calls vLLM
+refuses (not of type ``function``, without an id, ``arguments`` not a string), a request's own
+``chat_template``, ``continue_final_message``.  Tool calls and tool results are rendered as vLLM
+0.32 hands them to the template (``vllm/renderers/chat_utils.py``: ``_parse_chat_message_content``
+and ``_postprocess_messages``): each call's ``arguments`` string decoded into a dict (``{}`` where it
+is empty, not JSON or not an object), a null ``content`` as no text, ``tool_call_id`` on tool
+messages, and the request's ``tools`` as ``ChatCompletionToolsParam.model_dump()``.
 
 A conversation's next turn encodes only its tail: the template is rendered whole (a template is a
 program; only it knows what a turn adds), then the text is compared with the previous turn's
@@ -224,6 +229,43 @@ def _tool(tool: Any) -> dict[str, Any] | None:
     return {"type": "function", "function": out}
 
 
+def _arguments(text: str) -> dict[str, Any]:
+    """A tool call's ``arguments`` as vLLM's ``_postprocess_messages`` hands them to the template:
+    the JSON object they spell, else (empty, not JSON, not an object) an empty dict, which vLLM
+    substitutes so that a bad call in the history does not fail every later turn."""
+    if not text:
+        return {}
+    try:
+        parsed = json.loads(text)
+    except ValueError:  # json.JSONDecodeError, as vLLM catches
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
+
+
+def _tool_calls(calls: Any) -> list[dict[str, Any]] | None:
+    """An assistant message's ``tool_calls`` as vLLM hands them to the template, or None where its
+    request model refuses them (or where they are not function calls, which its
+    ``_postprocess_messages`` refuses).  Pydantic's validation rebuilds each call with the fields
+    its TypedDicts declare first, in their order (``id``, ``function``: ``arguments``, ``name``;
+    ``type``), and any others after them, as the client sent them."""
+    if not isinstance(calls, list):
+        return None
+    out = []
+    for call in calls:
+        if not isinstance(call, Mapping) or call.get("type") != "function" \
+                or not isinstance(call.get("id"), str):
+            return None
+        fn = call.get("function")
+        if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str) \
+                or not isinstance(fn.get("arguments"), str):
+            return None
+        function = {"arguments": _arguments(fn["arguments"]), "name": fn["name"],
+                    **{k: v for k, v in fn.items() if k not in ("arguments", "name")}}
+        out.append({"id": call["id"], "function": function, "type": "function",
+                    **{k: v for k, v in call.items() if k not in ("id", "function", "type")}})
+    return out
+
+
 class ChatTokenizer:
     """A model's tokenizer and chat template, loaded from its folder."""
 
@@ -245,6 +287,9 @@ class ChatTokenizer:
         self._disabled_effort: str | None = None
         self._wrap_parts = _CONTENT_LOOP.search(source) is not None
         self._uses_tools = "tools" in source
+        named = config.get("chat_template")
+        self._tool_use_template = not (path / "chat_template.jinja").is_file() and isinstance(named, list) \
+            and any(isinstance(t, Mapping) and t.get("name") == "tool_use" for t in named)
         self._names = {name: text for name in _NAMED_TOKENS
                        if (text := _token_text(config.get(name))) is not None}
         added = self._tokenizer.get_added_tokens_decoder()
@@ -262,17 +307,29 @@ class ChatTokenizer:
             if not isinstance(message, Mapping):
                 return None
             role = message.get("role")
-            if not isinstance(role, str) or role == "developer" or message.get("tool_calls") \
-                    or message.get("reasoning") is not None:
+            if not isinstance(role, str) or role == "developer" or message.get("reasoning") is not None:
                 return None
-            # vLLM hands a tool's answer over as text whatever the template's content format.
-            content = self._content(message.get("content"), wrap=self._wrap_parts and role != "tool")
+            calls = message.get("tool_calls")
+            if calls is not None and role != "assistant":
+                return None
+            content = message.get("content")
+            # An assistant's tool-call turn may come without text: vLLM takes it as no parts.
+            if content is None and role != "assistant":
+                return None
+            content = self._content(content, self._wrap_parts, role)
             if content is None or (role == "system" and isinstance(content, str)
                                    and content.startswith(_BILLING_HEADER)):
                 return None
             item: dict[str, Any] = {"role": role, "content": content}
+            if calls:  # an empty list is dropped, so the template takes the plain assistant path
+                item["tool_calls"] = _tool_calls(calls)
+                if item["tool_calls"] is None:
+                    return None
             if role == "tool" and "tool_call_id" in message:
-                item["tool_call_id"] = message["tool_call_id"]
+                call_id = message["tool_call_id"]
+                if call_id is not None and not isinstance(call_id, str):
+                    return None
+                item["tool_call_id"] = call_id
             if isinstance(message.get("name"), str):
                 item["name"] = message["name"]
             out.append(item)
@@ -305,8 +362,15 @@ class ChatTokenizer:
             return None
 
     @staticmethod
-    def _content(content: Any, wrap: bool) -> str | list[dict[str, str]] | None:
-        if isinstance(content, str):
+    def _content(content: Any, wrap: bool, role: str) -> str | list[dict[str, str]] | None:
+        """A message's text content as vLLM's ``_parse_chat_message_content`` passes it on: parts
+        for a template that loops over them ("openai" format), else the non-empty texts joined by
+        newlines ("string" format); a tool's answer as text either way (its parts' texts joined,
+        empty ones too where they were kept as parts).  None: not text only, or parts with other
+        fields for a template that gets parts."""
+        if content is None:
+            texts: list[str] = []
+        elif isinstance(content, str):
             texts = [content]
         elif isinstance(content, list) and content and all(
                 isinstance(p, Mapping) and p.get("type") == "text" and isinstance(p.get("text"), str)
@@ -314,9 +378,15 @@ class ChatTokenizer:
             texts = [p["text"] for p in content]
         else:
             return None
-        if wrap:
-            return [{"type": "text", "text": t} for t in texts]
-        return "\n".join(texts)
+        if not wrap:
+            return "\n".join(t for t in texts if t)
+        if role == "tool":
+            return "\n".join(texts)
+        # vLLM hands such a template a part's other fields too (cache_control, ...), as its
+        # validation rebuilds them: not reproduced here.
+        if isinstance(content, list) and any(len(p) > 2 for p in content):
+            return None
+        return [{"type": "text", "text": t} for t in texts]
 
     def render(self, doc: Mapping[str, Any]) -> str | None:
         """The prompt text vLLM renders a chat request into, or None where this module leaves
@@ -332,9 +402,13 @@ class ChatTokenizer:
         if messages is None:
             return None
         tools = None
+        raw = doc.get("tools")
+        # vLLM refuses an empty list; a folder's "tool_use" template (transformers' pick where
+        # tools are given) is not the one compiled here.
+        if raw is not None and (raw == [] or self._tool_use_template):
+            return None
         # A template that never names them renders the same with or without them.
-        if self._uses_tools and doc.get("tools") is not None:
-            raw = doc["tools"]
+        if self._uses_tools and raw is not None:
             tools = [_tool(t) for t in raw] if isinstance(raw, list) else [None]
             if any(t is None for t in tools):
                 return None
@@ -360,6 +434,10 @@ class ChatTokenizer:
             if span is not None:  # every token of a single text has its characters
                 cuts.extend((span[0], span[1], i))
         return array("Q", listed), cuts
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of token ids, special tokens included."""
+        return str(self._tokenizer.decode(list(ids), skip_special_tokens=False))
 
     def prompt_tokens(self, prompt: str) -> tuple[array[int], None, int]:
         """A completions prompt's token ids (with the special tokens the tokenizer adds, as vLLM's
