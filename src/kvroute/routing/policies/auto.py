@@ -62,11 +62,11 @@ guards protect nothing, and only move it off its prefix's holder onto a cold wor
 the prefix evicts another.  It is placed by the cost alone, without the session term (it sends no
 later turns beside the sessions living there).  For the same reason it is no session living there
 for the others (``POLICY.one_shot``: bound, not counted active on its worker).  Counted, a shared
-system prompt's questions (about 60 a minute at 1 request/s) made its holders look 15-25 sessions
-busier than a replica without it, and the agents' turns on the same fleet all moved onto that one
-replica, whose cache could not keep their histories (docs/saturation.md, "Agents and shared
-prefixes on one fleet").  Agents that send no session id come back, so their share stays high and
-their guards stay.
+system prompt's questions (about 60 a minute at 1 request/s) made the replicas they went to
+count up to 27 sessions more than the one they used least, and the agents' turns on the same
+fleet moved onto that one replica, whose cache could not keep their histories (docs/saturation.md,
+"One-shots are no sessions living on a replica").  Agents that send no session id come back, so
+their share stays high and their guards stay.
 """
 
 from __future__ import annotations
