@@ -168,3 +168,48 @@ def test_a_one_shot_is_not_charged_for_the_sessions_living_on_the_holder() -> No
     assert question.worker_id == "w0", question.reason
     conversation = s.decide(key(HEAD + text(3, 600), session="client-new"), ws[:2])
     assert conversation.worker_id == "w1", conversation.reason
+
+
+def _turn_beside_questions(*, follow_ups: bool) -> str:
+    """A client's session lives on w1, beside ten requests of derived sessions under HEAD (which
+    come back with follow-ups or not, as taught); w0 is idle and empty.  Where its next turn goes."""
+    s, clock, ws = _fleet_with_a_busy_holder(ModelSettings(policy="auto"))
+    ws[0].inflight = 0
+    _teach(s, clock, ws, follow_ups=follow_ups)
+    history = text(400, 8000)
+    send(s, key(history, session="client-a"), [ws[1]])
+    for j in range(10):
+        send(s, key(HEAD + text(500 + j, 600), session=f"conv:q{j}"), [ws[1]])
+    return send(s, key(history + text(401, 1600), session="client-a"), ws[:2])
+
+
+def test_one_shots_are_no_sessions_living_on_their_worker() -> None:
+    """A one-shot sends no later turn, so it is not one of the sessions a worker's future load is
+    counted in: the client's turn stays with its history on w1.  Counted, the ten questions made w1
+    look ten sessions busier than w0, and the turn left its cache for w0 (what starved the agents
+    beside shared-prefix questions at 8 sessions and 1 request/s, docs/saturation.md)."""
+    assert _turn_beside_questions(follow_ups=False) == "w1"
+
+
+def test_conversations_without_ids_are_sessions_living_on_their_worker() -> None:
+    """Derived sessions that come back are conversations: each still counts as a session living on
+    w1, and ten of them outweigh the client's short history there."""
+    assert _turn_beside_questions(follow_ups=True) == "w0"
+
+
+def test_another_instances_one_shots_are_no_sessions_living_on_their_worker() -> None:
+    """The same across router instances: the instance that routed the questions publishes their
+    bindings as one-shots', and the one that routes the client's turn does not count them either."""
+    a, clock, ws = _fleet_with_a_busy_holder(ModelSettings(policy="auto"))
+    ws[0].inflight = 0
+    _teach(a, clock, ws, follow_ups=False)
+    b = Scheduler(RoutingConfig(default=ModelSettings(policy="auto")), clock=clock)
+    for w in ws:
+        b.on_worker_epoch(w.id, w.epoch)
+    history = text(400, 8000)
+    send(b, key(history, session="client-a"), [ws[1]])
+    for j in range(10):
+        question = key(HEAD + text(500 + j, 600), session=f"conv:q{j}")
+        for record in a.commit(question, a.decide(question, [ws[1]])):
+            b.apply_remote(record)
+    assert send(b, key(history + text(401, 1600), session="client-a"), ws[:2]) == "w1"

@@ -61,3 +61,19 @@ def test_drop_worker_unbinds_its_sessions() -> None:
     assert table.drop_worker("w0") == 1
     assert table.get(1, T0) is None and table.get(2, T0) == "w1"
     assert table.bound("w0") == 0
+
+
+def test_a_one_shot_is_bound_but_not_active() -> None:
+    """A session bound with ``active=False`` (a one-shot: it sends no later turn) keeps its binding
+    but is not counted active, in a window that exists already or one first read afterwards; bound
+    again as active, it counts again."""
+    table = SessionTable()
+    table.bind(1, "w0", T0)
+    assert table.active(T0, 60) == {"w0": 1}
+    table.bind(1, "w0", T0 + 1, active=False)
+    table.bind(2, "w1", T0 + 1, active=False)
+    assert table.get(1, T0 + 2) == "w0" and table.get(2, T0 + 2) == "w1"
+    assert table.active(T0 + 2, 60) == {}
+    assert table.active(T0 + 2, 30) == {}  # a window first read now
+    table.bind(2, "w1", T0 + 3)
+    assert table.active(T0 + 3, 60) == {"w1": 1} and table.active(T0 + 3, 30) == {"w1": 1}

@@ -20,6 +20,7 @@ from kvroute.routing.sync_record import (
 RECORDS = [
     PrefixRecord("w0", 1.5, 1_700_000_000.25, (0, 1, (1 << 64) - 1), 1200),
     SessionRecord((1 << 64) - 2, "w1", 1_700_000_001.0),
+    SessionRecord(7, "w1", 1_700_000_001.0, active=False),
     WorkerEpochRecord("w2", 1_700_000_002.0),
 ]
 
@@ -48,6 +49,7 @@ def test_round_trip_through_json(record: object) -> None:
         {"type": "session", "session": "abc", "worker_id": "w", "time": 1},
         {"type": "session", "session": 1, "worker_id": 5, "time": 1},
         {"type": "session", "session": 1, "worker_id": "w" * 600, "time": 1},
+        {"type": "session", "session": 1, "worker_id": "w", "time": 1, "active": "no"},
         {"type": "epoch", "worker_id": "w", "epoch": "yesterday"},
         {"type": "epoch", "worker_id": "w", "epoch": -1},
     ],
@@ -65,8 +67,16 @@ json_values = st.recursive(
 
 
 @given(st.dictionaries(st.sampled_from(["type", "worker_id", "epoch", "time", "hashes", "session",
-                                        "prefill_tokens"]), json_values)
+                                        "prefill_tokens", "active"]), json_values)
        | json_values)
 def test_garbage_never_raises_anything_but_value_error(garbage: object) -> None:
     with contextlib.suppress(ValueError):
         record_from_dict(garbage)
+
+
+def test_an_active_sessions_record_is_written_as_before() -> None:
+    """Only a one-shot's record carries ``active``: an instance of the previous release reads every
+    other record as it did (and a one-shot's as active, as it did)."""
+    assert SessionRecord(1, "w", 2.0).to_dict() == {"type": "session", "session": 1, "worker_id": "w",
+                                                     "time": 2.0}
+    assert SessionRecord(1, "w", 2.0, active=False).to_dict()["active"] is False

@@ -39,7 +39,9 @@ class Decision:
     prompt tokens the index said the chosen worker holds (what cache realisation compares with).
     ``rank`` is the data-parallel rank of the chosen worker the request is pinned to (vLLM's
     ``X-data-parallel-rank``): set where its state is exact and it publishes several ranks' events,
-    else None (its engine's own balancer picks).
+    else None (its engine's own balancer picks).  ``one_shot``: the policy judged the request a
+    one-shot that sends no later turn (``Policy.one_shot``): its session is bound but not counted
+    as active on its worker.
     """
 
     worker_id: str | None
@@ -61,3 +63,4 @@ class Decision:
     exact: bool = False
     held_tokens: float = 0.0
     rank: int | None = None
+    one_shot: bool = False

@@ -196,6 +196,7 @@ class Scheduler:
             prefill_tokens=prefill, scores=keys[i], considered=considered,
             predicted_ttft_s=self.predicted_ttft(policy, view, chosen, prefill),
             exact=chosen.exact, held_tokens=chosen.held_tokens, rank=rank,
+            one_shot=policy.one_shot is not None and policy.one_shot(view),
         )
 
     def _rank(self, view: View, c: Candidate) -> int | None:
@@ -515,8 +516,9 @@ class Scheduler:
             hit = indexed / est if est else None
             learned.on_sent(now, spt, decision.prefill_tokens, hit, indexed)
         if decision.session is not None:
-            self._sessions.bind(decision.session, worker, now)
-            records.append(SessionRecord(decision.session, worker, now))
+            active = not decision.one_shot
+            self._sessions.bind(decision.session, worker, now, active)
+            records.append(SessionRecord(decision.session, worker, now, active))
         if key.session_id is not None and not key.client_session:
             session = decision.session if decision.session is not None else session_hash(key)
             assert session is not None
@@ -541,7 +543,7 @@ class Scheduler:
                 if left > 0:
                     learned.add_backlog(now, spt, left)
         elif isinstance(record, SessionRecord):
-            self._sessions.bind(record.session, record.worker_id, record.time)
+            self._sessions.bind(record.session, record.worker_id, record.time, record.active)
         else:
             self.on_worker_epoch(record.worker_id, record.epoch)
 

@@ -16,10 +16,12 @@ from dataclasses import dataclass, field
 
 @dataclass(slots=True)
 class Binding:
-    """Where one session lives and when it last sent a request."""
+    """Where one session lives, when it last sent a request, and whether it counts as active there
+    (not a one-shot's: ``SessionTable.bind``)."""
 
     worker_id: str
     last_seen: float
+    active: bool = True
 
 
 @dataclass(slots=True)
@@ -78,15 +80,16 @@ class SessionTable:
             return None
         return b.worker_id
 
-    def bind(self, session: int, worker_id: str, now: float) -> bool:
+    def bind(self, session: int, worker_id: str, now: float, active: bool = True) -> bool:
         """Bind (or re-bind, or refresh) ``session`` to ``worker_id``; returns whether it moved.
 
         A refresh stamped older than the binding's last request (a late message from another router
-        instance) is ignored.
+        instance) is ignored.  ``active=False`` binds a session that sends no later turn (a
+        one-shot): it is not counted among the sessions active on the worker.
         """
         b = self._bindings.get(session)
         if b is None:
-            self._bindings[session] = Binding(worker_id, now)
+            self._bindings[session] = Binding(worker_id, now, active)
             self._count(worker_id, 1)
             moved = True
         else:
@@ -98,9 +101,13 @@ class SessionTable:
                 self._count(worker_id, 1)
                 b.worker_id = worker_id
             b.last_seen = now
+            b.active = active
             self._bindings.move_to_end(session)
         for window in self._windows.values():
-            window.add(session, worker_id, now)
+            if active:
+                window.add(session, worker_id, now)
+            else:
+                window.remove(session)
         self.expire(now)
         return moved
 
@@ -145,7 +152,8 @@ class SessionTable:
             for session, b in reversed(self._bindings.items()):
                 if b.last_seen < cutoff:
                     break
-                recent.append((session, b))
+                if b.active:
+                    recent.append((session, b))
             for session, b in reversed(recent):
                 window.add(session, b.worker_id, b.last_seen)
         window.expire(now)

@@ -94,7 +94,10 @@ class Policy:
     policy's own parts read (routing/settings.py), so configuration and help know them;
     ``needs`` adds signals its explainer or ``held`` read beyond those its stages declare.
     ``predict`` is the policy's predicted time to first token on a candidate, in seconds (None: the
-    scheduler's generic estimate, see ``Scheduler.predicted_ttft``).
+    scheduler's generic estimate, see ``Scheduler.predicted_ttft``).  ``one_shot`` says whether a
+    request joins no conversation (it sends no later turn): its session is then bound but not
+    counted among the sessions active on its worker, which the policy prices as future load (None:
+    every request with a session joins one).
     """
 
     name: str
@@ -108,6 +111,7 @@ class Policy:
     summary: str = ""
     pruning: Pruning | None = None
     predict: Callable[[View, Candidate], float] | None = None
+    one_shot: Callable[[View], bool] | None = None
     # Every signal the policy's parts read (computed once).
     needs: frozenset[Signal] = field(init=False)
 

@@ -77,22 +77,31 @@ class PrefixRecord:
 
 @dataclass(frozen=True, slots=True)
 class SessionRecord:
-    """Session ``session`` (a 64-bit hash of scope and id, never the raw id) is on ``worker_id``."""
+    """Session ``session`` (a 64-bit hash of scope and id, never the raw id) is on ``worker_id``;
+    ``active`` False for a one-shot's, which is not counted among the sessions active there."""
 
     TYPE: ClassVar[str] = "session"
     session: int
     worker_id: str
     time: float
+    active: bool = True
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return {"type": self.TYPE, "session": self.session, "worker_id": self.worker_id, "time": self.time}
+        """JSON-ready form (``active`` only when False: an active session's record is as before)."""
+        d: dict[str, Any] = {"type": self.TYPE, "session": self.session, "worker_id": self.worker_id,
+                             "time": self.time}
+        if not self.active:
+            d["active"] = False
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> SessionRecord:
         """Validate and build; raises ValueError."""
+        active = d.get("active", True)
+        if not isinstance(active, bool):
+            raise ValueError("active must be a boolean")
         return cls(session=_u64(d.get("session"), "session"), worker_id=_str(d, "worker_id"),
-                   time=_time(d, "time"))
+                   time=_time(d, "time"), active=active)
 
 
 @dataclass(frozen=True, slots=True)

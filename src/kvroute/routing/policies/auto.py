@@ -60,8 +60,13 @@ derived, of a model whose derived sessions mostly never come back with a follow-
 itself, is a one-shot (a question under a shared system prompt): it joins no conversation, so the
 guards protect nothing, and only move it off its prefix's holder onto a cold worker whose copy of
 the prefix evicts another.  It is placed by the cost alone, without the session term (it sends no
-later turns beside the sessions living there).  Agents that send no session id come back, so their
-share stays high and their guards stay.
+later turns beside the sessions living there).  For the same reason it is no session living there
+for the others (``POLICY.one_shot``: bound, not counted active on its worker).  Counted, a shared
+system prompt's questions (about 60 a minute at 1 request/s) made the replicas they went to
+count up to 27 sessions more than the one they used least, and the agents' turns on the same
+fleet moved onto that one replica, whose cache could not keep their histories (docs/saturation.md,
+"One-shots are no sessions living on a replica").  Agents that send no session id come back, so
+their share stays high and their guards stay.
 """
 
 from __future__ import annotations
@@ -402,5 +407,5 @@ of staying.  Not used while the fleet is full (every worker is compared with the
 POLICY = Policy("auto", (*filters.BASE, room_guard, balanced_sessions),
                 (predicted_ttft, scorers.deepest_match, scorers.inflight), pickers.lowest, explain,
                 held=expected_held_tokens, settings=(AutoSettings,), pruning=PRUNING,
-                predict=predicted_ttft_s,
+                predict=predicted_ttft_s, one_shot=one_shot,
                 summary="the lowest predicted time to first token (cache, queue, sessions)")
