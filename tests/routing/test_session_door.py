@@ -135,6 +135,43 @@ def test_each_kind_may_fill_its_fair_part_of_the_cache() -> None:
     assert book.working_set(0.0, 15.0, "unique", of=True) == 9000
 
 
+def test_a_kind_does_not_take_the_part_the_other_leaves_unused() -> None:
+    """Client-named sessions hold 3,000 and one-shot questions 1,000 of a 10,000-token cache: a new
+    named session of 2,000 fits its kind's half, one of 2,001 waits although the whole cache has
+    room for it (the questions' shared prompt, resident once, counts in none of their sessions:
+    their part is kept for them); so does a derived identity past its own half.  A kind served
+    alone may fill the whole cache."""
+    book = SessionBook()
+    p = DERIVED_SESSION_PREFIX
+
+    def fits(sid: str, tokens: int) -> bool:
+        return book.fits(turn(sid, tokens), tokens, 10_000, 1.0, "unique", 0.0, 15.0)
+
+    book.sent(turn("agent", 3000), 3000, "unique")
+    assert fits("agent2", 7000) and not fits("agent2", 7001)  # one kind: the whole cache
+    book.sent(turn(f"{p}q", 1000), 1000, "unique")
+    assert fits("agent2", 2000) and not fits("agent2", 2001)
+    assert fits(f"{p}r", 4000) and not fits(f"{p}r", 4001)
+
+
+def test_a_named_session_waits_at_the_door_while_its_kind_fills_its_part() -> None:
+    """Through the gate: a fleet of 2 x 1,000 KV tokens serves a named session of 500 and a
+    question of 100; a new named session of 600 would fit the fleet's cache (1,200 of 2,000) but
+    not its kind's half (1,100 of 1,000): it waits at the door, and goes once the question's kind
+    has left the book."""
+    clock = Clock(1000.0)
+    d = dispatcher(clock, flow_session_admission=True, flow_session_fill_unsaturated=0.0,
+                   flow_kv_fill=10.0)
+    workers = fleet(2, seqs=8, kv_tokens=1000)
+    go(d, key(500, session="b"), workers)
+    d.finished(go(d, key(100, session=f"{DERIVED_SESSION_PREFIX}q"), workers), ok=True)
+    new = d.admit(key(600, session="new"), workers)
+    assert new.queued and d.flow.at_door(new)
+    clock.now += 20.0  # past flow_session_idle_s: the question is forgotten, one kind is served
+    d.flow.pump(clock.now)
+    assert new.state is TicketState.GRANTED
+
+
 def test_each_kind_counts_at_least_what_its_own_sessions_reached() -> None:
     """One-shot questions (derived ids that never came back longer, 6,000 tokens each when cold)
     set no floor: a new one is expected at its own size; conversations the client names reached
