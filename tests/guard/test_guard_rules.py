@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kvroute.doctor.finding import Finding, Severity
+from kvroute.fleet.registry import Registry
 from kvroute.guard.doctor_hold import (
     DoctorGuardSettings,
     about_configuration,
@@ -15,7 +16,12 @@ from kvroute.guard.doctor_hold import (
     new_findings,
 )
 from kvroute.guard.drift import DriftAlarms, DriftChange, DriftReading, DriftSettings
+from kvroute.guard.drift_watch import DriftWatch
+from kvroute.routing.config import RoutingConfig
+from kvroute.routing.dispatch import Dispatcher
+from kvroute.routing.key import RoutingKey
 from kvroute.routing.learning import WorkerLearning
+from kvroute.routing.scheduler import Scheduler
 from kvroute.routing.worker import WorkerState
 
 S = DriftSettings(guard_drift_below=0.3, guard_drift_recover=0.6, guard_drift_for_s=60.0,
@@ -117,14 +123,20 @@ def test_the_learning_counts_predicted_tokens_and_forgets_realisation_at_a_new_e
     learned = WorkerLearning(min_samples=2)
     for _ in range(3):
         learned.on_sent(0.0, 1e-4, 100.0, 0.9, 900.0)
-        learned.on_finished(1000, 0, None)
+        learned.on_finished(0.0, 1000, 0, None)
     assert learned.realised == 0.0 and learned.predicted_cached_tokens == 2700.0
     learned.new_epoch()
     assert learned.realised == 1.0 and learned.backlog_tokens == 0.0
     learned.on_sent(0.0, 1e-4, 100.0, 0.9, 900.0)
-    learned.on_finished(1000, 900, None)
+    learned.on_finished(0.0, 1000, 900, None)
     assert learned.realised == 1.0  # one sample: not learned yet, the old zeros are gone
     assert learned.predicted_cached_tokens == 3600.0
+
+
+def key_for(n_bytes: int) -> RoutingKey:
+    """A request for model ``m`` whose prompt is ``n_bytes`` of one shared text."""
+    raw = (b"shared system prompt " * (n_bytes // 21 + 1))[:n_bytes]
+    return RoutingKey(model="m", prefix=raw, est_prompt_tokens=n_bytes // 4, max_tokens=0)
 
 
 def finding(severity: Severity, code: str) -> Finding:
@@ -176,3 +188,35 @@ def test_a_check_at_a_new_epoch_keeps_configuration_not_the_hit_rate_so_far() ->
              finding(Severity.INFO, "hit-rate"), finding(Severity.INFO, "hit-rate-no-traffic"),
              finding(Severity.WARNING, "match-unit-coarse")]
     assert [f.code for f in about_configuration(found)] == ["prefix-caching-off", "match-unit-coarse"]
+
+
+def test_the_drift_alarm_stays_up_while_the_worker_gets_no_traffic() -> None:
+    """Routing's figure fades back to 1 on a worker that gets no reports; the alarm reads the reports
+    alone, and clears when they show the cache delivering again."""
+    now = [1_000.0]
+    from kvroute.router_settings import model_settings
+
+    scheduler = Scheduler(RoutingConfig(default=model_settings(
+        guard_drift_for_s=10.0, guard_drift_min_tokens=1_000)), clock=lambda: now[0])
+    registry = Registry(clock=lambda: now[0], dispatch=Dispatcher(scheduler))
+    record = registry.add("http://127.0.0.1:9", worker_id="w", models=["m"])
+    watch = DriftWatch(registry, scheduler, clock=lambda: now[0])
+    shared = key_for(40_000)
+
+    def serve(cached_share: float, n: int) -> None:
+        for _ in range(n):
+            now[0] += 1.0
+            scheduler.commit(shared, scheduler.decide(shared, [record.state]))
+            scheduler.on_finished("w", prompt_tokens=1000, cached_tokens=round(1000 * cached_share))
+            watch.tick()
+
+    serve(0.0, 30)
+    assert watch.alarms.state("w").alarmed  # type: ignore[union-attr]
+    now[0] += 600.0  # ten minutes without a request
+    watch.tick()
+    assert scheduler.realisation("w") > 0.99  # routing counts on the cache again ...
+    assert watch.alarms.state("w").alarmed  # type: ignore[union-attr]  # ... the alarm does not
+    gauge = {m.name: m.samples[0].value for m in watch.families()}
+    assert gauge["kvroute_worker_cache_realisation"] == scheduler.realisation("w")
+    serve(1.0, 40)  # the engine delivers again
+    assert not watch.alarms.state("w").alarmed  # type: ignore[union-attr]

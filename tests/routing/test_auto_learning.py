@@ -40,7 +40,7 @@ def test_prefill_rate_stays_default_until_enough_samples() -> None:
     for i in range(8):
         assert w.rate is None
         w.on_sent(100.0 * i, 1e-4, 1000, None)  # far apart: nothing queued ahead
-        w.on_finished(1000, 0, 5.0)
+        w.on_finished(100.0 * i, 1000, 0, 5.0)
     assert w.rate == pytest.approx(5e-3)
 
 
@@ -57,7 +57,7 @@ def test_realisation_drops_when_the_engine_reports_fewer_hits() -> None:
     w = WorkerLearning()
     for _ in range(20):
         w.on_sent(0.0, 1e-4, 100, predicted_hit=0.9)
-        w.on_finished(1000, 300, None)
+        w.on_finished(0.0, 1000, 300, None)
     assert w.realised == pytest.approx(0.3 / 0.9, rel=0.01)
     assert WorkerLearning().realised == 1.0
 
@@ -75,9 +75,9 @@ def test_auto_moves_sessions_off_a_worker_whose_cache_does_not_hold(make_schedul
     assert s.decide(key(conv + text(2, 600), session="a"), ws).kind is DecisionKind.STICKY
     repeated = key(text(10, 4000))
     for _ in range(40):  # the index predicts a full hit each time; the engine reports none
+        clock.advance(5)  # (the decision below comes with the last report: nothing has faded)
         s.commit(repeated, s.decide(repeated, [next(w for w in ws if w.id == home)]))
         s.on_finished(home, prompt_tokens=1000, cached_tokens=0, ttft_s=None)
-        clock.advance(5)
     d = s.decide(key(conv + text(2, 600), session="a"), ws)
     assert d.worker_id == other and d.kind is DecisionKind.OVERFLOW
 

@@ -82,18 +82,18 @@ def test_the_backlog_drains_at_the_speed_the_engine_shows(make_scheduler: MakeSc
 def test_learned_speed_follows_fast_samples_and_rises_slowly() -> None:
     w = WorkerLearning(min_samples=4)
     for _ in range(3):
-        w.on_finished(2000, 0, 0.02)
+        w.on_finished(0.0, 2000, 0, 0.02)
     assert w.fastest is None  # not enough samples yet
-    w.on_finished(2000, 0, 0.02)
+    w.on_finished(0.0, 2000, 0, 0.02)
     assert w.fastest == pytest.approx(1e-5)
-    w.on_finished(100, 0, 0.0001)  # too few computed tokens to say anything
-    w.on_finished(3000, 2000, 0.0001)
+    w.on_finished(0.0, 100, 0, 0.0001)  # too few computed tokens to say anything
+    w.on_finished(0.0, 3000, 2000, 0.0001)
     assert w.fastest == pytest.approx(1e-5)
     for _ in range(200):  # a long overload: every request queued, 100x slower
-        w.on_finished(2000, 0, 2.0)
+        w.on_finished(0.0, 2000, 0, 2.0)
     assert w.fastest == pytest.approx(1e-5 * 1.001 ** 200)
     risen = w.fastest
-    w.on_finished(2000, 0, 0.02)  # one fast sample takes half the way back
+    w.on_finished(0.0, 2000, 0, 0.02)  # one fast sample takes half the way back
     assert w.fastest == pytest.approx((risen + 1e-5) / 2)
 
 

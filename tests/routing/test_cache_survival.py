@@ -19,10 +19,10 @@ def evicting_worker(s: Scheduler, clock: Clock, home: str, reported_hit: float) 
     w = fleet(1)[0]
     w.id = home
     repeated = key(text(10, 4096))  # eight whole blocks: the index predicts a full hit
-    for _ in range(40):
+    for _ in range(40):  # the caller reads the figure as the last report leaves it
+        clock.advance(5)
         s.commit(repeated, s.decide(repeated, [w]))
         s.on_finished(home, prompt_tokens=1000, cached_tokens=round(1000 * reported_hit), ttft_s=None)
-        clock.advance(5)
 
 
 def test_expected_prefill_follows_the_reported_hit_share(make_scheduler: MakeScheduler, clock: Clock) -> None:

@@ -64,7 +64,7 @@ def test_the_learned_producer_computes_what_worker_learning_computes(
         cached = int(prompt * hit)
         learned.on_sent(t, learned.drain_rate(learning), prompt - cached, hit, cached)
         t += ttft / 2
-        learned.on_finished(prompt, cached, ttft)
+        learned.on_finished(t, prompt, cached, ttft)
     expected = copy.deepcopy(learned)
     scheduler = Scheduler(clock=lambda: t)
     scheduler._learning["w"] = learned
@@ -72,4 +72,4 @@ def test_the_learned_producer_computes_what_worker_learning_computes(
     scheduler._learned([c], learning, t)
     assert c.s_per_token == expected.cost_rate(learning)
     assert c.backlog_tokens == expected.drain(t, expected.drain_rate(learning), load)
-    assert c.realisation == expected.realised
+    assert c.realisation == expected.realisation(t)

@@ -5,7 +5,10 @@ The signal is the router's learned cache realisation (``routing/learning.py``): 
 reported hit share divided by the share the index predicted, which a new epoch resets.  Prefix
 caching turned off by a restart with other flags, a changed block size or an eviction storm all
 drive it down.  Alone it is noisy on an idle replica (eight requests make a figure), so the alarm
-also needs ``guard_drift_min_tokens`` predicted cached tokens while it stays low.
+also needs ``guard_drift_min_tokens`` predicted cached tokens while it stays low.  It is the figure
+of the reports alone (``WorkerLearning.realised``), not the one routing counts on, whose deficit
+fades while no report renews it: an alarm clears on reports that the cache delivers again, not
+because a worker got no traffic (``drift_watch.py`` reads it).
 """
 
 from __future__ import annotations

@@ -42,6 +42,10 @@ class DriftWatch:
         for record in self._registry.records():
             state = record.state
             learned = self._scheduler.learned(state.id)
+            # The reports alone, not the figure routing counts on: that one fades back to 1 while no
+            # report renews it, and a worker whose cache is broken gets few requests (routing
+            # discounts it), so the alarm would clear for want of traffic, not for a cache that
+            # delivers again.  It clears on reports at guard_drift_recover, or a new epoch.
             reading = DriftReading(state.id, state.epoch, 1.0 if learned is None else learned.realised,
                                    0.0 if learned is None else learned.predicted_cached_tokens)
             settings = blocks_for(state.models, self._scheduler.settings_for, DriftSettings)[0]
@@ -68,18 +72,21 @@ class DriftWatch:
         return None if state is None else state.to_json(self._clock())
 
     def families(self) -> Iterator[Metric]:
-        """``kvroute_worker_cache_drift`` and ``kvroute_worker_cache_realisation`` per worker."""
+        """``kvroute_worker_cache_drift`` and ``kvroute_worker_cache_realisation`` (the figure routing
+        counts on, ``Scheduler.realisation``) per worker."""
         drift = GaugeMetricFamily("kvroute_worker_cache_drift",
                                   "1 while the worker's engine reports far fewer cached tokens than the "
                                   "prefix index predicted (docs/fleet-guard.md)", labels=["worker"])
         realised = GaugeMetricFamily("kvroute_worker_cache_realisation",
                                      "Engine-reported hit share / share the index predicted, learned "
-                                     "per worker (1.0 until enough requests)", labels=["worker"])
+                                     "per worker, as routing counts on it now: its deficit fades while "
+                                     "no report renews it (1.0 until enough requests; the drift alarm "
+                                     "reads the reports alone)", labels=["worker"])
         for record in self._registry.records():
             state = self.alarms.state(record.id)
             if state is not None:
                 drift.add_metric([record.id], 1.0 if state.alarmed else 0.0)
-                realised.add_metric([record.id], state.realised)
+                realised.add_metric([record.id], self._scheduler.realisation(record.id))
         yield from (drift, realised)
 
     def forget(self, worker_id: str) -> None:

@@ -130,7 +130,7 @@ class Dispatcher:
             policy = self.scheduler.settings_for(model)
             s = policy.block(SaturationSettings)
             reading = read_fleet(model, workers, policy.placement, s, policy.block(FlowSettings).flow_kv_fill,
-                                 self.flow.blocked(model, now), self._realisation,
+                                 self.flow.blocked(model, now), self.scheduler.realisation,
                                  self.flow.working_set(model, now))
             sat = self.saturation.get(model)
             if sat is None:
@@ -138,10 +138,6 @@ class Dispatcher:
             changed |= sat.observe(now, reading, s)
         if changed:
             self.flow.pump(now)
-
-    def _realisation(self, worker_id: str) -> float:
-        learned = self.scheduler.learned(worker_id)
-        return 1.0 if learned is None else learned.realised
 
     def admit(self, key: RoutingKey, workers: Sequence[WorkerState],
               on_decided: Callable[[Ticket], None] | None = None) -> Ticket:

@@ -19,6 +19,14 @@ Four figures per worker (the first and third are exponentially weighted averages
   them, since the engine that earned them is gone and its successor may be configured otherwise.
   ``predicted_cached_tokens`` counts the tokens the index predicted cached, so that a reader of
   ``realised`` (the fleet guard's drift alarm) can tell a figure earned under traffic from noise.
+  The evidence ages (``realisation_fade_s``, a time constant): routing reads ``realisation(now)``,
+  whose deficit 1 - ``realised`` fades back to 0 with the time since the engine's last report, and a
+  report after a gap counts for what faded meanwhile (both hit shares weigh a sample
+  ``max(alpha, 1 - exp(-gap / realisation_fade_s))``).  A deficit is evidence of a cache under
+  pressure, and pressure passes; a worker that a low figure keeps requests from gets few reports,
+  and with per-sample weights alone that figure outlived the pressure.  A report that confirms the
+  deficit restores it, so one renewed often enough keeps its figure, however sparse.  ``realised``
+  itself does not fade: the drift alarm reads it, and must not clear because a worker got no traffic.
 * **backlog**: prefill work the router sent and believes not yet done, drained at the rate the
   scheduler passes (the configured one, or ``fastest`` where the engine is quicker) and never more
   than the prefill of the requests still in flight there (``drain(..., inflight=n)``): a request
@@ -27,7 +35,8 @@ Four figures per worker (the first and third are exponentially weighted averages
   faster than real time) lets the backlog grow for as long as the load lasts.
 
 ``rate``, ``fastest`` and ``realised`` are recomputed when a sample arrives, so reading them costs
-nothing on the decision path; the in-flight bound costs O(1) amortised.
+nothing on the decision path (``realisation(now)`` one exponential); the in-flight bound costs O(1)
+amortised.  Every time passed in is the scheduler's injected clock, so both clocks learn alike.
 """
 
 from __future__ import annotations
@@ -61,9 +70,15 @@ class LearningSettings:
     learn_floor_relax: float = setting(0.001, "how much a slower sample lets the learned speed rise")
     learn_alpha: float = setting(0.05, "EWMA weight of a new sample (0-1]")
     learn_min_samples: int = setting(8, "samples needed before a learned figure is used")
+    learn_realisation_fade_s: float = setting(
+        120.0, "time constant (s) of the learned cache realisation's evidence: its deficit fades back "
+              "to 0 while no engine report renews it, and a report after a gap counts for what faded, "
+              "so a low figure learnt under pressure does not outlive it on a worker it keeps "
+              "requests from (0: no fade, per-sample weights alone; the drift alarm reads the reports "
+              "without the fade)")
 
     def __post_init__(self) -> None:
-        check_non_negative(self, "prefill_s_per_token", "learn_floor_relax")
+        check_non_negative(self, "prefill_s_per_token", "learn_floor_relax", "learn_realisation_fade_s")
         if self.prefill_s_per_token <= 0:
             raise ValueError("prefill_s_per_token must be positive")
         if not 0 < self.learn_alpha <= 1:
@@ -76,17 +91,31 @@ class LearningSettings:
             raise ValueError("learn_floor_pull must be in (0, 1]")
         if not math.isfinite(self.learn_floor_relax):
             raise ValueError("learn_floor_relax must be finite")
+        if not math.isfinite(self.learn_realisation_fade_s):
+            raise ValueError("learn_realisation_fade_s must be finite (0 turns the fade off)")
 
 
 @dataclass(slots=True)
 class _Ewma:
     value: float = 0.0
     samples: int = 0
+    at: float | None = None  # when the last sample came (``add_aged`` only)
 
     def add(self, x: float, alpha: float) -> None:
         # The first samples are weighted 1/n so the average is not biased towards zero.
         self.samples += 1
         self.value += (x - self.value) * max(alpha, 1.0 / self.samples)
+
+    def add_aged(self, x: float, alpha: float, now: float, fade_s: float) -> None:
+        """``add``, the sample weighing at least what the average's evidence lost to age since the
+        previous one (1 - exp(-gap / fade_s); nothing with ``fade_s`` 0 or a clock that stepped
+        back)."""
+        at, self.at = self.at, now if self.at is None else max(self.at, now)
+        self.samples += 1
+        weight = max(alpha, 1.0 / self.samples)
+        if fade_s > 0 and at is not None and now > at:
+            weight = max(weight, -math.expm1((at - now) / fade_s))
+        self.value += (x - self.value) * weight
 
 
 @dataclass(slots=True)
@@ -94,7 +123,8 @@ class WorkerLearning:
     """Learned figures for one worker.
 
     ``alpha`` is the EWMA weight of a new sample; ``min_samples`` how many of each kind are needed
-    before a learned figure replaces its default (``rate`` None, ``realised`` 1.0).
+    before a learned figure replaces its default (``rate`` None, ``realised`` 1.0);
+    ``realisation_fade_s`` the time constant with which the realisation's evidence ages (0: never).
     """
 
     alpha: float = 0.05
@@ -102,6 +132,7 @@ class WorkerLearning:
     floor_min_tokens: int = 1024
     floor_pull: float = 0.5
     floor_relax: float = 0.001
+    realisation_fade_s: float = 0.0
     rate: float | None = None
     fastest: float | None = None
     realised: float = 1.0
@@ -123,7 +154,7 @@ class WorkerLearning:
     def from_settings(cls, s: LearningSettings) -> WorkerLearning:
         """Empty figures learned as ``s`` says."""
         return cls(s.learn_alpha, s.learn_min_samples, s.learn_floor_min_tokens, s.learn_floor_pull,
-                   s.learn_floor_relax)
+                   s.learn_floor_relax, s.learn_realisation_fade_s)
 
     def drain_rate(self, s: LearningSettings) -> float:
         """Seconds per token at which this worker's backlog drains: the TTFT-based rate when
@@ -174,7 +205,7 @@ class WorkerLearning:
         ahead = self.add_backlog(now, s_per_token, prefill_tokens)
         self._work_tokens.add(ahead + prefill_tokens, self.alpha)
         if predicted_hit is not None:
-            self._hit_predicted.add(predicted_hit, self.alpha)
+            self._hit_predicted.add_aged(predicted_hit, self.alpha, now, self.realisation_fade_s)
             self.predicted_cached_tokens += predicted_tokens
         self._update()
 
@@ -186,12 +217,14 @@ class WorkerLearning:
         self._hit_predicted = _Ewma()
         self.realised = 1.0
 
-    def on_finished(self, prompt_tokens: int | None, cached_tokens: int | None, ttft_s: float | None) -> None:
-        """A request finished; learn from whatever the engine reported."""
+    def on_finished(self, now: float, prompt_tokens: int | None, cached_tokens: int | None,
+                    ttft_s: float | None) -> None:
+        """A request finished at ``now``; learn from whatever the engine reported."""
         if ttft_s is not None and ttft_s >= 0:
             self._ttft_s.add(ttft_s, self.alpha)
         if prompt_tokens and cached_tokens is not None and 0 <= cached_tokens <= prompt_tokens:
-            self._hit_reported.add(cached_tokens / prompt_tokens, self.alpha)
+            hit = cached_tokens / prompt_tokens
+            self._hit_reported.add_aged(hit, self.alpha, now, self.realisation_fade_s)
             computed = prompt_tokens - cached_tokens
             if ttft_s is not None and ttft_s > 0 and computed >= max(1, self.floor_min_tokens):
                 self._add_floor(ttft_s / computed)
@@ -208,6 +241,14 @@ class WorkerLearning:
         self._floor = floor
         if self._floor_samples >= max(1, self.min_samples):
             self.fastest = floor
+
+    def realisation(self, now: float) -> float:
+        """The cache realisation routing counts on at ``now``: ``realised``, its deficit faded with
+        the time since the engine's last report (module docstring)."""
+        at, fade_s = self._hit_reported.at, self.realisation_fade_s
+        if fade_s <= 0 or at is None or now <= at or self.realised >= 1.0:
+            return self.realised
+        return 1.0 - (1.0 - self.realised) * math.exp((at - now) / fade_s)
 
     def _update(self) -> None:
         need = max(1, self.min_samples)

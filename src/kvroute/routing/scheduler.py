@@ -357,7 +357,7 @@ class Scheduler:
             rate = (learned.rate if learn_rate else None) or default
             fastest = learned.fastest if learn_speed else None
             c.s_per_token = rate
-            c.realisation = learned.realised
+            c.realisation = learned.realisation(now)
             c.backlog_tokens = learned.drain(now, fastest if fastest is not None and fastest < rate else rate,
                                              c.load)
 
@@ -598,7 +598,7 @@ class Scheduler:
         """A request on ``worker_id`` (sent as ``decision``) finished; learn from what the engine
         reported (any may be None).  What it computed beyond the prefill the decision counted —
         a prefix it no longer held, the tokens it generated — took cache space too."""
-        self._learn(worker_id).on_finished(prompt_tokens, cached_tokens, ttft_s)
+        self._learn(worker_id).on_finished(self._clock(), prompt_tokens, cached_tokens, ttft_s)
         if decision is None:
             return
         more = float(output_tokens or 0)
@@ -616,6 +616,12 @@ class Scheduler:
         """What has been learned about ``worker_id`` so far (None before its first request);
         read-only for callers: only the dispatch path teaches it."""
         return self._learning.get(worker_id)
+
+    def realisation(self, worker_id: str) -> float:
+        """The cache realisation routing counts on for ``worker_id`` now (faded since the engine's
+        last reports: ``WorkerLearning.realisation``; 1.0 before anything is learned)."""
+        learned = self._learning.get(worker_id)
+        return 1.0 if learned is None else learned.realisation(self._clock())
 
     def prefill_s_per_token(self, worker_id: str) -> float:
         """Seconds per uncached token ``worker_id`` prefills at, as learnt from the engine's reports
@@ -643,7 +649,7 @@ class Scheduler:
                 fresh = WorkerLearning.from_settings(settings)
                 learned.alpha, learned.min_samples = fresh.alpha, fresh.min_samples
                 learned.floor_min_tokens, learned.floor_pull = fresh.floor_min_tokens, fresh.floor_pull
-                learned.floor_relax = fresh.floor_relax
+                learned.floor_relax, learned.realisation_fade_s = fresh.floor_relax, fresh.realisation_fade_s
         if learned is None:
             learned = self._learning[worker_id] = WorkerLearning.from_settings(settings)
         return learned
@@ -671,7 +677,7 @@ class Scheduler:
                 entry["prefill_s_per_token"] = spt
                 entry["learned_s_per_token"] = learned.rate
                 entry["fastest_s_per_token"] = learned.fastest
-                entry["cache_realisation"] = learned.realised
+                entry["cache_realisation"] = learned.realisation(now)
                 entry["backlog_tokens"] = round(learned.drain(now, spt))
             workers[wid] = entry
         return {
