@@ -461,8 +461,9 @@ class FlowControl:
 
     def session_sent(self, key: RoutingKey, prefill_tokens: int, worker: str) -> None:
         """A request of ``key``'s session was sent to ``worker`` (its id), which computes
-        ``prefill_tokens`` of its prompt.  Tracked only where session admission reads it (its idle sessions are
-        dropped there): otherwise every conversation ever seen would stay in this table."""
+        ``prefill_tokens`` of its prompt.  Tracked only where session admission reads it (its idle
+        sessions are dropped there): otherwise every conversation ever seen would stay in this
+        table."""
         s = self._settings(key.model)
         if key.session_id is None or s.flow_session_admission is False:
             return

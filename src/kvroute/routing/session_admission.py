@@ -25,6 +25,13 @@ fits, and the sessions let in whose first request has not been sent yet (they co
 set meanwhile).  New sessions pass the door in their own line: highest class first, then oldest
 first, none past another.
 
+The book also knows which replica each session's last request went to: where the fleet's working
+set is past its KV but one replica has room for a new session beside its own sessions, the new
+session passes with that replica as its *seat*, and its first turn is sent there
+(:meth:`SessionBook.seat`; ``Dispatcher.route``).  Sessions sit unevenly on the replicas, so the
+fleet's sum alone held new sessions while a replica idled with room (docs/saturation.md, "A seat
+on a replica").
+
 Two *kinds* of session share the door (``kind``): those the client names, and the identities the
 router derives for requests without a session id (a conversation without an id, or a one-shot
 question under a shared system prompt: a repeat of the same question derives the same identity,
@@ -324,6 +331,8 @@ class SessionBook:
             sizes.add(entry.tokens)
         else:
             sizes.remove(entry.tokens)
+            if not sizes.runs:  # a replica that left keeps no entry
+                del self._placed[at]
 
     def sent(self, key: RoutingKey, prefill_tokens: int, rule: str, worker: str = "") -> None:
         """A request of ``key``'s session left for ``worker`` (its id; "" where unknown), which had
@@ -489,13 +498,13 @@ class SessionBook:
         own = self.working_set(now, idle_s, rule, of=mine) + opened_own
         return own + need <= share * fleet_kv / kinds
 
-    def placed(self, worker: str, now: float, idle_s: float, rule: str, of: bool | None = None) -> int:
+    def placed(self, worker: str, now: float, idle_s: float, rule: str) -> int:
         """KV tokens the served sessions last sent to ``worker`` count (each at least ``expected``
-        of its kind), the idle ones forgotten first; only those of kind ``of``, if given."""
+        of its kind), the idle ones forgotten first."""
         self.forget_idle(now, idle_s, rule)
         r = RULES[rule]
         return sum(self._placed[(worker, k)].raised_to(self.expected(r, k)) for k in KINDS
-                   if (of is None or k == of) and (worker, k) in self._placed)
+                   if (worker, k) in self._placed)
 
     def seat(self, key: RoutingKey, prefill_tokens: int, replicas: Sequence[tuple[str, int]],
              share: float, rule: str, now: float, idle_s: float,
