@@ -64,6 +64,9 @@ def test_a_session_counts_on_the_replica_its_last_request_went_to() -> None:
     assert (book.placed("w0", 0.0, 5.0, RULE), book.placed("w1", 0.0, 5.0, RULE)) == (400, 0)
     book.sent(turn("a", 600), 600, RULE, "w1")
     assert (book.placed("w0", 0.0, 5.0, RULE), book.placed("w1", 0.0, 5.0, RULE)) == (0, 600)
+    book.sent(turn("a", 600), 600, RULE, "w0")  # the same size, moved back
+    assert (book.placed("w0", 0.0, 5.0, RULE), book.placed("w1", 0.0, 5.0, RULE)) == (600, 0)
+    book.finished("a", 0.0)
     book.finished("a", 0.0)
     book.finished("a", 0.0)
     assert book.placed("w1", 10.0, 5.0, RULE) == 0 and "a" not in book
