@@ -215,7 +215,7 @@ def test_sessions_let_in_count_until_they_are_sent_across_passes() -> None:
     d.finished(b, ok=True)  # another pass while c is still on its way
     assert second.queued
     d.claim(first)
-    assert d.flow._models[MODEL].door.opened == 0
+    assert d.flow._models[MODEL].door.opened == {}
 
 
 def test_the_session_book_stays_bounded_where_the_door_is_never_asked() -> None:
@@ -261,10 +261,10 @@ def door_ticket(session: str | None, tokens: int = 1000, *, resident: bool = Fal
     return Ticket(k, arrived, TicketState.QUEUED, prefill_tokens=tokens, resident=resident, seq=seq)
 
 
-def served_door(*sessions: str) -> SessionDoor:
+def served_door(*sessions: str, worker: str = "w0") -> SessionDoor:
     door = SessionDoor()
     for sid in sessions:
-        door.book.sent(turn(sid, 1000), prefill_tokens=1000, rule="unique")
+        door.book.sent(turn(sid, 1000), prefill_tokens=1000, rule="unique", worker=worker)
     return door
 
 
@@ -299,28 +299,32 @@ def kv_fleet(*kv: int | None) -> list[WorkerState]:
     return [WorkerState(f"w{i}", "u", frozenset({MODEL}), kv_tokens=k) for i, k in enumerate(kv)]
 
 
-@pytest.mark.parametrize("session, workers, now, door_s, opened, expected", [
-    # the fleet serves one session of 1000 tokens; the new one needs 1000
-    ("new", kv_fleet(1000, 1000), 0.0, 0.0, 0, True),       # 1000 + 1000 <= 2000
-    ("new", kv_fleet(1000, 999), 0.0, 0.0, 0, False),
-    ("new", kv_fleet(1000, 1000), 0.0, 0.0, 1, False),      # one let in, not sent, counts
-    ("new", kv_fleet(1000, None), 0.0, 0.0, 0, True),       # a KV size unknown: it opens
-    ("new", kv_fleet(1000, 999), 15.0, 15.0, 0, True),      # held the bounded wait
-    ("new", kv_fleet(1000, 999), 14.0, 15.0, 0, False),
-    ("served", kv_fleet(10), 0.0, 0.0, 0, True),            # a served session always fits
+@pytest.mark.parametrize("session, workers, now, door_s, opened, expected, seat", [
+    # the fleet serves one session of 1000 tokens on w0; the new one needs 1000
+    ("new", kv_fleet(1000, 1000), 0.0, 0.0, 0, True, None),     # 1000 + 1000 <= 2000: no seat
+    ("new", kv_fleet(1000, 999), 0.0, 0.0, 0, True, "w1"),      # past the fleet's, w1 keeps none
+    ("new", kv_fleet(1999), 0.0, 0.0, 0, False, None),          # one replica, no room on it
+    ("new", kv_fleet(1000, 1000), 0.0, 0.0, 1, False, None),    # one let in, not sent, counts
+    ("new", kv_fleet(1000, None), 0.0, 0.0, 0, True, None),     # a KV size unknown: it opens
+    ("new", kv_fleet(1999), 15.0, 15.0, 0, True, None),         # held the bounded wait
+    ("new", kv_fleet(1999), 14.0, 15.0, 0, False, None),
+    ("served", kv_fleet(10), 0.0, 0.0, 0, True, None),          # a served session always fits
 ])
 def test_the_door_fits(session: str, workers: list[WorkerState], now: float, door_s: float, opened: int,
-                       expected: bool) -> None:
+                       expected: bool, seat: str | None) -> None:
     door = served_door("served")
-    door.opened = opened
-    assert door.fits(door_ticket(session), workers, now, KINDS, fill=1.0, rule="unique", idle_s=60.0,
+    if opened:
+        door.opened[("", True)] = opened  # let in by the fleet's test: no seat
+    t = door_ticket(session)
+    assert door.fits(t, workers, now, KINDS, fill=1.0, rule="unique", idle_s=60.0,
                      door_s=door_s) is expected
+    assert t.seat == seat
 
 
 def test_a_session_let_in_counts_as_opened_until_claimed() -> None:
     door = served_door("served")
     t = door_ticket("new", 800)
     door.let_in(t, "unique")
-    assert t.door_tokens == 800 and door.opened == 800
+    assert t.door_tokens == 800 and door.opened == {("", True): 800}
     door.claimed(t)
-    assert t.door_tokens == 0 and door.opened == 0
+    assert t.door_tokens == 0 and door.opened == {}

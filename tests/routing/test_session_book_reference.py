@@ -58,12 +58,13 @@ class ReferenceBook:
         if e is not None:
             e.queued = max(0, e.queued + delta)
 
-    def sent(self, key: RoutingKey, prefill: int, rule: str) -> None:
+    def sent(self, key: RoutingKey, prefill: int, rule: str, worker: str = "") -> None:
         assert key.session_id is not None
         e = self.sessions.get(key.session_id)
         if e is None:
             e = self.sessions[key.session_id] = ServedSession(0, max(0, key.est_prompt_tokens - prefill))
         e.tokens = RULES[rule].tokens(key, e.shared)
+        e.worker = worker
         e.inflight += 1
 
     def finished(self, sid: str, now: float) -> None:
@@ -87,11 +88,17 @@ class ReferenceBook:
         expected = self.expected(RULES[rule])
         return sum(max(e.tokens, expected) for e in self.sessions.values())
 
+    def placed(self, worker: str, now: float, idle_s: float, rule: str) -> int:
+        self.forget_idle(now, idle_s, rule)
+        expected = self.expected(RULES[rule])
+        return sum(max(e.tokens, expected) for e in self.sessions.values() if e.worker == worker)
+
 
 SIDS = [f"s{i}" for i in range(12)]
+WORKERS = ["w0", "w1", "w2"]
 OPS = st.one_of(
     st.tuples(st.just("sent"), st.sampled_from(SIDS), st.integers(0, 3000), st.integers(0, 3000),
-              st.integers(0, 300), st.sampled_from(sorted(RULES))),
+              st.integers(0, 300), st.sampled_from(sorted(RULES)), st.sampled_from(WORKERS)),
     st.tuples(st.just("finished"), st.sampled_from(SIDS)),
     st.tuples(st.just("queued"), st.sampled_from(SIDS), st.sampled_from([1, -1])),
     st.tuples(st.just("arrived"), st.sampled_from(SIDS)),
@@ -111,10 +118,10 @@ def test_the_book_answers_as_the_rescan_does(ops: list[tuple[Any, ...]]) -> None
         if name == "wait":
             now += op[1]
         elif name == "sent":
-            _, sid, prompt, prefill, max_tokens, rule = op
+            _, sid, prompt, prefill, max_tokens, rule, worker = op
             k = RoutingKey(MODEL, b"", sid, prompt, max_tokens)
-            book.sent(k, prefill, rule)
-            ref.sent(k, prefill, rule)
+            book.sent(k, prefill, rule, worker)
+            ref.sent(k, prefill, rule, worker)
         elif name == "finished":
             book.finished(op[1], now)
             ref.finished(op[1], now)
@@ -130,6 +137,8 @@ def test_the_book_answers_as_the_rescan_does(ops: list[tuple[Any, ...]]) -> None
         else:
             idle_s, rule = op[1], op[2]
             assert book.working_set(now, idle_s, rule) == ref.working_set(now, idle_s, rule)
+            for worker in WORKERS:  # each replica's part, the session on the one it was last sent to
+                assert book.placed(worker, now, idle_s, rule) == ref.placed(worker, now, idle_s, rule)
         assert set(book.sessions) == set(ref.sessions)
         assert list(book.peaks[True]) == list(ref.peaks) and list(book.gaps) == list(ref.gaps)
     assert book.working_set(now + 100.0, 15.0, "unique") == ref.working_set(now + 100.0, 15.0, "unique")

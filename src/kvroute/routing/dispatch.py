@@ -228,10 +228,19 @@ class Dispatcher:
     def route(self, key: RoutingKey, workers: Sequence[WorkerState],
               exclude: Collection[str] = ()) -> Decision:
         """Where ``key`` should go (a decision with no worker when none can serve it); while its
-        model's fleet is saturated, placed for the fleet (``fleet_full``)."""
+        model's fleet is saturated, placed for the fleet (``fleet_full``).  A new session that
+        session admission let in goes to the replica it found room on (its seat), unless that one
+        is excluded, not ready or refused by the policy's filters: placed elsewhere, it would
+        evict the sessions the door counted there."""
         self._fleets[key.model] = workers
-        return self.scheduler.decide(key, workers, exclude, self.book,
-                                     fleet_full=self.saturated(key.model))
+        seat = self.flow.seat(key)
+        full = self.saturated(key.model)
+        if seat is not None and seat not in exclude and any(w.id == seat and w.ready for w in workers):
+            others = {w.id for w in workers if w.id != seat}
+            decision = self.scheduler.decide(key, workers, others, self.book, fleet_full=full)
+            if decision.worker_id is not None:
+                return decision
+        return self.scheduler.decide(key, workers, exclude, self.book, fleet_full=full)
 
     def sent(self, key: RoutingKey, decision: Decision,
              state: WorkerState) -> tuple[InFlight, list[SyncRecord]]:
@@ -248,7 +257,7 @@ class Dispatcher:
         state.inflight_tokens += tokens
         self.book.touch(state)
         records = self.scheduler.commit(key, decision)
-        self.flow.session_sent(key, decision.prefill_tokens)
+        self.flow.session_sent(key, decision.prefill_tokens, state.id)
         now = self._timer()
         self._observe(now)
         self.flow.pump(now)

@@ -262,6 +262,7 @@ class FlowControl:
         if not q.tickets and q.room(key, placement, fill) > q.reserved and \
                 self._fits(ticket, m, now, s, door_on) and q.holder_free(ticket, now, placement, fill):
             self._charge(ticket, m, s)
+            m.door.granted(ticket)
             self.counters.count_admitted(model, key.priority, waited=False)
             return ticket
         reason = q.over_caps(key, s.flow_max_queued, s.flow_max_queued_tokens)
@@ -389,6 +390,7 @@ class FlowControl:
         t.state = TicketState.GRANTED
         m.queue.reserve(t, now)
         self._charge(t, m, s)
+        m.door.granted(t)
 
     def _charge(self, t: Ticket, m: ModelFlow, s: FlowSettings) -> None:
         """Charge a grant to its tenant's fair share: its footprint over the tenant's weight."""
@@ -417,6 +419,8 @@ class FlowControl:
         m = self._models.get(ticket.key.model)
         if ticket.state is TicketState.QUEUED and m is not None:
             self._leave(ticket, m, now)
+        if ticket.state is TicketState.GRANTED and m is not None:
+            m.door.take_seat(ticket.key.session_id)
         self.claim(ticket)
         if ticket.state is not TicketState.SHED:
             ticket.state = TicketState.WITHDRAWN
@@ -449,14 +453,21 @@ class FlowControl:
 
     # --- what happened to requests sent -----------------------------------------------------------
 
-    def session_sent(self, key: RoutingKey, prefill_tokens: int) -> None:
-        """A request of ``key``'s session was sent to a replica that computes ``prefill_tokens``
-        of its prompt.  Tracked only where session admission reads it (its idle sessions are
-        dropped there): otherwise every conversation ever seen would stay in this table."""
+    def seat(self, key: RoutingKey) -> str | None:
+        """The replica session admission found room on for ``key``'s new session, which its
+        routing now takes (once; None for any other request)."""
+        m = self._models.get(key.model)
+        return None if m is None else m.door.take_seat(key.session_id)
+
+    def session_sent(self, key: RoutingKey, prefill_tokens: int, worker: str) -> None:
+        """A request of ``key``'s session was sent to ``worker`` (its id), which computes
+        ``prefill_tokens`` of its prompt.  Tracked only where session admission reads it (its idle
+        sessions are dropped there): otherwise every conversation ever seen would stay in this
+        table."""
         s = self._settings(key.model)
         if key.session_id is None or s.flow_session_admission is False:
             return
-        self._model(key.model).door.book.sent(key, prefill_tokens, s.flow_session_rule)
+        self._model(key.model).door.book.sent(key, prefill_tokens, s.flow_session_rule, worker)
 
     def session_finished(self, model: str, session_id: str, now: float) -> None:
         """A request of the session ended."""

@@ -93,6 +93,7 @@ class Ticket:
     deadline: float = math.inf
     holds: bool = False  # granted from the queue and not yet claimed: counts as a reservation
     door_tokens: int = 0  # a new session let in at the door: what it adds until it is sent
+    seat: str | None = None  # a new session's: the replica the door found room on (SessionDoor.fits)
     why: str = ""
     holder: str | None = None  # late binding: the replica holding its prefix, which it waits for
     bind_until: float = 0.0  # ... until then (the dispatcher's clock)

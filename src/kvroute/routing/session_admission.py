@@ -25,6 +25,13 @@ fits, and the sessions let in whose first request has not been sent yet (they co
 set meanwhile).  New sessions pass the door in their own line: highest class first, then oldest
 first, none past another.
 
+The book also knows which replica each session's last request went to: where the fleet's working
+set is past its KV but one replica has room for a new session beside its own sessions, the new
+session passes with that replica as its *seat*, and its first turn is sent there
+(:meth:`SessionBook.seat`; ``Dispatcher.route``).  Sessions sit unevenly on the replicas, so the
+fleet's sum alone held new sessions while a replica idled with room (docs/saturation.md, "A seat
+on a replica").
+
 Two *kinds* of session share the door (``kind``): those the client names, and the identities the
 router derives for requests without a session id (a conversation without an id, or a one-shot
 question under a shared system prompt: a repeat of the same question derives the same identity,
@@ -69,6 +76,7 @@ class ServedSession:
     pause: float | None = None  # its own longest pause between an answer and its next request
     pauses: int = 0  # how many pauses ``pause`` is the longest of
     grew: bool = False  # a later request came with a longer prompt than its first
+    worker: str = ""  # the replica its last request went to, whose cache holds it ("": unknown)
 
     def quiet(self) -> bool:
         """Nothing of it in flight or waiting at the gate."""
@@ -228,6 +236,8 @@ class SessionBook:
     # Every session's tokens, by kind (client-named, derived: ``kind``).
     _sizes: dict[bool, _Sizes] = field(default_factory=lambda: {k: _Sizes() for k in KINDS},
                                        repr=False, compare=False)
+    # The same, by (replica its last request went to, kind): what each replica's cache keeps.
+    _placed: dict[tuple[str, bool], _Sizes] = field(default_factory=dict, repr=False, compare=False)
     # Sessions entered and quiet places handed out, for ``born`` and ``mark``.
     _count: int = field(default=0, repr=False, compare=False)
 
@@ -311,17 +321,32 @@ class SessionBook:
             entry.queued = max(0, entry.queued + delta)
             self._settled(session_id, entry, was_quiet, entry.ended)
 
-    def sent(self, key: RoutingKey, prefill_tokens: int, rule: str) -> None:
-        """A request of ``key``'s session left for a replica that had to compute
-        ``prefill_tokens`` of its prompt (the routing decision's prediction)."""
+    def _place(self, session_id: str, entry: ServedSession, sign: int) -> None:
+        """Count (+1) or stop counting (-1) ``entry`` on the replica it was last sent to."""
+        at = (entry.worker, kind(session_id))
+        sizes = self._placed.get(at)
+        if sizes is None:
+            sizes = self._placed[at] = _Sizes()
+        if sign > 0:
+            sizes.add(entry.tokens)
+        else:
+            sizes.remove(entry.tokens)
+            if not sizes.runs:  # a replica that left keeps no entry
+                del self._placed[at]
+
+    def sent(self, key: RoutingKey, prefill_tokens: int, rule: str, worker: str = "") -> None:
+        """A request of ``key``'s session left for ``worker`` (its id; "" where unknown), which had
+        to compute ``prefill_tokens`` of its prompt (the routing decision's prediction)."""
         assert key.session_id is not None
         entry = self.sessions.get(key.session_id)
         if entry is None:
             shared = max(0, key.est_prompt_tokens - prefill_tokens)
             self._count += 1
-            entry = self.sessions[key.session_id] = ServedSession(0, shared, born=self._count)
+            entry = self.sessions[key.session_id] = ServedSession(0, shared, born=self._count,
+                                                                  worker=worker)
             entry.tokens = RULES[rule].tokens(key, shared)
             self._sizes[kind(key.session_id)].add(entry.tokens)
+            self._place(key.session_id, entry, +1)
             # A session back after a pause is recent again; its first prompt stays its first.
             self.seen[key.session_id] = self.seen.get(key.session_id, key.est_prompt_tokens)
             self.seen.move_to_end(key.session_id)
@@ -331,11 +356,13 @@ class SessionBook:
             first = self.seen.get(key.session_id, key.est_prompt_tokens)
             entry.grew = entry.grew or key.est_prompt_tokens > first
             tokens = RULES[rule].tokens(key, entry.shared)
-            if tokens != entry.tokens:
+            if tokens != entry.tokens or worker != entry.worker:
                 sizes = self._sizes[kind(key.session_id)]
                 sizes.remove(entry.tokens)
                 sizes.add(tokens)
-                entry.tokens = tokens
+                self._place(key.session_id, entry, -1)
+                entry.tokens, entry.worker = tokens, worker
+                self._place(key.session_id, entry, +1)
         was_quiet = entry.quiet()
         entry.inflight += 1
         self._settled(key.session_id, entry, was_quiet, entry.ended)
@@ -403,6 +430,7 @@ class SessionBook:
         for sid, entry in gone:
             del self.sessions[sid]
             self._sizes[kind(sid)].remove(entry.tokens)
+            self._place(sid, entry, -1)
             if kind(sid) or entry.grew:  # a derived id that never grew was no conversation
                 self.peaks[kind(sid)].append(entry.tokens)
             self.left.append(now)
@@ -470,6 +498,49 @@ class SessionBook:
         own = self.working_set(now, idle_s, rule, of=mine) + opened_own
         return own + need <= share * fleet_kv / kinds
 
+    def placed(self, worker: str, now: float, idle_s: float, rule: str) -> int:
+        """KV tokens the served sessions last sent to ``worker`` count (each at least ``expected``
+        of its kind), the idle ones forgotten first."""
+        self.forget_idle(now, idle_s, rule)
+        r = RULES[rule]
+        return sum(self._placed[(worker, k)].raised_to(self.expected(r, k)) for k in KINDS
+                   if (worker, k) in self._placed)
+
+    def seat(self, key: RoutingKey, prefill_tokens: int, replicas: Sequence[tuple[str, int]],
+             share: float, rule: str, now: float, idle_s: float,
+             opened: Callable[[str], int] = lambda worker: 0, opened_own: int = 0) -> str | None:
+        """The replica a new session whose first request has ``prefill_tokens`` not cached anywhere
+        may start on although the fleet's working set is past ``share`` of its KV (``fits``):
+        among ``replicas`` (id, KV tokens), one whose own served sessions (each at least
+        ``expected``; plus ``opened(replica)``, those let in and not sent yet that may land
+        there) plus what the new one adds stay within ``share`` of its KV cache — always one that
+        keeps none (a replica too small for one session is the engine's to refuse).  Of those,
+        the one with the most room left; None where none has room, or while both kinds of
+        session are served and its kind (plus ``opened_own``) would pass its fair part of the
+        fleet's KV (a seat is room on a replica, never the other kind's part).
+
+        A replica's cache keeps the sessions sent to it: where the sessions sit unevenly, the
+        fleet's sum holds a new session while a replica has room for it, and that replica idles
+        while its own sessions pause (docs/saturation.md, "A seat on a replica").  The seat is
+        where its first turn goes (``Dispatcher.route``): placed elsewhere, it would evict the
+        sessions counted there."""
+        assert key.session_id is not None
+        need = self.need(key, prefill_tokens, rule)
+        mine = kind(key.session_id)
+        kinds = self.kinds(mine)
+        if kinds >= 2:
+            part = share * sum(kv for _, kv in replicas) / kinds
+            if self.working_set(now, idle_s, rule, of=mine) + opened_own + need > part:
+                return None
+        best: str | None = None
+        most = 0.0
+        for worker, kv in replicas:
+            total = self.placed(worker, now, idle_s, rule) + opened(worker)
+            room = share * kv - total - need
+            if (room >= 0 or not total) and (best is None or room > most):
+                best, most = worker, room
+        return best
+
     def need(self, key: RoutingKey, prefill_tokens: int, rule: str) -> int:
         """What a new session whose first request has ``prefill_tokens`` not cached anywhere adds
         to the working set."""
@@ -502,8 +573,10 @@ class SessionDoor:
     ``_door_kinds``)."""
 
     book: SessionBook = field(default_factory=SessionBook)
-    opened: int = 0  # working-set tokens of new sessions let in at the door and not yet sent
-    opened_derived: int = 0  # ... of them, those of identities the router derived (``kind``)
+    # Working-set tokens of new sessions let in at the door and not yet sent, by (their seat, kind).
+    opened: dict[tuple[str, bool], int] = field(default_factory=dict)
+    # The seats of new sessions granted and not yet routed, by session (at most ``_PLACES``).
+    seats: OrderedDict[str, str] = field(default_factory=OrderedDict)
     # First turns shed while held at the door, by session: (their place in the line, until when it
     # is kept for them), the oldest kept first.
     places: OrderedDict[str, tuple[float, float]] = field(default_factory=OrderedDict)
@@ -600,37 +673,68 @@ class SessionDoor:
         fleet serves, or whose prefix is still resident (a session forgotten while quiet), always
         fits; a new session's first request fits while the working set has room for it within
         ``fill`` (``flow_session_fill``) of the fleet's KV cache (its kind's fair part of that, while
-        both kinds are served: :meth:`SessionBook.fits`), or once it has waited ``door_s``
-        (``flow_session_door_s``; 0: never) — always, when the door is off, the request has no
-        session or the KV sizes are unknown.  Sessions let in and not sent yet count in the
-        working set."""
+        both kinds are served: :meth:`SessionBook.fits`), or else while one replica has room for
+        it beside the sessions it serves (:meth:`SessionBook.seat`), which becomes ``t.seat``; or
+        once it has waited ``door_s`` (``flow_session_door_s``; 0: never) — always, when the door
+        is off, the request has no session or the KV sizes are unknown.  Sessions let in and not
+        sent yet count in the working set, and on their seat (those let in without one, on every
+        replica)."""
+        t.seat = None
         if not self.is_new(t.key, on) or t.resident:
             return True
         if door_s and now - t.arrived >= door_s:
             return True
-        fleet = 0
+        replicas: list[tuple[str, int]] = []
         for w in workers:
             if w.ready and w.serves(t.key.model):
                 if w.kv_tokens is None:
                     return True
-                fleet += w.kv_tokens
+                replicas.append((w.id, w.kv_tokens))
         sid = t.key.session_id
         assert sid is not None
-        own = self.opened - self.opened_derived if kind(sid) else self.opened_derived
-        return self.book.fits(t.key, t.prefill_tokens, fleet, fill, rule, now, idle_s, self.opened, own)
+        mine = kind(sid)
+        opened = sum(self.opened.values())
+        own = sum(n for (_, of), n in self.opened.items() if of == mine)
+        if self.book.fits(t.key, t.prefill_tokens, sum(kv for _, kv in replicas), fill, rule, now,
+                          idle_s, opened, own):
+            return True
+        # One let in by the fleet's test has no seat: it may land on any replica.
+        unseated = sum(n for (seat, _), n in self.opened.items() if not seat)
+        t.seat = self.book.seat(
+            t.key, t.prefill_tokens, replicas, fill, rule, now, idle_s,
+            lambda worker: unseated + sum(self.opened.get((worker, k), 0) for k in KINDS), own)
+        return t.seat is not None
 
     def let_in(self, t: Ticket, rule: str) -> None:
-        """``t`` passes the door: what its session adds counts in the working set until it is sent."""
+        """``t`` passes the door: what its session adds counts on its seat until it is sent."""
         assert t.key.session_id is not None
         t.door_tokens = self.book.need(t.key, t.prefill_tokens, rule)
-        self.opened += t.door_tokens
-        if not kind(t.key.session_id):
-            self.opened_derived += t.door_tokens
+        at = (t.seat or "", kind(t.key.session_id))
+        self.opened[at] = self.opened.get(at, 0) + t.door_tokens
 
     def claimed(self, t: Ticket) -> None:
         """``t``, let in, is being sent (or was withdrawn): from its send on its session counts in
         the book, no longer through ``opened``."""
-        self.opened -= t.door_tokens
-        if t.key.session_id is not None and not kind(t.key.session_id):
-            self.opened_derived -= t.door_tokens
+        if t.door_tokens and t.key.session_id is not None:
+            at = (t.seat or "", kind(t.key.session_id))
+            left = self.opened[at] - t.door_tokens
+            if left:
+                self.opened[at] = left
+            else:
+                del self.opened[at]
         t.door_tokens = 0
+
+    def granted(self, t: Ticket) -> None:
+        """``t`` passed the gate: its seat, if the door gave it one, waits for its routing
+        (``take_seat``); the oldest go first past ``_PLACES`` (an edge that never routed)."""
+        sid = t.key.session_id
+        if t.seat is None or sid is None:
+            return
+        self.seats[sid] = t.seat
+        self.seats.move_to_end(sid)
+        while len(self.seats) > _PLACES:
+            self.seats.popitem(last=False)
+
+    def take_seat(self, session_id: str | None) -> str | None:
+        """The seat the door gave the session's request now being routed (once)."""
+        return None if session_id is None else self.seats.pop(session_id, None)
