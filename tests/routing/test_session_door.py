@@ -6,6 +6,7 @@ TTL, and a shed first turn keeping its place when it comes back.  Pure: an injec
 from __future__ import annotations
 
 import dataclasses
+import random
 
 import pytest
 from routing_helpers import Clock
@@ -303,6 +304,68 @@ def test_a_first_turn_whose_predicted_door_wait_passes_the_ttl_is_shed_at_once(
             assert t.retry_after_s == retry_after
     sheds = sum(n for (_, reason, _), n in d.flow.shed.items() if reason == "door_wait")
     assert sheds == first_shed + second_shed
+
+
+@pytest.mark.parametrize("later_s, shed, retry_after", [
+    (0.0, False, 0),   # as on arrival: 1 / 0.1 = 10 s within the 15 s TTL
+    (3.0, False, 0),   # no session left since: the drain 1 / 23 s, 13 s predicted (12 s left)
+    (5.5, True, 1),    # 15.5 s predicted: past the TTL, as it would have been on arrival
+    (8.0, True, 3),    # 18 s: Retry-After the 3 s past the TTL
+])
+def test_a_held_first_turn_is_shed_once_its_predicted_wait_passes_the_ttl(
+        later_s: float, shed: bool, retry_after: int) -> None:
+    clock = Clock(1000.0)
+    d, workers = draining(clock, 15.0)
+    x = d.admit(key(300, session="x"), workers)
+    assert x.queued
+    told: list[Ticket] = []
+    x.on_decided = told.append
+    clock.now += later_s
+    d.flow.pump(clock.now)
+    assert (x.state is TicketState.SHED) is shed and (told == [x]) is shed
+    if shed:
+        assert x.reason is ShedReason.DOOR_WAIT and x.retry_after_s == retry_after
+        assert d.flow.queued(MODEL) == [] and d.flow._models[MODEL].door.places["x"][0] == x.place
+
+
+def test_the_recheck_never_sheds_a_continuing_turn() -> None:
+    """Only the first turns the door holds have a predicted wait there."""
+    clock = Clock(1000.0)
+    d, _ = draining(clock, 15.0)
+    door = d.flow._models[MODEL].door
+    later, first = queued("b", clock.now), queued("x", clock.now)
+    assert [t for t, _ in door.waits([later, first], clock.now + 100.0, KINDS)] == [first]
+
+
+def brute_ahead(door: SessionDoor, t: Ticket, tickets: list[Ticket], now: float) -> int:
+    """The door's line before ``t``, counted one by one (the rule as first written)."""
+    own = session_admission.kind(t.key.session_id or "")
+    held = {u.key.session_id for u in tickets if u is not t and door.holds(u, KINDS) and
+            session_admission.kind(u.key.session_id or "") == own and
+            session_admission.door_order(u) < session_admission.door_order(t)}
+    kept = sum(1 for sid, (place, until) in door.places.items()
+               if until >= now and sid not in held and sid != t.key.session_id and place < t.place and
+               session_admission.kind(sid) == own)
+    return len(held) + kept
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_every_ahead_in_one_pass_is_each_counted_alone(seed: int) -> None:
+    rng = random.Random(seed)
+    door = SessionDoor()
+    names = [f"{DERIVED_SESSION_PREFIX if rng.random() < 0.3 else ''}s{i}" for i in range(12)]
+    for sid in rng.sample(names, 5):
+        door.remember(queued(sid, rng.uniform(0.0, 10.0)), now=0.0, keep_s=rng.uniform(1.0, 20.0))
+    tickets = []
+    for i in range(rng.randint(1, 15)):
+        t = Ticket(dataclasses.replace(turn(rng.choice(names)), priority=rng.choice((0, 0, 1))),
+                   rng.uniform(0.0, 10.0), seq=i)
+        t.state = TicketState.QUEUED
+        tickets.append(t)
+    now = 5.0
+    expected = sorted((session_admission.door_order(t), brute_ahead(door, t, tickets, now)) for t in tickets)
+    got = [(session_admission.door_order(t), n) for t, n in door.aheads(tickets, now, KINDS)]
+    assert got == expected
 
 
 def test_a_continuing_turn_is_never_shed_at_the_door() -> None:

@@ -95,6 +95,18 @@ def test_a_new_session_passes_onto_the_replica_with_room_and_goes_there() -> Non
     assert d.route(c, workers).worker_id == "w0"  # the seat is taken once
 
 
+def test_the_decision_line_says_the_first_turn_was_seated() -> None:
+    """Its reason (the decision line, /admin's and the dashboard's recent decisions) names the
+    seat; a routing that did not go by a seat says nothing of it."""
+    clock = Clock(1000.0)
+    d, workers = uneven(clock)
+    c = key(700, session="c")
+    assert d.admit(c, workers).state is TicketState.GRANTED
+    reason = d.route(c, workers).reason
+    assert reason.endswith("; seated on w1 by session admission (room beside its sessions)")
+    assert "seated" not in d.route(c, workers).reason
+
+
 def test_a_seat_not_ready_is_not_waited_for() -> None:
     clock = Clock(1000.0)
     d, workers = uneven(clock)

@@ -91,6 +91,12 @@ class _OpenGate(Ticket):
 GRANTED_AT_ONCE: Ticket = _OpenGate()
 
 
+def seated_note(seat: str) -> str:
+    """What a decision line adds when session admission let a new session's first turn in on a
+    seat (room beside its own sessions on one replica) and the turn went there."""
+    return f"; seated on {seat} by session admission (room beside its sessions)"
+
+
 class Dispatcher:
     """Routes requests and keeps the router's account of them (see the module's docstring)."""
 
@@ -239,6 +245,7 @@ class Dispatcher:
             others = {w.id for w in workers if w.id != seat}
             decision = self.scheduler.decide(key, workers, others, self.book, fleet_full=full)
             if decision.worker_id is not None:
+                decision.reason += seated_note(seat)
                 return decision
         return self.scheduler.decide(key, workers, exclude, self.book, fleet_full=full)
 

@@ -277,12 +277,7 @@ class FlowControl:
             ticket.predicted(predict())
         wait = self._door_wait(ticket, m, now, s, door_on)
         if wait is not None:
-            # It would be shed at the TTL anyway: told now, with when to come back (its place kept).
-            shed = self._shed(ticket, m, ShedReason.DOOR_WAIT, now, s)
-            ttl = max(1, math.ceil(s.flow_queue_ttl_s))
-            shed.retry_after_s = max(1, min(ttl, math.ceil(wait - s.flow_queue_ttl_s)))
-            m.door.remember(shed, now, shed.retry_after_s + s.flow_queue_ttl_s)
-            return shed
+            return self._shed_at_door(ticket, m, wait, now, s)
         ticket.state = TicketState.QUEUED
         # The queue TTL's one rule: both edges arm their timer for this deadline (Dispatcher.expires_in).
         ticket.deadline = now + s.flow_queue_ttl_s
@@ -299,11 +294,41 @@ class FlowControl:
         """The predicted wait at the door of ``t``, about to queue, when it passes the queue TTL
         (it would be shed there); None when it is not held at the door, the wait is not predicted
         yet, is within the TTL, or the door lets it in sooner anyway (``flow_session_door_s``)."""
-        door_s = s.flow_session_door_s
-        if not m.door.holds(t, door_on) or (door_s and door_s < s.flow_queue_ttl_s):
+        if not m.door.holds(t, door_on) or not self._door_predicts(s):
             return None
         wait = m.door.wait_s(t, m.queue.tickets, now, door_on)
         return wait if wait is not None and wait > s.flow_queue_ttl_s else None
+
+    @staticmethod
+    def _door_predicts(s: FlowSettings) -> bool:
+        """Whether a first turn's predicted wait at the door can shed it: not where the door lets
+        it in before its TTL anyway (``flow_session_door_s``)."""
+        door_s = s.flow_session_door_s
+        return not (door_s and door_s < s.flow_queue_ttl_s)
+
+    def _recheck_door(self, model: str, m: ModelFlow, now: float) -> None:
+        """The first turns still held at the door after a pass: each whose predicted wait from
+        now (the sessions still ahead of it over the drain measured now) passes the queue TTL is
+        shed now, as it would have been on arrival.  Not against what is left of its own TTL:
+        shed then, the shared questions of a mixed fleet came back to a door no emptier and lost
+        a third of their share (docs/saturation.md, "Tried and not kept")."""
+        s = self._settings(model)
+        if not self._door_predicts(s):
+            return
+        for t, wait in m.door.waits(m.queue.tickets, now, self._door_kinds(model, s)):
+            if wait > s.flow_queue_ttl_s:
+                self._leave(t, m, now)
+                self._shed_at_door(t, m, wait, now, s)
+
+    def _shed_at_door(self, t: Ticket, m: ModelFlow, wait: float, now: float, s: FlowSettings) -> Ticket:
+        """Shed held ``t`` (out of the queue already, if it was queued), predicted to wait ``wait``
+        at the door: it would be shed at the TTL anyway, so it is told now, with when to come back
+        (``Retry-After``: the wait less the TTL, within [1 s, the TTL]), and its place is kept."""
+        shed = self._shed(t, m, ShedReason.DOOR_WAIT, now, s)
+        ttl = max(1, math.ceil(s.flow_queue_ttl_s))
+        shed.retry_after_s = max(1, min(ttl, math.ceil(wait - s.flow_queue_ttl_s)))
+        m.door.remember(shed, now, shed.retry_after_s + s.flow_queue_ttl_s)
+        return shed
 
     # --- granting ---------------------------------------------------------------------------------
 
@@ -320,7 +345,9 @@ class FlowControl:
         for model, m in self._models.items():
             if not m.queue.tickets:
                 continue
-            for t in self._pass(model, m, now):
+            passed = self._pass(model, m, now)
+            self._recheck_door(model, m, now)
+            for t in passed:
                 waited = t is not arriving
                 self.counters.count_admitted(model, t.priority, waited=waited)
                 if not waited:

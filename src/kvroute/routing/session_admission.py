@@ -647,16 +647,42 @@ class SessionDoor:
         """How many new sessions of its kind (:func:`kind`) stand before held ``t`` in the door's
         line: those held with an earlier place, and those shed from an earlier place whose place
         is still kept (they are coming back)."""
-        assert t.key.session_id is not None
-        mine, own = door_order(t), kind(t.key.session_id)
-        held = {sid for u in tickets if (sid := u.key.session_id) is not None and u is not t and
-                kind(sid) == own and self.holds(u, on) and door_order(u) < mine}
-        for sid in [sid for sid, (_, until) in self.places.items() if until < now]:
-            del self.places[sid]
-        kept = sum(1 for sid, (place, _) in self.places.items()
-                   if sid not in held and sid != t.key.session_id and place < t.place and
-                   kind(sid) == own)
-        return len(held) + kept
+        line = [u for u in tickets if u is not t]
+        line.append(t)
+        return next(n for u, n in self.aheads(line, now, on) if u is t)
+
+    def aheads(self, tickets: Iterable[Ticket], now: float, on: Container[bool]) -> list[tuple[Ticket, int]]:
+        """:meth:`ahead` of every request the door holds among ``tickets``, in the door's order, in
+        one pass (the queue's pump asks it of all of them)."""
+        for gone in [other for other, (_, until) in self.places.items() if until < now]:
+            del self.places[gone]
+        kept: dict[bool, list[float]] = {}
+        for other, (at, _) in self.places.items():
+            kept.setdefault(kind(other), []).append(at)
+        for places in kept.values():
+            places.sort()
+        seen: dict[bool, set[str]] = {}
+        # Kept places of sessions held too (a shed first turn sent again while its place is
+        # kept: rare), which count once, as held.
+        both: dict[bool, list[float]] = {}
+        out: list[tuple[Ticket, int]] = []
+        for t in self.line(tickets, on):
+            sid = t.key.session_id
+            assert sid is not None
+            own = kind(sid)
+            held = seen.setdefault(own, set())
+            twice = both.setdefault(own, [])
+            before = bisect_left(kept.get(own, []), t.place) - sum(1 for p in twice if p < t.place)
+            place = self.places.get(sid)
+            first = sid not in held
+            # Its own kept place is no session ahead of it.
+            own_place = first and place is not None and place[0] < t.place
+            out.append((t, len(held) + before - own_place))
+            if first:
+                held.add(sid)
+                if place is not None:
+                    twice.append(place[0])
+        return out
 
     def wait_s(self, t: Ticket, tickets: Iterable[Ticket], now: float, on: Container[bool]) -> float | None:
         """The predicted wait of held ``t`` at the door: the sessions of its kind before it and
@@ -666,6 +692,14 @@ class SessionDoor:
         if rate <= 0:
             return None
         return (self.ahead(t, tickets, now, on) + 1) / rate
+
+    def waits(self, tickets: Iterable[Ticket], now: float, on: Container[bool]) -> list[tuple[Ticket, float]]:
+        """:meth:`wait_s` of every request the door holds among ``tickets`` (the wait left from
+        ``now``: the sessions still ahead of each); empty until the rate is measured."""
+        rate = self.book.leave_rate(now)
+        if rate <= 0:
+            return []
+        return [(t, (n + 1) / rate) for t, n in self.aheads(tickets, now, on)]
 
     def fits(self, t: Ticket, workers: Sequence[WorkerState], now: float, on: Container[bool], *,
              fill: float, rule: str, idle_s: float, door_s: float) -> bool:
