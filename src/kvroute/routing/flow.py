@@ -324,11 +324,10 @@ class FlowControl:
         """Shed held ``t`` (out of the queue already, if it was queued), predicted to wait ``wait``
         at the door: it would be shed at the TTL anyway, so it is told now, with when to come back
         (``Retry-After``: the wait less the TTL, within [1 s, the TTL]), and its place is kept."""
-        shed = self._shed(t, m, ShedReason.DOOR_WAIT, now, s)
         ttl = max(1, math.ceil(s.flow_queue_ttl_s))
-        shed.retry_after_s = max(1, min(ttl, math.ceil(wait - s.flow_queue_ttl_s)))
-        m.door.remember(shed, now, shed.retry_after_s + s.flow_queue_ttl_s)
-        return shed
+        retry_after_s = max(1, min(ttl, math.ceil(wait - s.flow_queue_ttl_s)))
+        m.door.remember(t, now, retry_after_s + s.flow_queue_ttl_s)
+        return self._shed(t, m, ShedReason.DOOR_WAIT, now, s, retry_after_s)
 
     # --- granting ---------------------------------------------------------------------------------
 
@@ -612,11 +611,13 @@ class FlowControl:
         if t.key.session_id is not None:
             m.door.book.queued(t.key.session_id, -1)
 
-    def _shed(self, t: Ticket, m: ModelFlow, reason: ShedReason, now: float, s: FlowSettings) -> Ticket:
-        """Shed ``t`` (out of the queue already, if it was queued): its edge is told when it waited
-        (an arriving request's edge reads the ticket ``admit`` returns)."""
+    def _shed(self, t: Ticket, m: ModelFlow, reason: ShedReason, now: float, s: FlowSettings,
+              retry_after_s: int | None = None) -> Ticket:
+        """Shed ``t`` (out of the queue already, if it was queued) with ``retry_after_s`` (None: the
+        queue's own estimate): its edge is told when it waited, with every field set first (an
+        arriving request's edge reads the ticket ``admit`` returns)."""
         t.reason = reason
-        t.retry_after_s = m.queue.retry_after(now, s.flow_queue_ttl_s)
+        t.retry_after_s = m.queue.retry_after(now, s.flow_queue_ttl_s) if retry_after_s is None else retry_after_s
         self.counters.count_shed(t.key.model, reason.value, t.priority)
         told = t.state is TicketState.QUEUED
         t.state = TicketState.SHED
