@@ -617,7 +617,8 @@ class FlowControl:
         queue's own estimate): its edge is told when it waited, with every field set first (an
         arriving request's edge reads the ticket ``admit`` returns)."""
         t.reason = reason
-        t.retry_after_s = m.queue.retry_after(now, s.flow_queue_ttl_s) if retry_after_s is None else retry_after_s
+        t.retry_after_s = (m.queue.retry_after(now, s.flow_queue_ttl_s) if retry_after_s is None
+                           else retry_after_s)
         self.counters.count_shed(t.key.model, reason.value, t.priority)
         told = t.state is TicketState.QUEUED
         t.state = TicketState.SHED
