@@ -283,6 +283,22 @@ class Instructions:
         self._control(pid, "--zero")
         self.started = time.perf_counter()
 
+    def by_object(self, pid: int) -> list[tuple[str, int]]:
+        """The router's last window's instructions by shared object (the interpreter, uvloop,
+        httptools, orjson, libc...), most first: ``callgrind_annotate``'s functions, summed."""
+        dump = max(self.logs.glob(f"callgrind.*.{pid}.*"), key=lambda f: f.stat().st_mtime)
+        text = subprocess.run(["callgrind_annotate", "--threshold=100", str(dump)], check=True,
+                              capture_output=True, text=True).stdout
+        totals: dict[str, int] = {}
+        for line in text.splitlines():
+            count, _, rest = line.strip().partition(" ")
+            if not count[:1].isdigit() or "PROGRAM TOTALS" in rest:
+                continue
+            where = rest.rsplit("[", 1)
+            name = os.path.basename(where[1].rstrip("]")) if len(where) == 2 else "(inlined, no object)"
+            totals[name] = totals.get(name, 0) + int(count.replace(",", ""))
+        return sorted(totals.items(), key=lambda kv: -kv[1])
+
     def stop(self, pid: int, net: bool = True) -> int:
         """Instructions since ``start``; ``net``: less the idle rate over the window."""
         seconds = time.perf_counter() - self.started
@@ -449,6 +465,10 @@ async def main(args: argparse.Namespace) -> None:
         for name, (proc, _) in routers.items():
             print(f"{name}: {counter.idle_per_s[proc.pid]:,.0f} instructions per second idle "
                   f"(taken from each window's count below)")
+            split = counter.by_object(proc.pid)
+            whole = sum(n for _, n in split)
+            print(f"{name}, last window by object: " + ", ".join(
+                f"{obj} {n / whole:.1%}" for obj, n in split[:8]))
         for direct, routed_runs in results:
             for run in routed_runs:
                 rounds = ", ".join(f"{n:,.0f}" for n in run.round_instructions)
