@@ -35,6 +35,16 @@ that tokenizes in the router (the setting ``tokenizer``: DIR's tokenizer.json an
 instead of asking a replica's ``/tokenize``; the simulator's pseudo-tokens are not a real
 tokenizer's, so that router's blocks never match the replicas' events: what it measures is the
 cost of tokenizing, not of routing on the matches.
+
+``--instructions`` runs every router under valgrind's callgrind and prints the instructions each
+ran per request (all rounds, and each round), less what it runs per second idle, and the last
+window's split by shared object: exact counts of the router's own user-space work, which the
+machine's other load does not change (the kernel's work for it is not counted).  The routers run
+~50x slower, so their probes are slowed to one an hour and the canary is off (``--set
+canary=false``): what runs by the clock would otherwise count ~50x per request.  Side by side:
+
+    python benchmarks/bench_router_overhead.py --instructions --plain --levels 16 --requests 3200 \
+        --rounds 4 --log-level warning --baseline-src /path/to/other/checkout/src
 """
 
 from __future__ import annotations
