@@ -55,6 +55,11 @@ args = tuple(range(19))
 registry = CollectorRegistry()
 prometheus_histogram = Histogram("a_seconds", "a", buckets=TTFB_BUCKETS, registry=registry)
 loop_histogram = LoopHistogram("b_seconds", "b", TTFB_BUCKETS, registry)
+
+from kvroute.api.requests import RequestHeaders, _header, _reader
+headers = RequestHeaders.of([(b"Host", b"x"), (b"Content-Type", b"application/json"),
+                             (b"Content-Length", b"900"), (b"Accept", b"*/*"), (b"User-Agent", b"aiohttp")])
+read = _reader(headers)
 """
 
 CASES = {
@@ -70,6 +75,9 @@ CASES = {
     "unfrozen_19_fields": "Unfrozen(*args)",
     "prometheus_observe": "prometheus_histogram.observe(0.004)",
     "loop_histogram_observe": "loop_histogram.observe(0.004)",
+    "header_function": '_header(headers, "x-kvroute-tenant")',
+    "header_reader": 'read("x-kvroute-tenant")',
+    "make_reader": "_reader(headers)",
 }
 
 
