@@ -35,6 +35,16 @@ that tokenizes in the router (the setting ``tokenizer``: DIR's tokenizer.json an
 instead of asking a replica's ``/tokenize``; the simulator's pseudo-tokens are not a real
 tokenizer's, so that router's blocks never match the replicas' events: what it measures is the
 cost of tokenizing, not of routing on the matches.
+
+``--instructions`` runs every router under valgrind's callgrind and prints the instructions each
+ran per request (all rounds, and each round), less what it runs per second idle, and the last
+window's split by shared object: exact counts of the router's own user-space work, which the
+machine's other load does not change (the kernel's work for it is not counted).  The routers run
+~50x slower, so their probes are slowed to one an hour and the canary is off (``--set
+canary=false``): what runs by the clock would otherwise count ~50x per request.  Side by side:
+
+    python benchmarks/bench_router_overhead.py --instructions --plain --levels 16 --requests 3200 \
+        --rounds 4 --log-level warning --baseline-src /path/to/other/checkout/src
 """
 
 from __future__ import annotations
@@ -77,6 +87,8 @@ class Run:
     ttfb_ms: list[float]
     router_cpu_s: float = 0.0
     round_cpu_us: list[float] = field(default_factory=list)  # router CPU per request, each round
+    instructions: int = 0  # the router's, with --instructions
+    round_instructions: list[float] = field(default_factory=list)  # per request, each round
 
     @property
     def rps(self) -> float:
@@ -211,7 +223,8 @@ def exact_table(results: list[tuple[Run, list[Run]]], tokenizing: dict[str, tupl
 def merge(runs: list[Run]) -> Run:
     return Run(runs[0].target, runs[0].concurrency, sum(r.requests for r in runs),
                sum(r.seconds for r in runs), [t for r in runs for t in r.ttfb_ms],
-               sum(r.router_cpu_s for r in runs), [r.router_cpu_s / r.requests * 1e6 for r in runs])
+               sum(r.router_cpu_s for r in runs), [r.router_cpu_s / r.requests * 1e6 for r in runs],
+               sum(r.instructions for r in runs), [r.instructions / r.requests for r in runs])
 
 
 def table(results: list[tuple[Run, list[Run]]]) -> str:
@@ -235,15 +248,78 @@ def table(results: list[tuple[Run, list[Run]]]) -> str:
 
 
 def start_router(name: str, src: str | None, worker_args: list[str], port: int, log_level: str,
-                 logs: Path, env: dict[str, str], extra: list[str] | None = None) -> subprocess.Popen[bytes]:
+                 logs: Path, env: dict[str, str], extra: list[str] | None = None,
+                 callgrind: bool = False) -> subprocess.Popen[bytes]:
     """``kvroute serve`` from this checkout, or from ``src`` (another checkout's ``src``) when given;
-    ``extra``: more flags."""
+    ``extra``: more flags; ``callgrind``: under valgrind's callgrind, counting nothing until told
+    (`Instructions`)."""
     if src is not None:
         env = {**env, "PYTHONPATH": os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])}
     log_name = "".join(c if c.isalnum() else "_" for c in name)
+    wrap = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
+            f"--callgrind-out-file={logs}/callgrind.{log_name}.%p"] if callgrind else []
     return subprocess.Popen(
-        [*KVROUTE, "serve", *worker_args, "--port", str(port), "--log-level", log_level, *(extra or [])],
+        [*wrap, *KVROUTE, "serve", *worker_args, "--port", str(port), "--log-level", log_level,
+         *(extra or [])],
         stdout=subprocess.DEVNULL, stderr=open(logs / f"{log_name}.log", "w"), env=env)
+
+
+class Instructions:
+    """The instructions a router under callgrind runs between ``start`` and ``stop``: exact, the
+    same whatever else the machine does (valgrind counts the process's own user-space
+    instructions, not the kernel's work on its behalf).  Instrumenting slows the router ~50x, so
+    only the measured windows are instrumented."""
+
+    def __init__(self, logs: Path) -> None:
+        self.logs = logs
+        self.started = 0.0
+        self.idle_per_s: dict[int, float] = {}
+
+    async def idle(self, pid: int, seconds: float) -> None:
+        """What the router runs per second while no request comes (its probes, the canary's
+        rounds: timers, which a router slowed ~50x runs as often per second but ~50x as often per
+        request), to take from each window's count."""
+        self.start(pid)
+        await asyncio.sleep(seconds)
+        self.idle_per_s[pid] = self.stop(pid, net=False) / (time.perf_counter() - self.started)
+
+    @staticmethod
+    def _control(pid: int, *flags: str) -> None:
+        subprocess.run(["callgrind_control", *flags, str(pid)], check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+
+    def start(self, pid: int) -> None:
+        self._control(pid, "--instr=on")
+        self._control(pid, "--zero")
+        self.started = time.perf_counter()
+
+    def by_object(self, pid: int) -> list[tuple[str, int]]:
+        """The router's last window's instructions by shared object (the interpreter, uvloop,
+        httptools, orjson, libc...), most first: ``callgrind_annotate``'s functions, summed."""
+        dump = max(self.logs.glob(f"callgrind.*.{pid}.*"), key=lambda f: f.stat().st_mtime)
+        text = subprocess.run(["callgrind_annotate", "--threshold=100", str(dump)], check=True,
+                              capture_output=True, text=True).stdout
+        totals: dict[str, int] = {}
+        for line in text.splitlines():
+            count, _, rest = line.strip().partition(" ")
+            if not count[:1].isdigit() or "PROGRAM TOTALS" in rest:
+                continue
+            where = rest.rsplit("[", 1)
+            name = os.path.basename(where[1].rstrip("]")) if len(where) == 2 else "(inlined, no object)"
+            totals[name] = totals.get(name, 0) + int(count.replace(",", ""))
+        return sorted(totals.items(), key=lambda kv: -kv[1])
+
+    def stop(self, pid: int, net: bool = True) -> int:
+        """Instructions since ``start``; ``net``: less the idle rate over the window."""
+        seconds = time.perf_counter() - self.started
+        before = set(self.logs.glob(f"callgrind.*.{pid}*"))
+        self._control(pid, "--dump")
+        self._control(pid, "--instr=off")
+        (dump,) = set(self.logs.glob(f"callgrind.*.{pid}*")) - before
+        for line in dump.read_text().splitlines():
+            if line.startswith(("summary:", "totals:")):
+                return int(line.split()[1]) - round(self.idle_per_s.get(pid, 0.0) * seconds if net else 0)
+        raise RuntimeError(f"no totals in {dump}")
 
 
 async def otlp_sink() -> tuple[web.AppRunner, str]:
@@ -304,12 +380,19 @@ async def main(args: argparse.Namespace) -> None:
         # The exact router subscribes where the replicas' /server_info says they publish.
         router_env = {k: v for k, v in env.items() if k != "KVROUTE_KV_EVENTS_ENDPOINT"} \
             if name.startswith("router+exact") else env
-        routers[name] = (start_router(name, src, worker_args, port, args.log_level, logs, router_env, flags),
+        if args.instructions:
+            # What runs by the clock (the probes after the first round, the canary's rounds) is no
+            # request's cost, and a router slowed ~50x would run it ~50x as often per request.
+            router_env = {**router_env, "KVROUTE_PROBE_INTERVAL_S": "3600"}
+            flags = [*flags, "--set", "canary=false"]
+        routers[name] = (start_router(name, src, worker_args, port, args.log_level, logs, router_env, flags,
+                                      args.instructions),
                          f"http://127.0.0.1:{port}")
     load_before = f"{os.getloadavg()[0]:.2f}"
     lag = (math.nan, math.nan)
     tokenizing: dict[str, tuple[float, float, str]] = {}
     stream = not args.plain
+    counter = Instructions(logs) if args.instructions else None
     try:
         try:
             import uvloop
@@ -325,6 +408,9 @@ async def main(args: argparse.Namespace) -> None:
                 await wait_ready(http, url, "/ready")
             await load(http, "warmup", [*sim_urls, *(url for _, url in routers.values())], 8, 200,
                        args.max_tokens, 10**6, stream)
+            if counter:
+                for proc, _ in routers.values():
+                    await counter.idle(proc.pid, 5.0)
             results = []
             offset = 0
             for level in args.levels:
@@ -337,9 +423,13 @@ async def main(args: argparse.Namespace) -> None:
                                *((name, [url], proc) for name, (proc, url) in order)]
                     for target, urls, proc in targets:
                         cpu = cpu_seconds(proc.pid) if proc else 0.0
+                        if proc and counter:
+                            counter.start(proc.pid)
                         run = await load(http, target, urls, level, per_round, args.max_tokens, offset,
                                          stream, asked.get(target, MODEL))
                         run.router_cpu_s = cpu_seconds(proc.pid) - cpu if proc else 0.0
+                        if proc and counter:
+                            run.instructions = counter.stop(proc.pid)
                         runs[target].append(run)
                         offset += per_round
                 results.append((merge(runs["direct"]), [merge(runs[name]) for name in routers]))
@@ -377,6 +467,23 @@ async def main(args: argparse.Namespace) -> None:
                 spread = f"{min(ratios):.2f}-{max(ratios):.2f}"
                 print(f"{direct.concurrency} streams, {run.target} / baseline router CPU per request, "
                       f"per round: median {statistics.median(ratios):.2f} ({spread})")
+            if run.instructions:
+                ratio = run.instructions / run.requests / (base.instructions / base.requests)
+                print(f"{direct.concurrency} streams, {run.target} / baseline instructions per request: "
+                      f"{ratio:.3f}")
+    if counter:
+        for name, (proc, _) in routers.items():
+            print(f"{name}: {counter.idle_per_s[proc.pid]:,.0f} instructions per second idle "
+                  f"(taken from each window's count below)")
+            split = counter.by_object(proc.pid)
+            whole = sum(n for _, n in split)
+            print(f"{name}, last window by object: " + ", ".join(
+                f"{obj} {n / whole:.1%}" for obj, n in split[:8]))
+        for direct, routed_runs in results:
+            for run in routed_runs:
+                rounds = ", ".join(f"{n:,.0f}" for n in run.round_instructions)
+                print(f"{direct.concurrency} streams, {run.target}: {run.instructions / run.requests:,.0f} "
+                      f"instructions per request (rounds: {rounds})")
     if args.exact:
         print(f"KV event lag (engine batch timestamp to the router's index), from the exact router's "
               f"kvroute_kv_events_lag_seconds: p50 <= {lag[0]} s, p99 <= {lag[1]} s (bucket bounds)")
@@ -410,6 +517,9 @@ def parse_args() -> argparse.Namespace:
                    help="each client holds one conversation: its first prompt, then a short turn a request")
     p.add_argument("--baseline-src", help="also run a router from this checkout's src, side by side")
     p.add_argument("--alias", help="also run a router with --model-alias ALIAS=qwen3-4b, asked for ALIAS")
+    p.add_argument("--instructions", action="store_true",
+                   help="run the routers under valgrind's callgrind and report the instructions each "
+                        "runs per request (exact, load-independent; TTFB and CPU are then meaningless)")
     p.add_argument("--variant", action="append", default=[],
                    help="also run a router from this checkout with these serve flags (repeatable)")
     return p.parse_args()

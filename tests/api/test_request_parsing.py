@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from kvroute.api.errors import ApiError
-from kvroute.api.requests import RequestOptions, parse_request
+from kvroute.api.requests import RequestHeaders, RequestOptions, parse_request
 
 USER_X = [{"role": "user", "content": "x"}]
 SID = "0f4c2b1e-8a53-4c2a-9e2e-3b7d1c9a5f10"
@@ -201,6 +201,11 @@ def test_extra_session_sources_are_configurable() -> None:
                              extra_session_fields=("user", "metadata.thread"))
     body = chat({"role": "user", "content": "x"}, metadata={"thread": "th"})
     assert parse_request("chat", body, {"x-conversation": "conv"}, options).session_id == "conv"
+    # As the listening side parses them (names lower-cased), read by the configured name in any case.
+    parsed = RequestHeaders.of([(b"X-Conversation", b"conv"), (b"X-Agent-Id", b"a1")])
+    assert parse_request("chat", body, parsed, options).session_id == "conv"
+    with_agent = RequestOptions(extra_session_headers=("X-Conversation",), agent_headers=("X-Agent-Id",))
+    assert parse_request("chat", body, parsed, with_agent).session_id == "conv/agent:a1"
     assert parse_request("chat", body, {}, options).session_id == "th"
     assert parse_request("chat", {**body, "user": "u1"}, {}, options).session_id == "u1"
     only = RequestOptions(session_sources=("field:prompt_cache_key",), derive_conversation_id=False)

@@ -42,6 +42,12 @@ class BreakerState(StrEnum):
 
 # The gauge value of each state (kvroute_breaker_state).
 STATE_VALUE = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
+
+# Python 3.11's EnumType defines __getattr__, so reading a member from its class (``BreakerState.CLOSED``)
+# takes CPython's slow attribute path (~900 instructions, a small function call's worth); the
+# members read on every request are bound once (docs/benchmarks.md, "2026-12-07: instructions
+# per request").
+_CLOSED, _HALF_OPEN = BreakerState.CLOSED, BreakerState.HALF_OPEN
 # Answers per replica among which malformed ones are counted.
 ANSWER_WINDOW = 50
 
@@ -99,8 +105,7 @@ class Breaker:
     @property
     def admits(self) -> bool:
         """Whether a new request may be sent: closed, or half-open with no trial under way."""
-        return self.state is BreakerState.CLOSED or (
-            self.state is BreakerState.HALF_OPEN and self.trial_since is None)
+        return self.state is _CLOSED or (self.state is _HALF_OPEN and self.trial_since is None)
 
     def tick(self, now: float) -> bool:
         """Let time pass: an open breaker whose cool-down is over turns half-open; a trial that
@@ -117,13 +122,13 @@ class Breaker:
 
     def sending(self, now: float) -> None:
         """A request is being sent: in half-open it is the trial, and nothing else goes."""
-        if self.state is BreakerState.HALF_OPEN:
+        if self.state is _HALF_OPEN:
             self.trial_since = now
 
     def succeeded(self) -> None:
         """An attempt got an answer: the failure streak ends and a half-open breaker closes."""
         self.failures = 0
-        if self.state is BreakerState.HALF_OPEN:
+        if self.state is _HALF_OPEN:
             self._enter(BreakerState.CLOSED)
             self.cooldown_s = 0.0
             self.trial_since = None

@@ -23,6 +23,9 @@ from kvroute.routing.dispatch import Dispatcher
 from kvroute.routing.scheduler import Scheduler
 from kvroute.routing.worker import WorkerState
 
+# Read on every request; a class's member read costs ~900 instructions on Python 3.11 (breaker.py).
+_CLOSED = BreakerState.CLOSED
+
 # Restart epochs must strictly increase even if the engine's clock is behind the router's.
 _EPOCH_STEP = 1e-3
 # Predictions below this are noise next to the event loop's own delays: latency is compared to it.
@@ -339,7 +342,7 @@ class Registry:
         """A request is about to be sent to ``record``'s worker: if its breaker is half-open this
         is the one trial, and the worker stops being a candidate until the trial reports back."""
         breaker = record.breaker
-        if breaker.state is not BreakerState.CLOSED:
+        if breaker.state is not _CLOSED:
             breaker.sending(self._clock())
             self._sync(record)
 
@@ -385,7 +388,7 @@ class Registry:
         if not record.error_from_probe:
             record.last_error = None
         breaker = record.breaker
-        was_closed = breaker.state is BreakerState.CLOSED
+        was_closed = breaker.state is _CLOSED
         breaker.succeeded()
         breaker.answered(False)
         if not was_closed:

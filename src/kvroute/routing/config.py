@@ -17,7 +17,7 @@ import functools
 import textwrap
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any
 
 from kvroute.routing.policies import POLICIES, routing_groups
 from kvroute.routing.settings import BlockT, PlacementSettings, SettingsGroup, help_of, takes_none
@@ -186,18 +186,22 @@ class ModelSettings:
         object.__setattr__(self, "_extra", extra)
         object.__setattr__(self, "_index", index)
         object.__setattr__(self, "placement", placement)
+        for name in index:
+            if not hasattr(ModelSettings, name):  # a method or slot of the same name wins
+                setattr(ModelSettings, name, _flat(name))
 
     def block(self, kind: type[BlockT]) -> BlockT:
         """This model's settings block ``kind`` (its defaults for a block the model does not carry)."""
-        found = self._blocks.get(kind)
-        return cast(BlockT, found if found is not None else _defaults_of(kind))
+        # Read a dozen times a request: typed by annotation, not by a call to typing.cast.
+        found: BlockT | None = self._blocks.get(kind)
+        return found if found is not None else _defaults_of(kind)
 
-    def __getattr__(self, name: str) -> Any:
-        # Only setting names read flat; a private name is missing only before _build (copy, pickle).
-        kind = None if name.startswith("_") else self._index.get(name)
-        if kind is None:
-            raise AttributeError(name)
-        return getattr(self._blocks[kind], name)
+    # A setting read flat (``settings.stay_tokens``) is a property of the class, added when a
+    # ModelSettings first carries it (``_flat``), not a ``__getattr__``: a class with one sends every
+    # attribute read of its instances, ``settings.block`` and ``self._blocks`` included, through
+    # CPython's slow path (~450 instructions each, a dozen ``block`` calls a request).
+    if TYPE_CHECKING:
+        def __getattr__(self, name: str) -> Any: ...
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("ModelSettings is immutable; use replace()")
@@ -234,6 +238,17 @@ class ModelSettings:
     def slack_for(self, est_tokens: int) -> int:
         """The placement block's prompt-size slack."""
         return self.placement.slack_for(est_tokens)
+
+
+def _flat(name: str) -> property:
+    """The setting ``name`` read flat: from the block that declares it, where the instance carries
+    one (else AttributeError, as for any missing attribute)."""
+    def read(self: ModelSettings) -> Any:
+        kind = self._index.get(name)
+        if kind is None:
+            raise AttributeError(name)
+        return getattr(self._blocks[kind], name)
+    return property(read, doc=f"The setting {name!r}.")
 
 
 def _fields_of(kind: type) -> dict[str, dataclasses.Field[Any]]:

@@ -18,7 +18,10 @@ def client_named(session_id: str) -> bool:
     return not session_id.startswith(DERIVED_SESSION_PREFIX)
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen, like Decision: made once per request, and a frozen dataclass's 19 fields are 19
+# object.__setattr__ calls, ~28k instructions against ~4k (docs/benchmarks.md, "2026-12-07:
+# instructions per request").  Treat it as a value: nothing assigns to a key's fields.
+@dataclass(slots=True)
 class RoutingKey:
     """A request reduced to what routing needs.
 

@@ -39,6 +39,12 @@ from kvroute.routing.sync_record import PrefixRecord, SessionRecord, SyncRecord,
 from kvroute.routing.view import Candidate, Signal, View
 from kvroute.routing.worker import WorkerState
 
+# The signals every decision asks about, bound once: on Python 3.11 reading a member from its
+# enum class (``Signal.PREFIX``) costs ~900 instructions (docs/benchmarks.md, "2026-12-07:
+# instructions per request").
+_BINDING, _RETURNS, _PREFIX, _LEARNED = Signal.BINDING, Signal.RETURNS, Signal.PREFIX, Signal.LEARNED
+_SESSIONS, _BOUND_SESSIONS = Signal.SESSIONS, Signal.BOUND_SESSIONS
+
 # How many of the least busy workers the pruning of a large fleet prices, beyond the bound worker
 # and the prompt's holders, when those do not settle the decision.
 _PRICED = 8
@@ -137,7 +143,7 @@ class Scheduler:
         hashes = self.hashes(key)
         view = View(key, cfg, placement, now, len(hashes), self._block_tokens,
                     fleet_full=fleet_full and cfg.block(SaturationSettings).fleet_full_placement == "fleet")
-        if Signal.BINDING in needs and placement.sticky and key.session_id is not None:
+        if _BINDING in needs and placement.sticky and key.session_id is not None:
             view.session = session_hash(key)
             assert view.session is not None
             view.bound = self._sessions.get(view.session, now)
@@ -147,7 +153,7 @@ class Scheduler:
                     # The engines' own state outranks this instance's binding, which another
                     # instance may have moved since (it holds less of the history than ``home``).
                     view.bound, view.resident = home, True
-        if Signal.RETURNS in needs and key.session_id is not None and not key.client_session:
+        if _RETURNS in needs and key.session_id is not None and not key.client_session:
             returns = self._returns.get(key.model)
             if returns is not None:
                 view.return_share = returns.share(now)
@@ -180,7 +186,7 @@ class Scheduler:
         keys = list(zip(*scores, strict=True)) if scores else [()] * len(cands)
         i = policy.picker(self._picker, keys)
         chosen = cands[i]
-        if Signal.PREFIX not in needs:
+        if _PREFIX not in needs:
             self._match(key, hashes, [chosen], now)  # for the log line, the metrics and the backlog
         rank = self._rank(view, chosen) if chosen.exact else None
         kind, reason = policy.explain(view, cands, i)
@@ -252,7 +258,7 @@ class Scheduler:
         """Predicted seconds to the first token on the chosen candidate ``c``: the policy's own
         prediction when it has one (``auto``), else the prefill of the backlog ahead and the
         uncached prompt at the worker's learned drain speed."""
-        if Signal.LEARNED not in policy.needs:
+        if _LEARNED not in policy.needs:
             self._learned([c], view.block(LearningSettings), view.now)
         if policy.predict is not None:
             return policy.predict(view, c)
@@ -265,20 +271,20 @@ class Scheduler:
 
     def _sessions_of(self, needs: frozenset[Signal], view: View, cands: list[Candidate]) -> None:
         """Signal.SESSIONS and Signal.BOUND_SESSIONS (what filters may read)."""
-        if Signal.SESSIONS in needs:
+        if _SESSIONS in needs:
             active = self._sessions.active(view.now, view.placement.session_active_s)
             for c in cands:
                 c.active_sessions = active.get(c.worker.id, 0)
-        if Signal.BOUND_SESSIONS in needs:
+        if _BOUND_SESSIONS in needs:
             for c in cands:
                 c.bound_sessions = self._sessions.bound(c.worker.id)
 
     def _figures_of(self, needs: frozenset[Signal], view: View, hashes: tuple[int, ...],
                     cands: list[Candidate]) -> None:
         """Signal.PREFIX and Signal.LEARNED, for the candidates the filters kept."""
-        if Signal.PREFIX in needs:
+        if _PREFIX in needs:
             self._match(view.key, hashes, cands, view.now)
-        if Signal.LEARNED in needs:
+        if _LEARNED in needs:
             self._learned(cands, view.block(LearningSettings), view.now)
 
     def _match(self, key: RoutingKey, hashes: tuple[int, ...], cands: list[Candidate], now: float) -> None:
@@ -493,7 +499,8 @@ class Scheduler:
         cfg = self.config.settings_for(key.model)
         records: list[SyncRecord] = []
         counts = self._counts.setdefault(worker, {})
-        counts[decision.kind.value] = counts.get(decision.kind.value, 0) + 1
+        kind = decision.kind.value
+        counts[kind] = counts.get(kind, 0) + 1
         if key.cacheable and decision.block_hashes:
             n = len(decision.block_hashes)
             hs = decision.block_hashes

@@ -65,6 +65,9 @@ _MAX_HELD_ERROR = 64 * 1024
 _MAX_HELD_BODY = 1 << 20
 # Mid-stream failures counted under their own reason (the others under "midstream").
 _NAMED_BREAKS = frozenset(("malformed", "stream_idle_timeout"))
+# Read at every request's gate; a member read from its enum class costs ~900 instructions on
+# Python 3.11 (docs/benchmarks.md, "2026-12-07: instructions per request").
+_GRANTED = TicketState.GRANTED
 JSON_HEADERS = b"content-type: application/json\r\n"
 
 
@@ -409,7 +412,7 @@ class Exchange:
         was queued); False when it was shed (answered here)."""
         key = self.key
         ticket = self._r.dispatch.admit(key, self._r.registry.states())
-        if ticket.state is not TicketState.GRANTED:
+        if ticket.state is not _GRANTED:
             self._queue_changed(key.model)
             if not await self._wait(ticket):
                 return False
@@ -675,9 +678,10 @@ class Exchange:
         r, writer, call, flight = self._r, self.writer, self.call, self.flight
         assert call is not None and flight is not None
         state, decision = flight.state, flight.decision
-        r.metrics.count_request(state.id, self.key.model, decision.kind.value)
+        kind = decision.kind.value  # an Enum's value is a property: two Python calls each time
+        r.metrics.count_request(state.id, self.key.model, kind)
         r.metrics.prefix_blocks.observe(decision.matched_blocks)
-        r.registry.count_request(state.id, decision.kind.value)
+        r.registry.count_request(state.id, kind)
         headers = header_lines(head.headers)
         if r.settings.worker_header:
             headers += _WORKER_HEADER + b": " + state.id.encode() + b"\r\n"
