@@ -324,7 +324,7 @@ def test_the_door_fits(session: str, workers: list[WorkerState], now: float, doo
 def test_a_session_let_in_counts_as_opened_until_claimed() -> None:
     door = served_door("served")
     t = door_ticket("new", 800)
-    door.let_in(t, "unique")
+    door.let_in(t, "unique", 0.0)
     assert t.door_tokens == 800 and door.opened == {("", True): 800}
     door.claimed(t)
     assert t.door_tokens == 0 and door.opened == {}

@@ -406,7 +406,7 @@ class FlowControl:
                     continue
                 door.remove(head)
                 best = head
-                m.door.let_in(best, s.flow_session_rule)
+                m.door.let_in(best, s.flow_session_rule, now)
             self._grant(best, m, s, now)
             granted.append(best)
         return granted

@@ -52,6 +52,7 @@ Pure: no clock (``now`` is passed in), no I/O.  ``FlowControl`` (routing/flow.py
 from __future__ import annotations
 
 import heapq
+import math
 import statistics
 from bisect import bisect_left, insort
 from collections import OrderedDict, deque
@@ -130,6 +131,11 @@ OWN_PAUSES = 3.0
 # against 73 %).
 OWN_SAMPLES = 3
 _LEFT = 64  # sessions' departures the drain rate of the working set is measured over
+# A kind whose last session left the book this recently is still served (``alone``): an open
+# loop of questions pauses, and a fleet that serves agents and questions would otherwise seat
+# its agents as if alone at each pause (in virtual time, 16 agents seated on every replica at the
+# start of a step, before 2 req/s of questions came back: the questions' share 0.81 -> 0.70).
+_KIND_GONE_S = 60.0
 _CLIENTS = 4096  # clients whose last conversation is remembered
 _SEEN = 65536  # sessions remembered as admitted, so that their later turns pass the door
 KINDS = (True, False)  # the door's kinds of session: named by the client, derived by the router
@@ -244,6 +250,8 @@ class SessionBook:
                                        repr=False, compare=False)
     # The same, by (replica its last request went to, kind): what each replica's cache keeps.
     _placed: dict[tuple[str, bool], _Sizes] = field(default_factory=dict, repr=False, compare=False)
+    # When the last session of each kind left the book (``alone``).
+    gone_at: dict[bool, float] = field(default_factory=dict)
     # Sessions entered and quiet places handed out, for ``born`` and ``mark``.
     _count: int = field(default=0, repr=False, compare=False)
 
@@ -278,7 +286,7 @@ class SessionBook:
         replica's sessions are at different turns, and seldom all at their largest at once (in
         virtual time, agents of 7,250 to 10,500 tokens on replicas of 40,690: counted at their
         largest a replica seats three, and four make 12 % more; docs/saturation.md, "The
-        ceiling with pauses")."""
+        ceiling with pauses").  Only where one kind is served (``seat``)."""
         lives = self.lives[of]
         if not rule.learns or len(lives) < _SAMPLES:
             return 0
@@ -456,6 +464,7 @@ class SessionBook:
                 self.peaks[kind(sid)].append(entry.tokens)
                 self.lives[kind(sid)].append(entry.counted // max(1, entry.sends))
             self.left.append(now)
+            self.gone_at[kind(sid)] = now
 
     def sweep(self, now: float, idle_s: float, rule: str) -> None:
         """Bound the book where the door is not asked (KV sizes unknown, every turn resident): once
@@ -487,6 +496,13 @@ class SessionBook:
         self.forget_idle(now, idle_s, rule)
         r = RULES[rule]
         return sum(self._sizes[k].raised_to(self.expected(r, k)) for k in KINDS if of is None or k == of)
+
+    def alone(self, joining: bool, now: float) -> bool:
+        """Whether the fleet serves no kind of session but ``joining``'s: none of another kind in
+        the book, nor one that left it within ``_KIND_GONE_S``."""
+        return all(k == joining or (not self._sizes[k].runs and
+                                    now - self.gone_at.get(k, -math.inf) > _KIND_GONE_S)
+                   for k in KINDS)
 
     def kinds(self, joining: bool) -> int:
         """How many kinds of session (:func:`kind`) the book holds, a session of kind ``joining``
@@ -520,12 +536,13 @@ class SessionBook:
         own = self.working_set(now, idle_s, rule, of=mine) + opened_own
         return own + need <= share * fleet_kv / kinds
 
-    def placed(self, worker: str, now: float, idle_s: float, rule: str) -> int:
-        """KV tokens the served sessions last sent to ``worker`` count (each at least ``lived``
-        of its kind), the idle ones forgotten first."""
+    def placed(self, worker: str, now: float, idle_s: float, rule: str, lived: bool = False) -> int:
+        """KV tokens the served sessions last sent to ``worker`` count (each at least ``expected``
+        of its kind, or ``lived`` with ``lived``), the idle ones forgotten first."""
         self.forget_idle(now, idle_s, rule)
         r = RULES[rule]
-        return sum(self._placed[(worker, k)].raised_to(self.lived(r, k)) for k in KINDS
+        return sum(self._placed[(worker, k)].raised_to(self.lived(r, k) if lived else self.expected(r, k))
+                   for k in KINDS
                    if (worker, k) in self._placed)
 
     def seat(self, key: RoutingKey, prefill_tokens: int, replicas: Sequence[tuple[str, int]],
@@ -534,8 +551,9 @@ class SessionBook:
         """The replica a new session whose first request has ``prefill_tokens`` not cached anywhere
         may start on although the fleet's working set is past ``share`` of its KV (``fits``):
         among ``replicas`` (id, KV tokens), one whose own served sessions (each at least
-        ``lived``; plus ``opened(replica)``, those let in and not sent yet that may land
-        there) plus what the new one adds stay within ``share`` of its KV cache — always one that
+        ``lived`` where one kind is served, else ``expected``; plus ``opened(replica)``, those
+        let in and not sent yet that may land there) plus what the new one adds stay within
+        ``share`` of its KV cache — always one that
         keeps none (a replica too small for one session is the engine's to refuse).  Of those,
         the one with the most room left; None where none has room, or while both kinds of
         session are served and its kind (plus ``opened_own``) would pass its fair part of the
@@ -554,11 +572,14 @@ class SessionBook:
             if self.working_set(now, idle_s, rule, of=mine) + opened_own + \
                     self.need(key, prefill_tokens, rule) > part:
                 return None
-        need = self.need(key, prefill_tokens, rule, seated=True)
+        # While both kinds are served, each one's sessions count at their largest, as before
+        # ``lived``: a kind's fair part is kept for it at the sizes it was measured with.
+        alone = self.alone(mine, now)
+        need = self.need(key, prefill_tokens, rule, seated=alone)
         best: str | None = None
         most = 0.0
         for worker, kv in replicas:
-            total = self.placed(worker, now, idle_s, rule) + opened(worker)
+            total = self.placed(worker, now, idle_s, rule, lived=alone) + opened(worker)
             room = share * kv - total - need
             if (room >= 0 or not total) and (best is None or room > most):
                 best, most = worker, room
@@ -760,21 +781,27 @@ class SessionDoor:
         # another idled (in virtual time, agents with pauses at 24 / 32 / 48 sessions: 20,523 /
         # 20,053 / 20,171 tokens/min seated only, against 18,347 / 18,709 / 19,125;
         # docs/saturation.md, "The ceiling with pauses").
-        if self.book.kinds(mine) >= 2 and self.book.fits(
+        # There the seat's count takes the sessions' pauses in, and keeps ``seat_fill``.  While
+        # both kinds are served everything is as before the seat was the only test.
+        alone = self.book.alone(mine, now)
+        if not alone and self.book.fits(
                 t.key, t.prefill_tokens, sum(kv for _, kv in replicas), fill, rule, now, idle_s,
                 opened, own):
             return True
         # One let in by the fleet's test has no seat: it may land on any replica.
         unseated = sum(n for (seat, _), n in self.opened.items() if not seat)
         t.seat = self.book.seat(
-            t.key, t.prefill_tokens, replicas, fill if seat_fill is None else seat_fill, rule, now, idle_s,
+            t.key, t.prefill_tokens, replicas, seat_fill if alone and seat_fill is not None else fill,
+            rule, now, idle_s,
             lambda worker: unseated + sum(self.opened.get((worker, k), 0) for k in KINDS), own)
         return t.seat is not None
 
-    def let_in(self, t: Ticket, rule: str) -> None:
-        """``t`` passes the door: what its session adds counts on its seat until it is sent."""
+    def let_in(self, t: Ticket, rule: str, now: float) -> None:
+        """``t`` passes the door at ``now``: what its session adds counts on its seat until it is
+        sent."""
         assert t.key.session_id is not None
-        t.door_tokens = self.book.need(t.key, t.prefill_tokens, rule, seated=t.seat is not None)
+        t.door_tokens = self.book.need(t.key, t.prefill_tokens, rule, seated=t.seat is not None and
+                                       self.book.alone(kind(t.key.session_id), now))
         at = (t.seat or "", kind(t.key.session_id))
         self.opened[at] = self.opened.get(at, 0) + t.door_tokens
 
