@@ -297,14 +297,18 @@ def test_session_admission_holds_new_sessions_not_continuing_ones() -> None:
     assert new.state is TicketState.GRANTED
 
 
-@pytest.mark.parametrize("fill_unsaturated, saturated, granted", [
-    (0.0, False, False),  # flow_session_fill at all times: 1800 + 900 > 2000
-    (1.5, False, True),   # the fleet is not saturated: 1800 + 900 <= 1.5 x 2000
-    (1.5, True, False),   # saturated: flow_session_fill again
+@pytest.mark.parametrize("other, fill_unsaturated, saturated, granted", [
+    # both kinds served: "a" and "c"'s kind may fill half the fleet's KV, 1000 x the fill
+    (DERIVED_SESSION_PREFIX + "b", 0.0, False, False),  # flow_session_fill at all times: 900 + 300 > 1000
+    (DERIVED_SESSION_PREFIX + "b", 1.5, False, True),   # not saturated: 900 + 300 <= 1.5 x 1000
+    (DERIVED_SESSION_PREFIX + "b", 1.5, True, False),   # saturated: flow_session_fill again
+    ("b", 1.5, False, False),  # one kind: a seat only, at flow_session_fill (900 + 300 > 1000)
 ])
-def test_the_door_fill_before_saturation(fill_unsaturated: float, saturated: bool, granted: bool) -> None:
-    """``flow_session_fill_unsaturated`` stands for ``flow_session_fill`` while the fleet is not
-    saturated; a new session counts at least the size served sessions reached (900)."""
+def test_the_door_fill_before_saturation(other: str, fill_unsaturated: float, saturated: bool,
+                                         granted: bool) -> None:
+    """``flow_session_fill_unsaturated`` stands for ``flow_session_fill`` in the fleet's test
+    while the fleet is not saturated; a seat (the only test where one kind is served) keeps
+    ``flow_session_fill``, its count already taking the sessions' pauses in."""
     clock = Clock(1000.0)
     d = dispatcher(clock, flow_session_admission=True, flow_session_fill=1.0, flow_kv_fill=10.0,
                    flow_session_fill_unsaturated=fill_unsaturated)
@@ -312,7 +316,7 @@ def test_the_door_fill_before_saturation(fill_unsaturated: float, saturated: boo
         d.saturation[MODEL] = Saturation(level=1.0, engaged=True)
     workers = fleet(2, seqs=8, kv_tokens=1000)
     send(d, key(900, session="a"), workers)
-    send(d, key(900, session="b"), workers)
+    send(d, key(900, session=other), workers)
     new = d.admit(key(300, session="c"), workers)
     assert (new.state is TicketState.GRANTED) is granted
     assert d.saturated(MODEL) is saturated

@@ -301,7 +301,7 @@ def kv_fleet(*kv: int | None) -> list[WorkerState]:
 
 @pytest.mark.parametrize("session, workers, now, door_s, opened, expected, seat", [
     # the fleet serves one session of 1000 tokens on w0; the new one needs 1000
-    ("new", kv_fleet(1000, 1000), 0.0, 0.0, 0, True, None),     # 1000 + 1000 <= 2000: no seat
+    ("new", kv_fleet(1000, 1000), 0.0, 0.0, 0, True, "w1"),     # one kind served: always a seat
     ("new", kv_fleet(1000, 999), 0.0, 0.0, 0, True, "w1"),      # past the fleet's, w1 keeps none
     ("new", kv_fleet(1999), 0.0, 0.0, 0, False, None),          # one replica, no room on it
     ("new", kv_fleet(1000, 1000), 0.0, 0.0, 1, False, None),    # one let in, not sent, counts
@@ -324,7 +324,7 @@ def test_the_door_fits(session: str, workers: list[WorkerState], now: float, doo
 def test_a_session_let_in_counts_as_opened_until_claimed() -> None:
     door = served_door("served")
     t = door_ticket("new", 800)
-    door.let_in(t, "unique")
+    door.let_in(t, "unique", 0.0)
     assert t.door_tokens == 800 and door.opened == {("", True): 800}
     door.claimed(t)
     assert t.door_tokens == 0 and door.opened == {}

@@ -9,9 +9,9 @@ from routing_helpers import Clock
 from test_flow import MODEL, dispatcher, fleet, key, send
 
 from kvroute.routing.dispatch import Dispatcher
-from kvroute.routing.flow import TicketState
+from kvroute.routing.flow import Ticket, TicketState
 from kvroute.routing.key import DERIVED_SESSION_PREFIX, RoutingKey
-from kvroute.routing.session_admission import SessionBook
+from kvroute.routing.session_admission import KINDS, RULES, SessionBook, SessionDoor
 from kvroute.routing.worker import WorkerState
 
 RULE = "unique"
@@ -121,3 +121,90 @@ def test_a_new_session_with_no_replica_room_waits() -> None:
     clock = Clock(1000.0)
     d, workers = uneven(clock)
     assert d.admit(key(900, session="c"), workers).queued
+
+
+def lived_book(placed: dict[str, list[int]], left: list[int],
+               derived: dict[str, list[int]] | None = None) -> SessionBook:
+    """``placed_book``, after 8 client-named sessions left that each counted ``left`` at its
+    requests in turn (their largest is ``expected``, their mean ``lived``)."""
+    book = SessionBook()
+    for i in range(8):
+        for size in left:
+            book.sent(turn(f"gone-{i}", size), size, RULE, "w0")
+            book.finished(f"gone-{i}", 0.0)
+    book.forget_idle(100.0, 1.0, RULE)
+    assert not book.sessions
+    for kind_sessions, prefix in ((placed, ""), (derived or {}, DERIVED_SESSION_PREFIX)):
+        for worker, sizes in kind_sessions.items():
+            for i, size in enumerate(sizes):
+                book.sent(turn(f"{prefix}{worker}-{i}", size), size, RULE, worker)
+    return book
+
+
+@pytest.mark.parametrize("left, placed, need, expected", [
+    # sessions that left grew 600 -> 1000 (mean 800): a replica of 3500 seats four at 800 each
+    ([600, 800, 1000], {"w0": [700, 700, 700], "w1": [700] * 4}, 600, "w0"),  # 3 x 800 + 800
+    ([600, 800, 1000], {"w0": [700] * 4, "w1": [700] * 4}, 600, None),        # 5 x 800 > 3500
+    ([600, 800, 1000], {"w0": [1000] * 3, "w1": [700] * 4}, 600, None),       # at their size above it
+    ([1000], {"w0": [700, 700, 700], "w1": [700] * 4}, 600, None),            # never grew: 4 x 1000
+])
+def test_the_seat_counts_sessions_at_their_size_over_their_life(
+        left: list[int], placed: dict[str, list[int]], need: int, expected: str | None) -> None:
+    """A replica's sessions are at different turns, so each counts at least the mean size of the
+    sessions that left (``lived``), not their largest (``expected``)."""
+    book = lived_book(placed, left)
+    assert book.expected(RULES[RULE]) == max(left)
+    seat = book.seat(turn("new", need), need, [("w0", 3500), ("w1", 3500)], 1.0, RULE, 100.0, 60.0)
+    assert seat == expected
+
+
+@pytest.mark.parametrize("placed, derived, need, fits, seat", [
+    ({"w0": [900], "w1": [900]}, None, 150, False, None),   # the fleet's sum has room, no replica has
+    ({"w0": [500], "w1": [900]}, None, 300, True, "w0"),    # one kind: let in on a seat only
+    ({}, None, 300, True, "w0"),                            # nothing served
+    # two kinds: its fair part of the fleet (1000 of 2000) lets it in, seated or not
+    ({"w0": [600]}, {"w1": [100]}, 300, True, None),
+])
+def test_where_one_kind_is_served_a_new_session_passes_on_a_seat_only(
+        placed: dict[str, list[int]], derived: dict[str, list[int]] | None, need: int, fits: bool,
+        seat: str | None) -> None:
+    door = SessionDoor(book=placed_book(placed, derived))
+    k = RoutingKey(MODEL, b"x", "new", need)
+    t = Ticket(k, 0.0, TicketState.QUEUED, prefill_tokens=need)
+    workers = [WorkerState(f"w{i}", "u", frozenset({MODEL}), kv_tokens=1000) for i in range(2)]
+    assert door.fits(t, workers, 0.0, KINDS, fill=1.0, rule=RULE, idle_s=60.0, door_s=0.0) is fits
+    assert t.seat == seat
+
+
+@pytest.mark.parametrize("derived, expected", [
+    (None, "w0"),              # one kind: w0 seats a fourth at 800 each (3,200 of 3,500)
+    ({"w2": [29000]}, "w2"),   # both kinds: at their largest w0 has no room, w2 has just enough
+])
+def test_while_both_kinds_are_served_the_seat_counts_sessions_at_their_largest(
+        derived: dict[str, list[int]] | None, expected: str) -> None:
+    book = lived_book({"w0": [700] * 3, "w1": [700] * 4}, [600, 800, 1000], derived)
+    if derived is None:
+        book.sent(turn("w2-0", 29000), 29000, RULE, "w2")
+    seat = book.seat(turn("new", 600), 600, [("w0", 3500), ("w1", 3500), ("w2", 30000)], 1.0, RULE,
+                     100.0, 60.0)
+    assert seat == expected
+
+
+@pytest.mark.parametrize("derived, left_at, now, alone", [
+    (False, None, 100.0, True),    # only client-named sessions ever
+    (True, None, 100.0, False),    # a derived identity in the book
+    (False, 50.0, 100.0, False),   # one left 50 s ago: its kind is still served (questions pause)
+    (False, 30.0, 100.0, True),    # ... 70 s ago: no longer
+])
+def test_a_kind_that_just_left_is_still_served(derived: bool, left_at: float | None, now: float,
+                                               alone: bool) -> None:
+    """Where questions pause, a fleet that served them does not seat its agents as if alone."""
+    book = placed_book({"w0": [700]})
+    other = DERIVED_SESSION_PREFIX + "q"
+    if derived or left_at is not None:
+        book.sent(turn(other, 300), 300, RULE, "w1")
+    if left_at is not None:
+        book.finished(other, left_at - 2.0)
+        book.forget_idle(left_at, 1.0, RULE)
+        assert other not in book
+    assert book.alone(True, now) is alone

@@ -224,10 +224,12 @@ class FlowControl:
         if s.flow_session_fill_unsaturated and not self._saturated(t.key.model):
             # Before the fleet saturates, sessions a little past the KV are still served warm
             # while others pause; once it is saturated, every one let in evicts a paused one.
+            # A seat's count already takes the pauses in (each session at its size on the mean
+            # over its life): it keeps flow_session_fill.
             fill = s.flow_session_fill_unsaturated
         return m.door.fits(t, m.queue.workers, now, door_on, fill=fill,
-                           rule=s.flow_session_rule, idle_s=s.flow_session_idle_s,
-                           door_s=s.flow_session_door_s)
+                           seat_fill=s.flow_session_fill, rule=s.flow_session_rule,
+                           idle_s=s.flow_session_idle_s, door_s=s.flow_session_door_s)
 
     # --- arrival ----------------------------------------------------------------------------------
 
@@ -404,7 +406,7 @@ class FlowControl:
                     continue
                 door.remove(head)
                 best = head
-                m.door.let_in(best, s.flow_session_rule)
+                m.door.let_in(best, s.flow_session_rule, now)
             self._grant(best, m, s, now)
             granted.append(best)
         return granted

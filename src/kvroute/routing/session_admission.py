@@ -25,12 +25,13 @@ fits, and the sessions let in whose first request has not been sent yet (they co
 set meanwhile).  New sessions pass the door in their own line: highest class first, then oldest
 first, none past another.
 
-The book also knows which replica each session's last request went to: where the fleet's working
-set is past its KV but one replica has room for a new session beside its own sessions, the new
-session passes with that replica as its *seat*, and its first turn is sent there
+The book also knows which replica each session's last request went to: a new session passes
+where one replica has room for it beside its own sessions (each counted at its size on the mean
+over a session's life), with that replica as its *seat*, and its first turn is sent there
 (:meth:`SessionBook.seat`; ``Dispatcher.route``).  Sessions sit unevenly on the replicas, so the
-fleet's sum alone held new sessions while a replica idled with room (docs/saturation.md, "A seat
-on a replica").
+fleet's sum alone held new sessions while a replica idled with room, and let others in that
+stacked on a replica at its count (docs/saturation.md, "A seat on a replica", "The ceiling with
+pauses"); only while both kinds (below) are served does the fleet's sum still let one in.
 
 Two *kinds* of session share the door (``kind``): those the client names, and the identities the
 router derives for requests without a session id (a conversation without an id, or a one-shot
@@ -51,6 +52,7 @@ Pure: no clock (``now`` is passed in), no I/O.  ``FlowControl`` (routing/flow.py
 from __future__ import annotations
 
 import heapq
+import math
 import statistics
 from bisect import bisect_left, insort
 from collections import OrderedDict, deque
@@ -77,6 +79,8 @@ class ServedSession:
     pauses: int = 0  # how many pauses ``pause`` is the longest of
     grew: bool = False  # a later request came with a longer prompt than its first
     worker: str = ""  # the replica its last request went to, whose cache holds it ("": unknown)
+    counted: int = 0  # the tokens it counted at each of its requests sent, summed (``lived``)
+    sends: int = 0  # its requests sent
 
     def quiet(self) -> bool:
         """Nothing of it in flight or waiting at the gate."""
@@ -127,6 +131,11 @@ OWN_PAUSES = 3.0
 # against 73 %).
 OWN_SAMPLES = 3
 _LEFT = 64  # sessions' departures the drain rate of the working set is measured over
+# A kind whose last session left the book this recently is still served (``alone``): an open
+# loop of questions pauses, and a fleet that serves agents and questions would otherwise seat
+# its agents as if alone at each pause (in virtual time, 16 agents seated on every replica at the
+# start of a step, before 2 req/s of questions came back: the questions' share 0.81 -> 0.70).
+_KIND_GONE_S = 60.0
 _CLIENTS = 4096  # clients whose last conversation is remembered
 _SEEN = 65536  # sessions remembered as admitted, so that their later turns pass the door
 KINDS = (True, False)  # the door's kinds of session: named by the client, derived by the router
@@ -218,6 +227,9 @@ class SessionBook:
     # sizes as their kind's floor, shared-prefix questions beside 16 agents got 0.79 of their
     # share, against 0.93: docs/saturation.md, "Agents and shared prefixes on one fleet").
     peaks: dict[bool, deque[int]] = field(default_factory=lambda: {k: deque(maxlen=64) for k in KINDS})
+    # The same sessions' mean sizes over their requests: what one holds of a replica's cache on
+    # the mean over its life (``lived``, the seat's count).
+    lives: dict[bool, deque[int]] = field(default_factory=lambda: {k: deque(maxlen=64) for k in KINDS})
     gaps: deque[float] = field(default_factory=lambda: deque(maxlen=256))  # answer -> next request
     sweep_at: int = 1024  # past this many sessions, a finished request sweeps the idle ones
     left: deque[float] = field(default_factory=lambda: deque(maxlen=_LEFT))  # when sessions left
@@ -238,6 +250,8 @@ class SessionBook:
                                        repr=False, compare=False)
     # The same, by (replica its last request went to, kind): what each replica's cache keeps.
     _placed: dict[tuple[str, bool], _Sizes] = field(default_factory=dict, repr=False, compare=False)
+    # When the last session of each kind left the book (``alone``).
+    gone_at: dict[bool, float] = field(default_factory=dict)
     # Sessions entered and quiet places handed out, for ``born`` and ``mark``.
     _count: int = field(default=0, repr=False, compare=False)
 
@@ -264,6 +278,19 @@ class SessionBook:
         if not rule.learns or len(peaks) < _SAMPLES:
             return 0
         return int(statistics.median(peaks))
+
+    def lived(self, rule: Rule, of: bool = True) -> int:
+        """The size a session of kind ``of`` holds on the mean over its life: the median of the
+        last forgotten ones' mean sizes over their requests (0 for a rule that does not learn, or
+        until a few have left).  The seat counts each session at least this, not ``expected``: a
+        replica's sessions are at different turns, and seldom all at their largest at once (in
+        virtual time, agents of 7,250 to 10,500 tokens on replicas of 40,690: counted at their
+        largest a replica seats three, and four make 12 % more; docs/saturation.md, "The
+        ceiling with pauses").  Only where one kind is served (``seat``)."""
+        lives = self.lives[of]
+        if not rule.learns or len(lives) < _SAMPLES:
+            return 0
+        return int(statistics.median(lives))
 
     def arrived(self, session_id: str, now: float, client: str | None = None) -> None:
         """A request of the session reached the router: if the session was quiet, the pause since
@@ -363,6 +390,8 @@ class SessionBook:
                 self._place(key.session_id, entry, -1)
                 entry.tokens, entry.worker = tokens, worker
                 self._place(key.session_id, entry, +1)
+        entry.counted += entry.tokens
+        entry.sends += 1
         was_quiet = entry.quiet()
         entry.inflight += 1
         self._settled(key.session_id, entry, was_quiet, entry.ended)
@@ -433,7 +462,9 @@ class SessionBook:
             self._place(sid, entry, -1)
             if kind(sid) or entry.grew:  # a derived id that never grew was no conversation
                 self.peaks[kind(sid)].append(entry.tokens)
+                self.lives[kind(sid)].append(entry.counted // max(1, entry.sends))
             self.left.append(now)
+            self.gone_at[kind(sid)] = now
 
     def sweep(self, now: float, idle_s: float, rule: str) -> None:
         """Bound the book where the door is not asked (KV sizes unknown, every turn resident): once
@@ -465,6 +496,13 @@ class SessionBook:
         self.forget_idle(now, idle_s, rule)
         r = RULES[rule]
         return sum(self._sizes[k].raised_to(self.expected(r, k)) for k in KINDS if of is None or k == of)
+
+    def alone(self, joining: bool, now: float) -> bool:
+        """Whether the fleet serves no kind of session but ``joining``'s: none of another kind in
+        the book, nor one that left it within ``_KIND_GONE_S``."""
+        return all(k == joining or (not self._sizes[k].runs and
+                                    now - self.gone_at.get(k, -math.inf) > _KIND_GONE_S)
+                   for k in KINDS)
 
     def kinds(self, joining: bool) -> int:
         """How many kinds of session (:func:`kind`) the book holds, a session of kind ``joining``
@@ -498,12 +536,13 @@ class SessionBook:
         own = self.working_set(now, idle_s, rule, of=mine) + opened_own
         return own + need <= share * fleet_kv / kinds
 
-    def placed(self, worker: str, now: float, idle_s: float, rule: str) -> int:
+    def placed(self, worker: str, now: float, idle_s: float, rule: str, lived: bool = False) -> int:
         """KV tokens the served sessions last sent to ``worker`` count (each at least ``expected``
-        of its kind), the idle ones forgotten first."""
+        of its kind, or ``lived`` with ``lived``), the idle ones forgotten first."""
         self.forget_idle(now, idle_s, rule)
         r = RULES[rule]
-        return sum(self._placed[(worker, k)].raised_to(self.expected(r, k)) for k in KINDS
+        return sum(self._placed[(worker, k)].raised_to(self.lived(r, k) if lived else self.expected(r, k))
+                   for k in KINDS
                    if (worker, k) in self._placed)
 
     def seat(self, key: RoutingKey, prefill_tokens: int, replicas: Sequence[tuple[str, int]],
@@ -512,8 +551,9 @@ class SessionBook:
         """The replica a new session whose first request has ``prefill_tokens`` not cached anywhere
         may start on although the fleet's working set is past ``share`` of its KV (``fits``):
         among ``replicas`` (id, KV tokens), one whose own served sessions (each at least
-        ``expected``; plus ``opened(replica)``, those let in and not sent yet that may land
-        there) plus what the new one adds stay within ``share`` of its KV cache — always one that
+        ``lived`` where one kind is served, else ``expected``; plus ``opened(replica)``, those
+        let in and not sent yet that may land there) plus what the new one adds stay within
+        ``share`` of its KV cache — always one that
         keeps none (a replica too small for one session is the engine's to refuse).  Of those,
         the one with the most room left; None where none has room, or while both kinds of
         session are served and its kind (plus ``opened_own``) would pass its fair part of the
@@ -525,29 +565,34 @@ class SessionBook:
         where its first turn goes (``Dispatcher.route``): placed elsewhere, it would evict the
         sessions counted there."""
         assert key.session_id is not None
-        need = self.need(key, prefill_tokens, rule)
         mine = kind(key.session_id)
         kinds = self.kinds(mine)
         if kinds >= 2:
             part = share * sum(kv for _, kv in replicas) / kinds
-            if self.working_set(now, idle_s, rule, of=mine) + opened_own + need > part:
+            if self.working_set(now, idle_s, rule, of=mine) + opened_own + \
+                    self.need(key, prefill_tokens, rule) > part:
                 return None
+        # While both kinds are served, each one's sessions count at their largest, as before
+        # ``lived``: a kind's fair part is kept for it at the sizes it was measured with.
+        alone = self.alone(mine, now)
+        need = self.need(key, prefill_tokens, rule, seated=alone)
         best: str | None = None
         most = 0.0
         for worker, kv in replicas:
-            total = self.placed(worker, now, idle_s, rule) + opened(worker)
+            total = self.placed(worker, now, idle_s, rule, lived=alone) + opened(worker)
             room = share * kv - total - need
             if (room >= 0 or not total) and (best is None or room > most):
                 best, most = worker, room
         return best
 
-    def need(self, key: RoutingKey, prefill_tokens: int, rule: str) -> int:
+    def need(self, key: RoutingKey, prefill_tokens: int, rule: str, seated: bool = False) -> int:
         """What a new session whose first request has ``prefill_tokens`` not cached anywhere adds
-        to the working set."""
+        to the working set (``seated``: to its seat's count, at least ``lived``)."""
         assert key.session_id is not None
         r = RULES[rule]
         shared = max(0, key.est_prompt_tokens - prefill_tokens)
-        return max(r.tokens(key, shared), self.expected(r, kind(key.session_id)))
+        mine = kind(key.session_id)
+        return max(r.tokens(key, shared), self.lived(r, mine) if seated else self.expected(r, mine))
 
 
 def kind(session_id: str) -> bool:
@@ -702,13 +747,15 @@ class SessionDoor:
         return [(t, (n + 1) / rate) for t, n in self.aheads(tickets, now, on)]
 
     def fits(self, t: Ticket, workers: Sequence[WorkerState], now: float, on: Container[bool], *,
-             fill: float, rule: str, idle_s: float, door_s: float) -> bool:
+             fill: float, rule: str, idle_s: float, door_s: float,
+             seat_fill: float | None = None) -> bool:
         """Whether ``t`` may pass as far as session admission goes.  A request of a session the
         fleet serves, or whose prefix is still resident (a session forgotten while quiet), always
-        fits; a new session's first request fits while the working set has room for it within
-        ``fill`` (``flow_session_fill``) of the fleet's KV cache (its kind's fair part of that, while
-        both kinds are served: :meth:`SessionBook.fits`), or else while one replica has room for
-        it beside the sessions it serves (:meth:`SessionBook.seat`), which becomes ``t.seat``; or
+        fits; a new session's first request fits while one replica has room for it within
+        ``seat_fill`` (default ``fill``) of its KV beside the sessions it serves
+        (:meth:`SessionBook.seat`), which becomes ``t.seat``, or, while both kinds are served,
+        while its kind's working set has room for it within its fair part of ``fill``
+        (``flow_session_fill``) of the fleet's KV cache (:meth:`SessionBook.fits`); or
         once it has waited ``door_s`` (``flow_session_door_s``; 0: never) — always, when the door
         is off, the request has no session or the KV sizes are unknown.  Sessions let in and not
         sent yet count in the working set, and on their seat (those let in without one, on every
@@ -729,20 +776,32 @@ class SessionDoor:
         mine = kind(sid)
         opened = sum(self.opened.values())
         own = sum(n for (_, of), n in self.opened.items() if of == mine)
-        if self.book.fits(t.key, t.prefill_tokens, sum(kv for _, kv in replicas), fill, rule, now,
-                          idle_s, opened, own):
+        # Where one kind is served, a new session passes only on a seat: the fleet's sum let
+        # sessions in that placement then stacked on a replica already at its count, while
+        # another idled (in virtual time, agents with pauses at 24 / 32 / 48 sessions: 20,523 /
+        # 20,053 / 20,171 tokens/min seated only, against 18,347 / 18,709 / 19,125;
+        # docs/saturation.md, "The ceiling with pauses").
+        # There the seat's count takes the sessions' pauses in, and keeps ``seat_fill``.  While
+        # both kinds are served everything is as before the seat was the only test.
+        alone = self.book.alone(mine, now)
+        if not alone and self.book.fits(
+                t.key, t.prefill_tokens, sum(kv for _, kv in replicas), fill, rule, now, idle_s,
+                opened, own):
             return True
         # One let in by the fleet's test has no seat: it may land on any replica.
         unseated = sum(n for (seat, _), n in self.opened.items() if not seat)
         t.seat = self.book.seat(
-            t.key, t.prefill_tokens, replicas, fill, rule, now, idle_s,
+            t.key, t.prefill_tokens, replicas, seat_fill if alone and seat_fill is not None else fill,
+            rule, now, idle_s,
             lambda worker: unseated + sum(self.opened.get((worker, k), 0) for k in KINDS), own)
         return t.seat is not None
 
-    def let_in(self, t: Ticket, rule: str) -> None:
-        """``t`` passes the door: what its session adds counts on its seat until it is sent."""
+    def let_in(self, t: Ticket, rule: str, now: float) -> None:
+        """``t`` passes the door at ``now``: what its session adds counts on its seat until it is
+        sent."""
         assert t.key.session_id is not None
-        t.door_tokens = self.book.need(t.key, t.prefill_tokens, rule)
+        t.door_tokens = self.book.need(t.key, t.prefill_tokens, rule, seated=t.seat is not None and
+                                       self.book.alone(kind(t.key.session_id), now))
         at = (t.seat or "", kind(t.key.session_id))
         self.opened[at] = self.opened.get(at, 0) + t.door_tokens
 
