@@ -313,6 +313,7 @@ class Dispatcher:
             else:
                 pinned.pop(rank, None)
         self.book.touch(flight.state)
+        self.scheduler.released(flight.decision, answered=flight.first_byte_at is not None)
         if ok:
             ttft = flight.ttft_s if streamed else None
             self.scheduler.on_finished(flight.state.id, prompt_tokens=prompt_tokens,

@@ -197,6 +197,7 @@ class Scheduler:
             predicted_ttft_s=self.predicted_ttft(policy, view, chosen, prefill),
             exact=chosen.exact, held_tokens=chosen.held_tokens, rank=rank,
             one_shot=policy.one_shot is not None and policy.one_shot(view),
+            token_hashes=key.token_hashes if key.cacheable else (),
         )
 
     def _rank(self, view: View, c: Candidate) -> int | None:
@@ -307,11 +308,16 @@ class Scheduler:
                 c.held_tokens = min(est, depth * block_tokens)
         if ids:
             resident = self._resident
+            room = self._room(key, cands, ids)
             if resident is not None and resident[0] is key.token_hashes and resident[1] == now:
-                # Every readable worker not holding the first block matches nothing.
+                # Every readable worker not holding the first block matches nothing; those whose
+                # queue evicts are matched again with what it evicts.
                 depths = {wid: resident[2].get(wid, 0) for wid in ids}
+                queued = [wid for wid in ids if depths[wid] and wid in room]
+                if queued:
+                    depths.update(exact.match(key.token_hashes, queued, now, room))
             else:
-                depths = exact.match(key.token_hashes, ids, now)
+                depths = exact.match(key.token_hashes, ids, now, room)
             block = key.token_block
             for c in cands:
                 held = depths.get(c.worker.id)
@@ -320,6 +326,15 @@ class Scheduler:
                     c.matched_blocks = held
                     c.held_tokens = min(est, float(held * block))
                     c.cached_tokens = float(exact.resident_blocks(c.worker.id) * block)
+
+    @staticmethod
+    def _room(key: RoutingKey, cands: list[Candidate], ids: Collection[str]) -> dict[str, int]:
+        """Per exact worker of ``ids`` whose cache size is known: the blocks of its cache that hold
+        no partly filled block of a request in flight (each holds one), what ``ExactIndex.match``
+        tells the evictions of its queue by."""
+        block = key.token_block
+        return {c.worker.id: c.worker.kv_tokens // block - c.load for c in cands
+                if c.worker.kv_tokens and c.worker.id in ids}
 
     def _estimated_fill(self, key: RoutingKey, slots: dict[int, int],
                         cands: list[Candidate]) -> dict[int, int] | None:
@@ -502,8 +517,8 @@ class Scheduler:
             if self._index.record(stored, worker, decision.worker_epoch, now):
                 records.append(PrefixRecord(worker, decision.worker_epoch, now, stored,
                                             decision.prefill_tokens))
-        if key.cacheable and key.token_hashes:
-            self.exact.speculate(worker, key.token_hashes, now, decision.predicted_ttft_s, decision.rank)
+        if decision.token_hashes:
+            self.exact.speculate(worker, decision.token_hashes, now, decision.predicted_ttft_s, decision.rank)
         self._fill.computed(worker, decision.worker_epoch, now, decision.prefill_tokens)
         if key.cacheable:
             settings = cfg.block(LearningSettings)
@@ -563,6 +578,8 @@ class Scheduler:
         """The chosen worker answered ``decision``'s request: it has computed the prompt, so where
         that added blocks its KV events are due (or its exact state goes stale)."""
         worker = decision.worker_id
+        if worker is not None and decision.token_hashes:
+            self.exact.answered(worker, decision.token_hashes)
         if decision.exact and worker is not None and decision.matched_blocks < decision.total_blocks:
             self.exact.expect(worker, self._clock())
 
@@ -605,6 +622,13 @@ class Scheduler:
         if prompt_tokens is not None and cached_tokens is not None:
             more += max(0, prompt_tokens - cached_tokens - decision.prefill_tokens)
         self._fill.computed(worker_id, decision.worker_epoch, self._clock(), more)
+
+    def released(self, decision: Decision, answered: bool) -> None:
+        """The request sent as ``decision`` ended, however (``answered``: its first byte came): the
+        blocks it used on its worker are evictable there once no other request of this router uses
+        them, and a prefill it never finished is no longer ahead of later requests."""
+        if decision.worker_id is not None and decision.token_hashes:
+            self.exact.released(decision.worker_id, decision.token_hashes, decision.rank, answered)
 
     def return_share(self, model: str) -> float | None:
         """The learned share of ``model``'s derived sessions that come back with a follow-up turn
