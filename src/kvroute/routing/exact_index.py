@@ -14,6 +14,14 @@ chosen rank, where one was picked) gets *speculative* entries for the request's 
 engine's events arrive only once it has computed them), dropped after ``speculative_ttl_s``
 unless the events confirm them.
 
+What a request will find is not quite what a worker holds when it is routed: before the engine
+schedules it, the prompts sent there earlier and not computed yet allocate blocks, each evicting the
+least recently used free block.  So the index also keeps, per source, the order the engine frees
+blocks in (stored; let go when the last of this router's requests using them ends, an answer first,
+then its prompt tail first, as vLLM frees a sequence), which blocks this router's requests use
+(``speculate`` to ``released``) and which prompts are not answered yet, and ``match`` with the
+cache's ``room`` ends a match at the first block predicted evicted.
+
 Mode per worker: ``exact`` while each of its sources is synchronised (a replay answered, or events
 arriving) and no events are overdue (``expect``: a request that adds blocks got its first token,
 and nothing arrived within ``stale_s``); else ``approximate`` — the caller falls back to the

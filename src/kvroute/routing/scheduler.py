@@ -329,9 +329,9 @@ class Scheduler:
 
     @staticmethod
     def _room(key: RoutingKey, cands: list[Candidate], ids: Collection[str]) -> dict[str, int]:
-        """Per exact worker of ``ids`` whose cache size is known: the blocks of its cache that hold
-        no partly filled block of a request in flight (each holds one), what ``ExactIndex.match``
-        tells the evictions of its queue by."""
+        """Per exact worker of ``ids`` whose KV cache size is known: its blocks less one per request
+        in flight there (the partly filled block each holds, which caches nothing): the room
+        ``ExactIndex.match`` tells what the prompts not computed there yet evict by."""
         block = key.token_block
         return {c.worker.id: c.worker.kv_tokens // block - c.load for c in cands
                 if c.worker.kv_tokens and c.worker.id in ids}
