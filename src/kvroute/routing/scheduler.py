@@ -585,15 +585,25 @@ class Scheduler:
 
     def exact_worker(self, model: str, workers: Sequence[WorkerState]) -> WorkerState | None:
         """The least loaded ready worker of ``model`` whose cache state is exact and whose block
-        size its events told: where a request's tokens are worth computing, and who to ask."""
+        size is known (``block_size``): where a request's tokens are worth computing, and who to ask."""
         readable, now = self.exact.readable, self._clock()
         best = None
         for w in workers:
-            if not (w.ready and w.serves(model) and readable(w.id, now)):
+            if not (w.ready and w.serves(model) and readable(w.id, now, self.block_size(w))):
                 continue
             if best is None or w.total_inflight < best.total_inflight:
                 best = w
         return best
+
+    def block_size(self, worker: WorkerState) -> int | None:
+        """The block a request's tokens are hashed by for ``worker``: what its KV events said,
+        else, before its first store, what its metrics say (None when neither has).  The events
+        win where the two differ: they carry the block their hashes cover, where the metrics say
+        how the engine was configured, which need not be it (a hybrid model's engine resizes its
+        attention block to fit its Mamba state's page).  A wrong guess costs the first turns their
+        exactness only: a worker whose events tell another block is not read for those hashes."""
+        told = self.exact.block_size(worker.id)
+        return told if told is not None else worker.block_size
 
     def cache_mode(self, worker_id: str) -> Mode:
         """``exact`` where ``worker_id``'s KV events say what it holds, else ``approximate``."""
