@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvroute.fleet.vllm_metrics import parse_vllm_metrics
+from kvroute.fleet.vllm_metrics import EngineMetrics, parse_vllm_metrics
 from kvroute.prometheus_text import MetricsParseError, parse_exposition, parse_labels
 from kvroute.sim.server import start_sim_fleet
 
@@ -137,6 +137,17 @@ def test_the_reader_agrees_with_prometheus_client_on_real_vllm() -> None:
         for mine, theirs in zip(ours, reference, strict=True):
             assert mine[:2] == theirs[:2]
             assert mine[2] == theirs[2] or (math.isnan(mine[2]) and math.isnan(theirs[2]))
+
+
+@pytest.mark.parametrize(("labels", "block"), [
+    ({"block_size": "16", "hash_block_size": "None"}, 16),  # vLLM's default: hashes by the block
+    ({"block_size": "16", "hash_block_size": "64"}, 64),  # hashes by a block of their own
+    ({"block_size": "0"}, None),
+    ({"block_size": "auto"}, None),
+    ({}, None),  # an engine that does not say (SGLang, older vLLM)
+])
+def test_the_block_its_prefix_cache_hashes_by(labels: dict[str, str], block: int | None) -> None:
+    assert EngineMetrics(cache_config=labels).block_size == block
 
 
 def test_only_the_names_asked_for_and_strictness() -> None:

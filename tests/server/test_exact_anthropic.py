@@ -127,6 +127,7 @@ async def test_a_claude_code_conversation_with_tools_is_predicted_exactly_by_the
     r = await router(fleet.urls, models={MODEL: {"tokenizer": folder}})
     exact = r.scheduler.exact
     await all_exact(r)
+    await until(lambda: all(r.scheduler.block_size(w) is not None for w in r.registry.states()))
     client = anthropic.AsyncAnthropic(base_url=r.url, api_key="sk-test", max_retries=0)
     async with client:
         history: list[Any] = [{"role": "user", "content": "Read the diff in change.patch."}]
@@ -151,8 +152,8 @@ async def test_a_claude_code_conversation_with_tools_is_predicted_exactly_by_the
             assert cached > 0 and held.matched_blocks * block == cached, (i, held.reason, cached)
     async with http.get(r.url + "/metrics") as resp:
         done = tokenize_counts(await resp.text())
-    # Every follow-up locally (the first turn came before any event told the engines' block size).
-    assert done[("local", "ok")] == len(files) and done.get(("local", "declined"), 0) == 0, done
+    # Every turn locally, the first too (before any event, by the block size the metrics said).
+    assert done[("local", "ok")] == len(files) + 1 and done.get(("local", "declined"), 0) == 0, done
     assert done.get(("engine", "ok"), 0) == 0, done
     assert await engine_tokenize_calls(http, fleet) == 0
 
@@ -174,8 +175,7 @@ async def test_the_local_tokenizer_leaves_what_it_cannot_render_to_the_engine(
             assert resp.status == 200, await resp.text()
             await resp.read()
 
-    await send([{"role": "user", "content": "warm up " * 200}])
-    await until(lambda: any(r.scheduler.exact.block_size(w.id) for w in r.registry.states()))
+    await until(lambda: all(r.scheduler.block_size(w) is not None for w in r.registry.states()))
     asked: list[Any] = [{"role": "user", "content": "First diff?"},
                         {"role": "assistant",
                          "content": [{"type": "tool_use", "id": "t1", "name": "read_file", "input": {}}]}]

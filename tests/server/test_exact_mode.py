@@ -78,3 +78,24 @@ async def test_a_conversation_is_routed_on_the_engines_own_cache_state(
                    "kvroute_kv_events_total")
     assert stored is not None and stored > 0
     assert {w["cache_mode"] for w in workers} == {"exact"}
+
+
+async def test_a_first_turn_is_routed_exactly_before_any_event(
+        sim_fleet: MakeFleet, router: MakeRouter) -> None:
+    """Before an engine's first KV event its block size comes from its scraped cache_config_info,
+    so the very first turn is hashed and routed on the exact state too."""
+    fleet = await sim_fleet(2, speed=50.0, kv_events=EVENTS)
+    r = await router(fleet.urls)
+    await all_exact(r)
+    states = r.registry.states()
+    await until(lambda: all(r.scheduler.block_size(w) is not None for w in states))
+    assert all(r.scheduler.exact.block_size(w.id) is None for w in states)  # no event told it
+    client = openai.AsyncOpenAI(base_url=r.url + "/v1", api_key="sk-test", max_retries=0)
+    async with client:
+        history = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "First diff?"}]
+        _, worker, cached = await turn(client, history)
+    line = decision_of(r, worker)
+    assert "(exact)" in line and cached == 0, line
+    await until(lambda: r.scheduler.exact.block_size(worker) is not None)
+    scraped = next(w.block_size for w in states if w.id == worker)
+    assert r.scheduler.exact.block_size(worker) == scraped  # the events agree with the metrics

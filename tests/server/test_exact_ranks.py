@@ -77,10 +77,12 @@ async def test_a_follow_up_goes_to_the_rank_holding_its_history(sim_fleet: MakeF
     b = [{"role": "system", "content": "You translate legal contracts into plain French. " * 30},
          {"role": "user", "content": "Clause one?"}]
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as http:
-        # Before the engines' first stored block the router does not know their block size, so it
-        # cannot hash the request's tokens: not exact, no rank pinned, vLLM's balancer places it.
+        # Before the engines' first stored block their block size is the one /metrics says: the
+        # very first request is hashed, exact, and pinned to a rank.
+        await until(lambda: r.scheduler.block_size(r.registry.states()[0]) is not None)
         rank_a = await turn(http, r, sim, a)
-        assert "rank=" not in last_decision(r)
+        line = last_decision(r)
+        assert "(exact)" in line and f"rank={rank_a}" in line, line
         await until(lambda: exact.stats(worker).get(f"rank{rank_a}_blocks", 0) > 0)
         # A second conversation on the idle server: the other rank (its cache is the emptier).
         rank_b = await turn(http, r, sim, b)

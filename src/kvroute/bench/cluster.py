@@ -52,6 +52,7 @@ from kvroute.bench.workloads import (
 )
 from kvroute.fleet.kv_event_wire import EventBatch
 from kvroute.fleet.kv_events import apply_batch
+from kvroute.fleet.vllm_metrics import EngineMetrics
 from kvroute.routing.config import ModelSettings, RoutingConfig
 from kvroute.routing.decision import Decision
 from kvroute.routing.dispatch import Dispatcher, InFlight
@@ -61,6 +62,7 @@ from kvroute.routing.scheduler import Scheduler
 from kvroute.routing.token_chains import TokenChains, with_tokens
 from kvroute.routing.worker import WorkerState
 from kvroute.sim.answers import filler
+from kvroute.sim.cache_config import cache_config_labels
 from kvroute.sim.engine import EngineConfig, EngineModel, EngineStep, EventKind, SimRequest
 from kvroute.sim.presets import build_config
 from kvroute.sim.protocol import GenerationRequest
@@ -190,8 +192,8 @@ class VirtualCluster:
         engine_cfg = config.engine_config()
         self.model = engine_cfg.model
         self._overhead = engine_cfg.cost.request_overhead_s
-        # What vLLM's cache_config_info reports: num_gpu_blocks x block_size.
-        self._kv_tokens = engine_cfg.num_gpu_blocks * engine_cfg.block_size
+        # The engine's cache_config_info, read as a scrape over HTTP reads it (its KV size, its block).
+        self._cache = EngineMetrics(cache_config=cache_config_labels(engine_cfg))
         self.dispatch = Dispatcher(Scheduler(config.routing_config(policy), clock=self._clock),
                                    timer=lambda: self.now)
         self.engines = [EngineModel(engine_cfg, EPOCH) for _ in range(config.replicas)]
@@ -236,7 +238,7 @@ class VirtualCluster:
         for w, engine in zip(self.workers, self.engines, strict=True):
             snap = engine.snapshot()
             self.dispatch.scraped(w, snap.num_running, snap.num_waiting, snap.kv_cache_usage,
-                                  self._kv_tokens)
+                                  self._cache.kv_tokens, block_size=self._cache.block_size)
         self._next_scrape = self.now + self.config.scrape_interval_s
         self._at(self._next_scrape, self._scrape)
 
@@ -297,7 +299,7 @@ class VirtualCluster:
         arrived = self.now
         exact = self.scheduler.exact_worker(key.model, self.workers) if key.cache_salt is None else None
         if exact is not None:
-            block = self.scheduler.exact.block_size(exact.id)
+            block = self.scheduler.block_size(exact)
             assert block is not None
             key = with_tokens(key, token_ids(rendered.prompt), block, self._chains)
 

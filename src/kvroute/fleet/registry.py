@@ -449,7 +449,7 @@ class Registry:
             return
         record.metrics = m
         self.dispatch.scraped(state, m.running, m.waiting, m.kv_usage, m.kv_tokens,
-                              inflight_before=result.inflight_at_start)
+                              block_size=m.block_size, inflight_before=result.inflight_at_start)
         if m.process_start_time is not None:
             if record.engine_start_time is not None and m.process_start_time != record.engine_start_time:
                 self._restarted(record, m.process_start_time)

@@ -49,6 +49,18 @@ class EngineMetrics:
         return blocks * size if blocks > 0 and size > 0 else None
 
     @property
+    def block_size(self) -> int | None:
+        """The tokens per block its prefix-cache hashes cover, from ``cache_config_info``:
+        ``hash_block_size`` where set, else ``block_size`` (None when the engine does not say)."""
+        for label in ("hash_block_size", "block_size"):
+            try:
+                size = int(self.cache_config[label])
+            except (KeyError, ValueError):  # unset reads "None"
+                continue
+            return size if size > 0 else None
+        return None
+
+    @property
     def has_load(self) -> bool:
         """Whether the engine reports its own queue (otherwise load is the router's in-flight count)."""
         return self.running is not None or self.waiting is not None

@@ -41,7 +41,8 @@ class Decision:
     ``X-data-parallel-rank``): set where its state is exact and it publishes several ranks' events,
     else None (its engine's own balancer picks).  ``one_shot``: the policy judged the request a
     one-shot that sends no later turn (``Policy.one_shot``): its session is bound but not counted
-    as active on its worker.
+    as active on its worker.  ``token_hashes``: the request's own block hashes where it is cacheable
+    (the exact index counts those blocks in use on the chosen worker until ``Scheduler.released``).
     """
 
     worker_id: str | None
@@ -64,3 +65,4 @@ class Decision:
     held_tokens: float = 0.0
     rank: int | None = None
     one_shot: bool = False
+    token_hashes: tuple[int, ...] = field(default=(), repr=False)

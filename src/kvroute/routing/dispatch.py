@@ -313,6 +313,7 @@ class Dispatcher:
             else:
                 pinned.pop(rank, None)
         self.book.touch(flight.state)
+        self.scheduler.released(flight.decision, answered=flight.first_byte_at is not None)
         if ok:
             ttft = flight.ttft_s if streamed else None
             self.scheduler.on_finished(flight.state.id, prompt_tokens=prompt_tokens,
@@ -329,16 +330,19 @@ class Dispatcher:
 
     def scraped(self, state: WorkerState, running: int | None, waiting: int | None,
                 kv_usage: float | None, kv_tokens: int | None = None, *,
-                inflight_before: int | None = None) -> None:
-        """The engine's own figures, as just read from it (``kv_tokens``: its KV cache size, when
-        known).  What the routers had in flight at this moment is stamped beside them: only load
-        beyond it is load the routers cannot see.  ``inflight_before`` is what they had in flight
-        when the read began (over HTTP it takes a while): the larger of the two is stamped, so a
-        request that ended meanwhile, still counted by the engine, is not taken for foreign load
-        until the next read (the virtual clock reads in no time and never sees such a request)."""
+                block_size: int | None = None, inflight_before: int | None = None) -> None:
+        """The engine's own figures, as just read from it (``kv_tokens``: its KV cache size, and
+        ``block_size``: its prefix cache's block, when known).  What the routers had in flight at
+        this moment is stamped beside them: only load beyond it is load the routers cannot see.
+        ``inflight_before`` is what they had in flight when the read began (over HTTP it takes a
+        while): the larger of the two is stamped, so a request that ended meanwhile, still counted
+        by the engine, is not taken for foreign load until the next read (the virtual clock reads
+        in no time and never sees such a request)."""
         state.running, state.waiting, state.kv_usage = running, waiting, kv_usage
         if kv_tokens is not None:
             state.kv_tokens = kv_tokens
+        if block_size is not None:
+            state.block_size = block_size
         seen = state.total_inflight
         state.scraped_inflight = seen if inflight_before is None else max(seen, inflight_before)
         self.book.touch(state)

@@ -14,6 +14,14 @@ chosen rank, where one was picked) gets *speculative* entries for the request's 
 engine's events arrive only once it has computed them), dropped after ``speculative_ttl_s``
 unless the events confirm them.
 
+What a request will find is not quite what a worker holds when it is routed: before the engine
+schedules it, the prompts sent there earlier and not computed yet allocate blocks, each evicting the
+least recently used free block.  So the index also keeps, per source, the order the engine frees
+blocks in (stored; let go when the last of this router's requests using them ends, an answer first,
+then its prompt tail first, as vLLM frees a sequence), which blocks this router's requests use
+(``speculate`` to ``released``) and which prompts are not answered yet, and ``match`` with the
+cache's ``room`` ends a match at the first block predicted evicted.
+
 Mode per worker: ``exact`` while each of its sources is synchronised (a replay answered, or events
 arriving) and no events are overdue (``expect``: a request that adds blocks got its first token,
 and nothing arrived within ``stale_s``); else ``approximate`` — the caller falls back to the
@@ -26,6 +34,7 @@ Pure: no I/O, times are the caller's clock.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -49,6 +58,15 @@ class _Source:
     block_size: int | None = None
     # Speculative entries of requests sent to this rank (own hash -> expiry).
     speculative: dict[int, float] = field(default_factory=dict)
+    # The blocks held (own hashes), least recently used first: stored, or let go by the last of
+    # this router's requests using them, as the engine's free list orders them for eviction.
+    recency: OrderedDict[int, None] = field(default_factory=OrderedDict)
+    # Own hash -> this router's requests in flight on the rank using the block (not evictable).
+    busy: dict[int, int] = field(default_factory=dict)
+    # Own hash -> the block stored next in its chain, and the blocks stored continuing a block in
+    # use (a request's answer as it is generated: in use by that request until it ends).
+    after: dict[int, int] = field(default_factory=dict)
+    trailing: set[int] = field(default_factory=set)
 
 
 @dataclass(slots=True)
@@ -59,6 +77,10 @@ class _Worker:
     speculative: dict[int, float] = field(default_factory=dict)  # own hash -> expiry
     expect_since: float | None = None
     last_event: float | None = None
+    # The own hashes of this router's requests sent there and not answered yet (how many of each):
+    # the blocks of theirs it has not stored yet it allocates, evicting, before a request sent now
+    # is scheduled.
+    unanswered: dict[tuple[int, ...], int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,16 +158,19 @@ class ExactIndex:
 
     def _drop(self, src: _Source) -> None:
         held = self._held
-        slot = src.slot
         for own in src.own.values():
-            self._unhold(held, own, slot)
+            self._unhold(held, own, src)
         src.own.clear()
         src.copies.clear()
+        src.recency.clear()
+        src.after.clear()
+        src.trailing.clear()
 
-    def _unhold(self, held: dict[int, dict[int, int]], own: int, slot: int) -> None:
+    def _unhold(self, held: dict[int, dict[int, int]], own: int, src: _Source) -> None:
         owners = held.get(own)
         if owners is None:
             return
+        slot = src.slot
         n = owners.get(slot, 0) - 1
         if n > 0:
             owners[slot] = n
@@ -153,6 +178,9 @@ class ExactIndex:
         if slot in owners:
             del owners[slot]
             self._blocks -= 1
+            src.recency.pop(own, None)
+            src.after.pop(own, None)
+            src.trailing.discard(own)
         if not owners:
             del held[own]
 
@@ -176,15 +204,24 @@ class ExactIndex:
             if prev is None:
                 return Applied(orphans=len(engine_hashes))
         owns = token_block_hashes(token_ids[:block_size * len(engine_hashes)], block_size, prev, extras)
-        held, slot, added = self._held, src.slot, 0
+        held, slot, added, recency = self._held, src.slot, 0, src.recency
+        after, trailing, busy = src.after, src.trailing, src.busy
         for engine_hash, own in zip(engine_hashes, owns, strict=True):
             old = src.own.get(engine_hash)
             if old == own:
                 src.copies[engine_hash] = src.copies.get(engine_hash, 0) + 1
+                prev = own
                 continue
             if old is not None:
-                self._unhold(held, old, slot)
+                self._unhold(held, old, src)
             src.own[engine_hash] = own
+            recency[own] = None
+            recency.move_to_end(own)
+            if prev is not None:
+                after[prev] = own
+                if (prev in busy or prev in trailing) and own not in busy:
+                    trailing.add(own)
+            prev = own
             owners = held.get(own)
             if owners is None:
                 owners = held[own] = {}
@@ -204,7 +241,7 @@ class ExactIndex:
         """The rank evicted ``engine_hashes`` (unknown ones are ignored: stored before we listened)."""
         src = self._source(worker_id, rank)
         self._heard(worker_id, now)
-        held, slot, n = self._held, src.slot, 0
+        held, n = self._held, 0
         copies = src.copies
         for engine_hash in engine_hashes:
             extra = copies.get(engine_hash)
@@ -216,7 +253,7 @@ class ExactIndex:
                 continue
             own = src.own.pop(engine_hash, None)
             if own is not None:
-                self._unhold(held, own, slot)
+                self._unhold(held, own, src)
                 n += 1
         return Applied(removed=n)
 
@@ -287,10 +324,13 @@ class ExactIndex:
         """``worker_id`` (its data-parallel ``rank``, or whichever its engine picks when None) was
         just sent a prompt of these own block hashes, predicted to be computed in ``wait_s``: count
         them as held until the engine's events confirm them, for ``wait_s`` +
-        ``speculative_ttl_s`` at most."""
+        ``speculative_ttl_s`` at most.  Until ``released`` they are in use (not evictable), and
+        until ``answered`` (or ``released``) those its engine has not stored are to be allocated."""
         w = self._workers.get(worker_id)
         if w is None:
             return
+        key = tuple(hashes)
+        w.unanswered[key] = w.unanswered.get(key, 0) + 1
         src = w.sources.get(rank) if rank is not None else None
         spec = src.speculative if src is not None else w.speculative
         if spec:
@@ -299,14 +339,107 @@ class ExactIndex:
         until = now + max(0.0, wait_s) + self.speculative_ttl_s
         for h in hashes:
             spec[h] = until
+        for src in self._sources_of(w, rank):
+            busy, recency = src.busy, src.recency
+            for h in hashes:
+                busy[h] = busy.get(h, 0) + 1
+                # A block in use leaves the engine's free list: walks for what it evicts skip it.
+                if h in recency:
+                    recency.move_to_end(h)
 
-    def _depth(self, hashes: Sequence[int], w: _Worker, src: _Source, now: float) -> int:
-        """Leading blocks of ``hashes`` the rank ``src`` holds, counting live speculative entries."""
+    def answered(self, worker_id: str, hashes: Sequence[int]) -> None:
+        """The request of ``hashes`` ``speculate`` was told of got its first token: its prompt is
+        computed."""
+        w = self._workers.get(worker_id)
+        if w is None:
+            return
+        key = tuple(hashes)
+        n = w.unanswered.get(key, 0)
+        if n > 1:
+            w.unanswered[key] = n - 1
+        else:
+            w.unanswered.pop(key, None)
+
+    def released(self, worker_id: str, hashes: Sequence[int], rank: int | None = None,
+                 answered: bool = True) -> None:
+        """The request ``speculate`` was told of ended (``answered``: after its first token): its
+        blocks, and the answer's blocks stored after them, are no longer in use by it.  Those no
+        other request in flight uses become evictable, after every block let go before, the last
+        block first (an engine frees a sequence's blocks tail first: its head outlives its tail)."""
+        w = self._workers.get(worker_id)
+        if w is None:
+            return
+        if not answered:
+            self.answered(worker_id, hashes)
+        for src in self._sources_of(w, rank):
+            busy, recency, after, trailing = src.busy, src.recency, src.after, src.trailing
+            tail: list[int] = []
+            nxt = after.get(hashes[-1]) if hashes else None
+            while nxt is not None and nxt in trailing:
+                tail.append(nxt)
+                nxt = after.get(nxt)
+            for h in reversed(tail):
+                trailing.discard(h)
+                recency.move_to_end(h)
+            for h in reversed(hashes):
+                trailing.discard(h)
+                n = busy.get(h, 0) - 1
+                if n > 0:
+                    busy[h] = n
+                    continue
+                busy.pop(h, None)
+                if h in recency:
+                    recency.move_to_end(h)
+
+    @staticmethod
+    def _sources_of(w: _Worker, rank: int | None) -> list[_Source]:
+        """The sources a request sent to ``rank`` (None: the engine's balancer picks) may use."""
+        if rank is None:
+            return list(w.sources.values())
+        src = w.sources.get(rank)
+        return [src] if src is not None else []
+
+    def _evicted(self, w: _Worker, src: _Source, room: int) -> set[int]:
+        """The held blocks of ``src`` its engine evicts for the prompts this router sent there and it
+        has not computed yet (the blocks of each it has not stored: a prompt is computed in order,
+        so they are its last ones), where ``room`` blocks of its cache are not partly filled by a
+        request: those beyond the blocks no cached content occupies, from the least recently used
+        block no request of this router has in flight."""
+        if not w.unanswered:
+            return set()
+        held, slot = self._held, src.slot
+        allocate = 0
+        for hashes, n in w.unanswered.items():
+            left = 0
+            for h in reversed(hashes):
+                owners = held.get(h)
+                if owners is not None and slot in owners:
+                    break
+                left += 1
+            allocate += n * left
+        k = allocate - max(0, room - len(src.own))
+        out: set[int] = set()
+        if k <= 0:
+            return out
+        busy, trailing = src.busy, src.trailing
+        for h in src.recency:
+            if h not in busy and h not in trailing:
+                out.add(h)
+                if len(out) >= k:
+                    break
+        return out
+
+    def _depth(self, hashes: Sequence[int], w: _Worker, src: _Source, now: float,
+               gone: Collection[int] = ()) -> int:
+        """Leading blocks of ``hashes`` the rank ``src`` holds, counting live speculative entries;
+        ``gone``: held blocks it is predicted to evict first."""
         held, slot, spec, own_spec = self._held, src.slot, w.speculative, src.speculative
         d = 0
         for h in hashes:
             owners = held.get(h)
             if owners is not None and slot in owners:
+                if h in gone:
+                    break
                 d += 1
                 continue
             until = spec.get(h)
@@ -318,17 +451,22 @@ class ExactIndex:
             break
         return d
 
-    def match(self, hashes: Sequence[int], worker_ids: Collection[str], now: float) -> dict[str, int]:
+    def match(self, hashes: Sequence[int], worker_ids: Collection[str], now: float,
+              room: Mapping[str, int] | None = None) -> dict[str, int]:
         """Leading blocks of ``hashes`` each of ``worker_ids`` holds (the best over its ranks: the
-        request can be sent to that rank), counting its live speculative entries."""
+        request can be sent to that rank), counting its live speculative entries.  With ``room``
+        (per worker, the blocks of its cache no request in flight fills partly): less what its
+        engine evicts before a request sent now is scheduled (``_evicted``)."""
         out: dict[str, int] = {}
         full = len(hashes)
         for wid in worker_ids:
             w = self._workers.get(wid)
             best = 0
             if w is not None:
+                blocks = room.get(wid) if room is not None else None
                 for src in w.sources.values():
-                    d = self._depth(hashes, w, src, now)
+                    gone = self._evicted(w, src, blocks) if blocks is not None else ()
+                    d = self._depth(hashes, w, src, now, gone)
                     if d > best:
                         best = d
                         if best == full:

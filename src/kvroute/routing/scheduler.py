@@ -203,6 +203,7 @@ class Scheduler:
             predicted_ttft_s=self.predicted_ttft(policy, view, chosen, prefill),
             exact=chosen.exact, held_tokens=chosen.held_tokens, rank=rank,
             one_shot=policy.one_shot is not None and policy.one_shot(view),
+            token_hashes=key.token_hashes if key.cacheable else (),
         )
 
     def _rank(self, view: View, c: Candidate) -> int | None:
@@ -313,11 +314,16 @@ class Scheduler:
                 c.held_tokens = min(est, depth * block_tokens)
         if ids:
             resident = self._resident
+            room = self._room(key, cands, ids)
             if resident is not None and resident[0] is key.token_hashes and resident[1] == now:
-                # Every readable worker not holding the first block matches nothing.
+                # Every readable worker not holding the first block matches nothing; those whose
+                # queue evicts are matched again with what it evicts.
                 depths = {wid: resident[2].get(wid, 0) for wid in ids}
+                queued = [wid for wid in ids if depths[wid] and wid in room]
+                if queued:
+                    depths.update(exact.match(key.token_hashes, queued, now, room))
             else:
-                depths = exact.match(key.token_hashes, ids, now)
+                depths = exact.match(key.token_hashes, ids, now, room)
             block = key.token_block
             for c in cands:
                 held = depths.get(c.worker.id)
@@ -326,6 +332,15 @@ class Scheduler:
                     c.matched_blocks = held
                     c.held_tokens = min(est, float(held * block))
                     c.cached_tokens = float(exact.resident_blocks(c.worker.id) * block)
+
+    @staticmethod
+    def _room(key: RoutingKey, cands: list[Candidate], ids: Collection[str]) -> dict[str, int]:
+        """Per exact worker of ``ids`` whose KV cache size is known: its blocks less one per request
+        in flight there (the partly filled block each holds, which caches nothing): the room
+        ``ExactIndex.match`` tells what the prompts not computed there yet evict by."""
+        block = key.token_block
+        return {c.worker.id: c.worker.kv_tokens // block - c.load for c in cands
+                if c.worker.kv_tokens and c.worker.id in ids}
 
     def _estimated_fill(self, key: RoutingKey, slots: dict[int, int],
                         cands: list[Candidate]) -> dict[int, int] | None:
@@ -509,8 +524,8 @@ class Scheduler:
             if self._index.record(stored, worker, decision.worker_epoch, now):
                 records.append(PrefixRecord(worker, decision.worker_epoch, now, stored,
                                             decision.prefill_tokens))
-        if key.cacheable and key.token_hashes:
-            self.exact.speculate(worker, key.token_hashes, now, decision.predicted_ttft_s, decision.rank)
+        if decision.token_hashes:
+            self.exact.speculate(worker, decision.token_hashes, now, decision.predicted_ttft_s, decision.rank)
         self._fill.computed(worker, decision.worker_epoch, now, decision.prefill_tokens)
         if key.cacheable:
             settings = cfg.block(LearningSettings)
@@ -570,20 +585,32 @@ class Scheduler:
         """The chosen worker answered ``decision``'s request: it has computed the prompt, so where
         that added blocks its KV events are due (or its exact state goes stale)."""
         worker = decision.worker_id
+        if worker is not None and decision.token_hashes:
+            self.exact.answered(worker, decision.token_hashes)
         if decision.exact and worker is not None and decision.matched_blocks < decision.total_blocks:
             self.exact.expect(worker, self._clock())
 
     def exact_worker(self, model: str, workers: Sequence[WorkerState]) -> WorkerState | None:
         """The least loaded ready worker of ``model`` whose cache state is exact and whose block
-        size its events told: where a request's tokens are worth computing, and who to ask."""
+        size is known (``block_size``): where a request's tokens are worth computing, and who to ask."""
         readable, now = self.exact.readable, self._clock()
         best = None
         for w in workers:
-            if not (w.ready and w.serves(model) and readable(w.id, now)):
+            if not (w.ready and w.serves(model) and readable(w.id, now, self.block_size(w))):
                 continue
             if best is None or w.total_inflight < best.total_inflight:
                 best = w
         return best
+
+    def block_size(self, worker: WorkerState) -> int | None:
+        """The block a request's tokens are hashed by for ``worker``: what its KV events said,
+        else, before its first store, what its metrics say (None when neither has).  The events
+        win where the two differ: they carry the block their hashes cover, where the metrics say
+        how the engine was configured, which need not be it (a hybrid model's engine resizes its
+        attention block to fit its Mamba state's page).  A wrong guess costs the first turns their
+        exactness only: a worker whose events tell another block is not read for those hashes."""
+        told = self.exact.block_size(worker.id)
+        return told if told is not None else worker.block_size
 
     def cache_mode(self, worker_id: str) -> Mode:
         """``exact`` where ``worker_id``'s KV events say what it holds, else ``approximate``."""
@@ -612,6 +639,13 @@ class Scheduler:
         if prompt_tokens is not None and cached_tokens is not None:
             more += max(0, prompt_tokens - cached_tokens - decision.prefill_tokens)
         self._fill.computed(worker_id, decision.worker_epoch, self._clock(), more)
+
+    def released(self, decision: Decision, answered: bool) -> None:
+        """The request sent as ``decision`` ended, however (``answered``: its first byte came): the
+        blocks it used on its worker are evictable there once no other request of this router uses
+        them, and a prefill it never finished is no longer ahead of later requests."""
+        if decision.worker_id is not None and decision.token_hashes:
+            self.exact.released(decision.worker_id, decision.token_hashes, decision.rank, answered)
 
     def return_share(self, model: str) -> float | None:
         """The learned share of ``model``'s derived sessions that come back with a follow-up turn

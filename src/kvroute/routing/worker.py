@@ -43,6 +43,9 @@ class WorkerState:
     # predicted to hold, plus max_tokens).
     kv_tokens: int | None = None
     inflight_tokens: int = 0
+    # The engine's block size as its metrics say (``cache_config_info``), when known: what a
+    # prompt's tokens are hashed by before its KV events tell theirs (Scheduler.block_size).
+    block_size: int | None = None
     # Router in-flight (own + peers) when running/waiting were scraped: the engine's figures minus
     # this are load from elsewhere; our own share is always taken fresh from the in-flight counts.
     scraped_inflight: int = 0

@@ -156,7 +156,7 @@ class EngineTokens:
         best = self._scheduler.exact_worker(key.model, self._registry.states())
         if best is None:
             return key
-        block = self._scheduler.exact.block_size(best.id)
+        block = self._scheduler.block_size(best)
         assert block is not None
         folder = self._scheduler.settings_for(key.model).block(TokenizerSettings).tokenizer
         if route == "messages":
