@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -162,3 +163,76 @@ def test_a_copy_into_an_estimated_full_cache_waits_for_the_holder_instead() -> N
     assert _holder_queued_and_another_full(10_000) == "b"
     assert _holder_queued_and_another_full(40_000, approximate_eviction=False) == "b"
     assert _holder_queued_and_another_full(40_000, "client-session") == "b"
+
+
+@pytest.mark.parametrize("before, after, second, pinned, expected", [
+    (0, 0, 101, 0, 1.0),  # nothing computed: nothing can have been evicted
+    (20_000, 0, 101, 0, 1.0),  # 26,000 < the 40,000-token pool: still room
+    (40_000, 0, 101, 0, 34_000 / 40_000),  # full: the match's own 6,000 since
+    (40_000, 20_000, 101, 0, 14_000 / 40_000),  # 26,000 of the pool computed since
+    (40_000, 20_000, 102, 0, 20_000 / 40_000),  # served again with the 20,000 since
+    (40_000, 20_000, 103, 0, 1.0),  # served again after everything computed
+    (40_000, 20_000, 101, 10_000, 4_000 / 30_000),  # running requests shrink the pool
+    (40_000, 40_000, 101, 0, 0.0),  # a pool's worth since: the least recently used, gone
+])
+def test_a_match_survives_by_the_share_of_the_pool_not_computed_since(
+        before: int, after: int, second: int, pinned: int, expected: float) -> None:
+    fill = CacheFill()
+    fill.computed("a", 1.0, 100.0, before)
+    fill.computed("a", 1.0, 101.0, 6000)  # the match's own prefill
+    fill.computed("a", 1.0, 102.0, after)
+    assert fill.survival("a", 1.0, 40_000, pinned, second) == pytest.approx(expected)
+
+
+def test_the_index_tells_the_second_each_slot_last_served_its_match() -> None:
+    index = PrefixIndex()
+    for w in ("a", "b"):
+        index.register(w, 1.0)
+    index.record([1, 2, 3], "a", 1.0, 10.0)
+    index.record([1, 2, 3], "b", 1.0, 12.0)
+    index.record([1, 2], "a", 1.0, 20.0)  # a served only the shared head again
+    slots = index.slots_of([("a", 1.0), ("b", 1.0)])
+    a, b = (slot for slot, i in sorted(slots.items(), key=lambda kv: kv[1]))
+    stamps: dict[int, int] = {}
+    assert index.match([1, 2, 3], slots, 30.0, None, stamps) == {a: 3, b: 3}
+    assert stamps == {a: 10, b: 12}
+    stamps.clear()
+    assert index.match([1, 2, 4], slots, 30.0, None, stamps) == {a: 2, b: 2}
+    assert stamps == {a: 20, b: 12}
+
+
+def _two_holders(a_queued: int, b_after: int, **values: object) -> str | None:
+    """Both full workers served the prompt at second 101; "a" served it again at 110 and has
+    ``a_queued`` tokens of another prompt in flight to prefill; "b" computed ``b_after`` tokens of other
+    prompts since 101 and has nothing queued."""
+    sched, clock, (a, b) = _scheduler(**values)
+    prompt = b"p" * 24_000
+    for w in ("a", "b"):
+        _sent(sched, _key(bytes([97]) * 20_000 + w.encode()), w, 20_000)
+        _sent(sched, _key(bytes([98]) * 20_000 + w.encode()), w, 20_000)
+    clock[0] = 101.0
+    _sent(sched, _key(prompt), "a", 6000)
+    _sent(sched, _key(prompt), "b", 6000)
+    clock[0] = 102.0
+    for i in range(b_after // 2000):
+        _sent(sched, _key(bytes([65 + i]) * 8_000), "b", 2000)
+    clock[0] = 110.0
+    _sent(sched, _key(prompt + b"q"), "a", 0)
+    clock[0] = 300.0  # the backlogs drained; then a is sent another prompt
+    _sent(sched, _key(b"z" * 4 * a_queued), "a", a_queued)
+    a.inflight = 1
+    return sched.decide(_key(prompt + b"r"), [a, b]).worker_id
+
+
+@pytest.mark.parametrize("a_queued, b_after, values, expected", [
+    (3000, 20_000, {}, "a"),  # b's copy is 26,000 tokens old: priced as the prefill it may be
+    (3000, 20_000, {"approximate_survival": False}, "b"),  # before: the shorter queue
+    (3000, 2_000, {}, "b"),  # a copy b used recently still takes the load
+    (500, 2_000, {}, "a"),  # ... unless the queues are close
+    (12_000, 20_000, {}, "b"),  # a queue long enough moves even a group's seldom-used copy
+    (3000, 20_000, {"approximate_eviction": False}, "b"),  # nothing estimated: no ageing either
+])
+def test_a_group_stays_with_the_holder_that_serves_it_most(a_queued: int, b_after: int,
+                                                           values: dict[str, object],
+                                                           expected: str) -> None:
+    assert _two_holders(a_queued, b_after, **values) == expected

@@ -20,7 +20,7 @@ horizon nearer.  Pure: the caller passes the time.
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 
 from kvroute.routing.settings import setting
@@ -35,6 +35,10 @@ class CacheFillSettings:
               "it served within its last KV size of computed tokens (least recently used first), and "
               "its cache is full once it computed that much: auto's evicted_cache_weight applies to "
               "it as to an exact worker")
+    approximate_survival: bool = setting(
+        True, "with approximate_eviction, auto prices a full worker's match by the share of its pool "
+              "not yet computed since it last served that prefix (least recently used first: a copy "
+              "a worker serves seldom is likelier gone than the index says)")
 
 
 @dataclass(slots=True)
@@ -96,6 +100,21 @@ class CacheFill:
         # the running requests pin the whole KV).
         after = bisect_right(totals, least)
         return count.seconds[after] if after < len(totals) else count.seconds[-1] + 1
+
+    def survival(self, worker_id: str, epoch: float, kv_tokens: int | None, pinned: float,
+                 second: int) -> float:
+        """The share of ``worker_id``'s pool (``horizon``'s) not yet computed since ``second``: how
+        far a prefix it last served then is from being the least recently used, 0 at the horizon.
+        1 while nothing can have been evicted."""
+        count = self._counts.get(worker_id)
+        if count is None or count.epoch != epoch or not kv_tokens:
+            return 1.0
+        pool = kv_tokens - pinned
+        if count.total < pool:
+            return 1.0
+        before = bisect_left(count.seconds, second) - 1
+        left = pool - count.total + (count.totals[before] if before >= 0 else 0.0)
+        return left / pool if left > 0 else 0.0
 
     def fill(self, worker_id: str, epoch: float, kv_tokens: int | None) -> float | None:
         """Tokens ``worker_id``'s cache holds at ``epoch``: what it computed, up to its KV size

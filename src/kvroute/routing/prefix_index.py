@@ -142,13 +142,14 @@ class PrefixIndex:
     # --- lookup --------------------------------------------------------------------------------
 
     def match(self, hashes: Sequence[int], slots: Mapping[int, int], now: float,
-              since: Mapping[int, int] | None = None) -> dict[int, int]:
+              since: Mapping[int, int] | None = None, stamps: dict[int, int] | None = None) -> dict[int, int]:
         """Deepest match per wanted slot: ``{slot: matched_blocks}`` for slots ``slots`` names.
 
         ``slots`` maps slot -> anything (the caller's candidate index); only those slots are looked
         for, and the walk from the deepest block stops once all of them are found.  ``since`` gives
         some slots a later cutoff than the age bound: the first whole second whose entries they
-        still hold (routing/cache_fill.py).
+        still hold (routing/cache_fill.py).  ``stamps``, when given, receives each found slot's
+        stamp at its deepest block: the last second it served the whole match.
         """
         found: dict[int, int] = {}
         if not slots or not hashes:
@@ -167,6 +168,8 @@ class PrefixIndex:
                     if slot in slots and slot not in found and t >= cutoff and (
                             not since or t >= since.get(slot, cutoff)):
                         found[slot] = depth
+                        if stamps is not None:
+                            stamps[slot] = t
                         if len(found) == want:
                             break
                 else:
@@ -174,6 +177,8 @@ class PrefixIndex:
                         if slot in slots and slot not in found and t >= cutoff and (
                                 not since or t >= since.get(slot, cutoff)):
                             found[slot] = depth
+                            if stamps is not None:
+                                stamps[slot] = t
                     if len(found) == want:
                         break
             depth -= 1

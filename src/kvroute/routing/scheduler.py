@@ -292,7 +292,8 @@ class Scheduler:
         """Signal.PREFIX: each candidate's longest match and the prompt tokens it covers — from the
         worker's KV events where they are exact and the request's tokens are known, else from the
         approximate index (for a request with no client session id, only what the worker is
-        estimated to hold still, and how full its cache is: routing/cache_fill.py)."""
+        estimated to hold still, how full its cache is, and how close to eviction its match is:
+        routing/cache_fill.py)."""
         est = float(key.est_prompt_tokens)
         exact = self.exact
         ids: list[str] = []
@@ -304,14 +305,20 @@ class Scheduler:
             since = self._estimated_fill(key, slots, cands)
             block_tokens = self._block_tokens
             walk = self._walk
+            stamps: dict[int, int] = {}
             if not since and walk is not None and walk[0] is hashes and walk[1] == now:
                 found = {slot: walk[2][slot] for slot in slots if slot in walk[2]}
             else:
-                found = self._index.match(hashes, slots, now, since)
+                found = self._index.match(hashes, slots, now, since, stamps)
+            aging = since if since and self.config.settings_for(key.model).block(
+                CacheFillSettings).approximate_survival else {}
             for slot, depth in found.items():
                 c = cands[slots[slot]]
                 c.matched_blocks = depth
                 c.held_tokens = min(est, depth * block_tokens)
+                if slot in aging:  # a full cache: what it served least recently goes first
+                    w = c.worker
+                    c.fresh = self._fill.survival(w.id, w.epoch, w.kv_tokens, w.inflight_tokens, stamps[slot])
         if ids:
             resident = self._resident
             room = self._room(key, cands, ids)

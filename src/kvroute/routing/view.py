@@ -23,7 +23,7 @@ T = TypeVar("T")
 class Signal(StrEnum):
     """Figures a stage may need beyond the worker's own load (always present)."""
 
-    PREFIX = "prefix"  # Candidate.matched_blocks, held_tokens, exact: the longest match on each worker
+    PREFIX = "prefix"  # Candidate.matched_blocks, held_tokens, exact, fresh: each worker's longest match
     SESSIONS = "sessions"  # Candidate.active_sessions: sessions recently active on each worker
     LEARNED = "learned"  # Candidate.s_per_token, realisation, backlog_tokens
     BINDING = "binding"  # View.session, View.bound: the request's session and its worker
@@ -47,7 +47,9 @@ class Candidate:
     that match covers either way.  ``cached_tokens`` is what the worker's whole cache holds: known
     when ``exact``, else estimated from what the routers had it compute (routing/cache_fill.py; only
     for a request with no client session id), None where neither is known: with its KV size, how
-    much of that cache a cold prefill evicts.
+    much of that cache a cold prefill evicts.  ``fresh``: on an approximate worker whose estimated
+    cache is full, the share of its pool not yet computed since it last served the match (1 where
+    nothing is estimated evicted): how far that match is from being the least recently used.
     """
 
     worker: WorkerState
@@ -63,6 +65,7 @@ class Candidate:
     s_per_token: float = 0.0
     realisation: float = 1.0
     backlog_tokens: float = 0.0
+    fresh: float = 1.0
 
     @classmethod
     def of(cls, worker: WorkerState) -> Candidate:

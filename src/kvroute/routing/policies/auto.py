@@ -43,6 +43,17 @@ prefill later requests pay again: a request the client named no session for is c
 instead of being copied onto every replica whose queue is shorter (each copy evicting the other
 shared prompts in turn).  A client's session is left to stickiness, which already prices its move.
 
+**A copy served seldom.**  Where a group of requests sharing a prompt is held by two workers, the
+one serving fewer of them uses its copy less often; on a full cache that copy is the least
+recently used, and the engine evicts it while the index still lists it (docs/saturation.md, "Traced
+per request").  So for a request with no client session id a full approximate worker's match is
+counted in the cost's prefill term only as far as the share of its pool not yet computed since
+it last served that match (``Candidate.fresh``, routing/cache_fill.py): the holder serving a group
+most keeps it, and the other's copy ages out unless the queue ahead says otherwise.  Not in the
+prediction or the prefill the router counts: that fed back through the fill estimate and the
+pinned tokens onto every holder's horizon, and hot groups could no longer spread (4x-5x collapsed
+in virtual time); nor in the copy charge (one seed at 5x then thrashed).
+
 **When the fleet is full** (``View.fleet_full``, routing/saturation.py) no replica can start a
 request at once, so a shorter queue is no longer worth a cold prefill: that prefill is the fleet's
 work, and it evicts a prefix whose next request then goes cold too.  The cost becomes the fleet's:
@@ -253,6 +264,8 @@ def _costs(view: View, cands: list[Candidate]) -> list[float]:
                 queue += per_session * others if others > 0 else 0.0
         if evict:
             queue += evict * copied_evicting(c, uncached, best_held - (est - uncached))
+        if c.fresh < 1.0:  # a copy served least recently there: priced as the prefill it may be
+            uncached = est - (est - uncached) * c.fresh
         cost = spt * (queue + weight * uncached)
         if c.worker.id == bound:
             if cap is not None and c.load > cap:
