@@ -8,9 +8,11 @@ import pytest
 from routing_helpers import Clock
 from test_flow import MODEL, dispatcher, fleet, key, send
 
+from kvroute.routing.config import ModelSettings, RoutingConfig
 from kvroute.routing.dispatch import Dispatcher
 from kvroute.routing.flow import Ticket, TicketState
 from kvroute.routing.key import DERIVED_SESSION_PREFIX, RoutingKey
+from kvroute.routing.scheduler import Scheduler
 from kvroute.routing.session_admission import KINDS, RULES, SessionBook, SessionDoor
 from kvroute.routing.worker import WorkerState
 
@@ -121,6 +123,33 @@ def test_a_new_session_with_no_replica_room_waits() -> None:
     clock = Clock(1000.0)
     d, workers = uneven(clock)
     assert d.admit(key(900, session="c"), workers).queued
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_a_session_another_instance_bound_is_no_new_session_here(shared: bool) -> None:
+    """Two router instances sharing their session table (Redis): a session instance A placed on
+    w0 is a later turn at instance B's door, which never saw it, and goes to w0 — not to the seat
+    B would give a new session (w1, room beside b).  Without the shared binding it is new at B."""
+    clock = Clock(1000.0)
+    workers_b = fleet(2, seqs=8, kv_tokens=1000)
+    settings = {"policy": "session", "flow_control": True, "flow_session_admission": True,
+                "flow_session_fill_unsaturated": 0.0, "flow_kv_fill": 10.0}
+    a = Dispatcher(Scheduler(RoutingConfig(default=ModelSettings(**settings)), clock=clock), timer=clock)
+    b = Dispatcher(Scheduler(RoutingConfig(default=ModelSettings(**settings)), clock=clock), timer=clock)
+    quiet = send(b, key(1500, session="a"), workers_b)  # instance B's own sessions: w0 past its
+    assert quiet.state.id == "w0"                       # cache, w1 with room for 700 beside b
+    assert send(b, key(200, session="b"), workers_b).state.id == "w1"
+    b.finished(quiet, ok=True)
+    first = key(700, session="c")
+    decision = a.route(first, fleet(2, seqs=8, kv_tokens=1000))
+    assert decision.worker_id == "w0"
+    if shared:
+        for record in a.scheduler.commit(first, decision):
+            b.scheduler.apply_remote(record)
+    later = key(700, session="c")
+    assert b.admit(later, workers_b).state is TicketState.GRANTED
+    routed = b.route(later, workers_b)
+    assert (routed.worker_id, "seated" in routed.reason) == (("w0", False) if shared else ("w1", True))
 
 
 def lived_book(placed: dict[str, list[int]], left: list[int],

@@ -165,17 +165,21 @@ class Dispatcher:
             d = self.scheduler.foresee(key, workers, self.book, fleet_full=full)
             resident = key.session_id is not None and d.matched_blocks > 0 and \
                 2 * d.prefill_tokens < d.est_tokens
+            # Another router instance may have admitted the session: its door knows it, this
+            # one's only through the shared session table (a derived identity's repeat stays a
+            # new session: SessionBook.is_new).
+            bound = key.client_session and self.scheduler.bound_worker(key) is not None
             if not full:
-                return Prediction(d.prefill_tokens, resident)
+                return Prediction(d.prefill_tokens, resident, bound=bound)
             factor = self.scheduler.settings_for(model).block(SaturationSettings).fleet_late_bind
             holder, held = self.scheduler.holder(key, workers)
             if holder is None or factor <= 0 or 2 * held < key.est_prompt_tokens:
-                return Prediction(d.prefill_tokens, resident)
+                return Prediction(d.prefill_tokens, resident, bound=bound)
             # Waiting for the holder costs this request time; going elsewhere costs the fleet a
             # cold prefill of the whole prompt (and the prefix it evicts): wait up to a multiple
             # of that prefill.
             bind_s = factor * key.est_prompt_tokens * self.scheduler.prefill_s_per_token(holder)
-            return Prediction(d.prefill_tokens, resident, holder, bind_s)
+            return Prediction(d.prefill_tokens, resident, holder, bind_s, bound)
 
         ticket = self.flow.admit(key, workers, now, predict)
         ticket.on_decided = on_decided

@@ -60,12 +60,15 @@ class Prediction:
     """Where a request would go if it were routed now, for the queue: the prompt tokens it would
     prefill there, whether it is a continuing session's turn whose prefix is still resident, and
     (late binding, while the fleet is saturated) the replica holding most of its prompt and how
-    many seconds it may wait for that replica before it may go elsewhere."""
+    many seconds it may wait for that replica before it may go elsewhere.  ``bound``: a session
+    the client names that the shared session table already binds to a replica (another router
+    instance served it): a later turn, never a new session at this instance's door."""
 
     prefill_tokens: int
     resident: bool
     holder: str | None = None
     bind_s: float = 0.0
+    bound: bool = False
 
 
 @dataclass(slots=True, eq=False)
@@ -85,6 +88,7 @@ class Ticket:
     state: TicketState = TicketState.GRANTED
     prefill_tokens: int = 0
     resident: bool = False
+    bound: bool = False  # Prediction.bound
     waited_s: float = 0.0
     reason: ShedReason | None = None
     retry_after_s: int = 0
@@ -122,7 +126,7 @@ class Ticket:
     def predicted(self, p: Prediction) -> None:
         """Take the queue's prediction of where it would go (late binding: its holder, for at
         most ``p.bind_s`` from its arrival)."""
-        self.prefill_tokens, self.resident = p.prefill_tokens, p.resident
+        self.prefill_tokens, self.resident, self.bound = p.prefill_tokens, p.resident, p.bound
         if p.holder is not None and p.bind_s > 0:
             self.holder, self.bind_until = p.holder, self.arrived + p.bind_s
 

@@ -243,6 +243,12 @@ class Scheduler:
             return home
         return None
 
+    def bound_worker(self, key: RoutingKey) -> str | None:
+        """The replica ``key``'s session is bound to in the session table (by this router instance
+        or, through Redis, another), None without a session or a live binding."""
+        session = session_hash(key)
+        return None if session is None else self._sessions.get(session, self._clock())
+
     def holder(self, key: RoutingKey, workers: Sequence[WorkerState]) -> tuple[str | None, float]:
         """The ready worker serving ``key``'s model whose indexed match of the prompt is deepest,
         and the prompt tokens it holds by the index ((None, 0) when none holds any): what late

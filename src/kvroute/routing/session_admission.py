@@ -633,8 +633,9 @@ class SessionDoor:
         return sid is not None and kind(sid) in on and self.book.is_new(sid, key.est_prompt_tokens)
 
     def holds(self, t: Ticket, on: Container[bool]) -> bool:
-        """Whether the door holds ``t``: a new session's request whose prefix is not resident."""
-        return not t.resident and self.is_new(t.key, on)
+        """Whether the door holds ``t``: a new session's request whose prefix is not resident (nor
+        its session bound by another router instance: ``Ticket.bound``)."""
+        return not t.resident and not t.bound and self.is_new(t.key, on)
 
     def line(self, tickets: Iterable[Ticket], on: Container[bool]) -> deque[Ticket]:
         """The requests the door holds, in the order they pass it (:func:`door_order`)."""
@@ -761,7 +762,7 @@ class SessionDoor:
         sent yet count in the working set, and on their seat (those let in without one, on every
         replica)."""
         t.seat = None
-        if not self.is_new(t.key, on) or t.resident:
+        if not self.holds(t, on):
             return True
         if door_s and now - t.arrived >= door_s:
             return True
