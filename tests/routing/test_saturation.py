@@ -340,3 +340,34 @@ def test_the_default_gate_engages_with_saturation_and_opens_with_its_release() -
         clock.advance(0.25)
         d.scraped(workers[0], 0, 0, 0.1)
     assert not d.saturated("m")
+
+
+# --- the bound lifted where one kind is served ------------------------------------------------------
+
+@pytest.mark.parametrize("session, other, stays", [
+    ("agent-1", None, True),  # one kind served: a later turn stays on its replica past the bound
+    ("agent-1", "conv:question", False),  # both kinds served: the bound holds
+    ("agent-1", "agent-2", True),  # another session of the same kind is still one kind
+    ("conv:agent", None, False),  # a session the router derived: the bound holds
+])
+def test_a_bound_turn_stays_past_the_load_bound_only_where_one_kind_is_served(
+        session: str, other: str | None, stays: bool) -> None:
+    clock = Clock()
+    d = _saturated_dispatcher(clock)
+    workers = fleet(4, max_num_seqs=32)
+    head = text(11, 16384)
+    first = key(head + "turn one", session=session)
+    decision = d.route(first, workers)
+    holder = next(w for w in workers if w.id == decision.worker_id)
+    flight, _ = d.sent(first, decision, holder)
+    d.finished(flight, ok=True)
+    if other is not None:  # in the door's book, on another replica
+        k = key(text(12, 4096), session=other)
+        rest = next(w for w in workers if w is not holder)
+        d.sent(k, d.route(k, workers, exclude={holder.id}), rest)
+    for w in workers:
+        w.inflight = 4
+    holder.inflight = 6  # past the bound: ceil(1.25 * 19 / 4) = 6 < 6 + 1
+    clock.advance(1.0)
+    later = d.route(key(head + "turn one" + text(13, 2048), session=session), workers)
+    assert (later.worker_id == holder.id) is stays, later.reason

@@ -162,7 +162,8 @@ class Dispatcher:
         def predict() -> Prediction:
             # Where it would go now, for the order only: it is decided afresh when granted.
             full = self.saturated(model)
-            d = self.scheduler.foresee(key, workers, self.book, fleet_full=full)
+            d = self.scheduler.foresee(key, workers, self.book, fleet_full=full,
+                                       one_kind=full and self.flow.one_kind(key, now))
             resident = key.session_id is not None and d.matched_blocks > 0 and \
                 2 * d.prefill_tokens < d.est_tokens
             # Another router instance may have admitted the session: its door knows it, this
@@ -245,13 +246,14 @@ class Dispatcher:
         self._fleets[key.model] = workers
         seat = self.flow.seat(key)
         full = self.saturated(key.model)
+        one = full and self.flow.one_kind(key, self._timer())
         if seat is not None and seat not in exclude and any(w.id == seat and w.ready for w in workers):
             others = {w.id for w in workers if w.id != seat}
-            decision = self.scheduler.decide(key, workers, others, self.book, fleet_full=full)
+            decision = self.scheduler.decide(key, workers, others, self.book, fleet_full=full, one_kind=one)
             if decision.worker_id is not None:
                 decision.reason += seated_note(seat)
                 return decision
-        return self.scheduler.decide(key, workers, exclude, self.book, fleet_full=full)
+        return self.scheduler.decide(key, workers, exclude, self.book, fleet_full=full, one_kind=one)
 
     def sent(self, key: RoutingKey, decision: Decision,
              state: WorkerState) -> tuple[InFlight, list[SyncRecord]]:

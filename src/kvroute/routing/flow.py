@@ -54,7 +54,7 @@ from kvroute.routing.flow_queue import (
 )
 from kvroute.routing.key import RoutingKey
 from kvroute.routing.saturation import check_switch, switch_on
-from kvroute.routing.session_admission import KINDS, NAMED, RULES, SessionDoor
+from kvroute.routing.session_admission import KINDS, NAMED, RULES, SessionDoor, kind
 from kvroute.routing.settings import PlacementSettings, check_non_negative, check_positive, setting
 from kvroute.routing.worker import WorkerState
 
@@ -565,6 +565,15 @@ class FlowControl:
         if m is None or s.flow_session_admission is False:
             return 0
         return m.door.book.working_set(now, s.flow_session_idle_s, s.flow_session_rule)
+
+    def one_kind(self, key: RoutingKey, now: float) -> bool:
+        """Whether ``key``'s model's fleet serves no kind of session but ``key``'s
+        (``SessionBook.alone``): False for a request without a session, and where session
+        admission is off (its book then tracks nothing)."""
+        if key.session_id is None or self._settings(key.model).flow_session_admission is False:
+            return False
+        m = self._models.get(key.model)
+        return m is None or m.door.book.alone(kind(key.session_id), now)
 
     def free_room(self, key: RoutingKey) -> int:
         """How many replicas are admissible for ``key`` now beyond the grants not yet claimed

@@ -106,21 +106,22 @@ class Scheduler:
 
     def decide(self, key: RoutingKey, workers: Sequence[WorkerState],
                exclude: Collection[str] = (), book: LoadBook | None = None, *,
-               fleet_full: bool = False) -> Decision:
+               fleet_full: bool = False, one_kind: bool = False) -> Decision:
         """Where to send ``key`` among ``workers`` (``WorkerState``s), skipping ``exclude`` ids.
 
         With ``book`` (the dispatcher's, filed with these workers' loads) a fleet larger than
         ``prune_above`` is decided over the workers the policy's ``Pruning`` says can win.
         ``fleet_full``: the model's fleet is saturated (routing/saturation.py); with
         ``fleet_full_placement = "fleet"`` the policy then places for the fleet (``View.fleet_full``).
+        ``one_kind``: the fleet serves no kind of session but ``key``'s (``View.one_kind``).
         """
         try:
-            return self._decide(key, workers, exclude, book, fleet_full)
+            return self._decide(key, workers, exclude, book, fleet_full, one_kind)
         finally:  # the pruning's walk of the index and the exact depths hold for this decision only
             self._walk, self._filled, self._resident = None, False, None
 
     def foresee(self, key: RoutingKey, workers: Sequence[WorkerState], book: LoadBook | None = None, *,
-                fleet_full: bool = False) -> Decision:
+                fleet_full: bool = False, one_kind: bool = False) -> Decision:
         """``decide`` for a request that is not being sent (flow control's order of a queued
         request): the pickers' turn and random source are left as they were, so that asking where a
         request would go does not move where the next ones go."""
@@ -129,12 +130,12 @@ class Scheduler:
         rng.setstate(saved.rng.getstate())
         self._picker = PickerState(saved.turn, rng)
         try:
-            return self.decide(key, workers, (), book, fleet_full=fleet_full)
+            return self.decide(key, workers, (), book, fleet_full=fleet_full, one_kind=one_kind)
         finally:
             self._picker = saved
 
     def _decide(self, key: RoutingKey, workers: Sequence[WorkerState], exclude: Collection[str],
-                book: LoadBook | None, fleet_full: bool) -> Decision:
+                book: LoadBook | None, fleet_full: bool, one_kind: bool) -> Decision:
         now = self._clock()
         cfg = self.config.settings_for(key.model)
         placement = cfg.placement
@@ -142,7 +143,8 @@ class Scheduler:
         needs = policy.needs
         hashes = self.hashes(key)
         view = View(key, cfg, placement, now, len(hashes), self._block_tokens,
-                    fleet_full=fleet_full and cfg.block(SaturationSettings).fleet_full_placement == "fleet")
+                    fleet_full=fleet_full and cfg.block(SaturationSettings).fleet_full_placement == "fleet",
+                    one_kind=one_kind)
         if _BINDING in needs and placement.sticky and key.session_id is not None:
             view.session = session_hash(key)
             assert view.session is not None

@@ -94,7 +94,8 @@ class View:
     ``return_share``: for a request whose session id the router derived (no client session id),
     the learned share of such sessions of its model that come back with a follow-up turn
     (routing/returns.py; None before enough are known, and for a client's session);
-    ``returned``: this one has.
+    ``returned``: this one has.  ``one_kind``: the model's fleet serves no kind of session but
+    this request's (session admission's book, ``FlowControl.one_kind``; False where it is off).
     """
 
     key: RoutingKey
@@ -109,6 +110,7 @@ class View:
     fleet_full: bool = False
     return_share: float | None = None
     returned: bool = False
+    one_kind: bool = False
     _memo: dict[Callable[[View], Any], Any] = field(default_factory=dict, repr=False)
 
     def derived(self, fn: Callable[[View], T]) -> T:

@@ -309,8 +309,15 @@ def _room(view: View, cands: list[Candidate]) -> list[Candidate]:
     if not view.fleet_full:
         return filters.load_within_slack.keep(view, cands)
     limit = load_bound(view, cands)
+    # A later turn of a session the client names stays on its replica past the bound where the
+    # fleet serves that kind alone: its sessions pause in turn, so the holder above the mean now
+    # is below it a tool call later, and the turn moved elsewhere goes cold and evicts there
+    # (agents with pauses at 24 / 32 / 48 sessions: 20,960 / 20,981 / 20,885 tokens/min against
+    # 20,523 / 20,053 / 20,171).  With another kind served it would crowd that kind out
+    # (docs/saturation.md, "The ceiling with pauses").
+    stays = view.bound if view.one_kind and view.key.client_session else None
     # The least busy always passes (its load + 1 is within any bound >= 1 x the mean).
-    return [c for c in cands if c.busy + 1 <= limit]
+    return [c for c in cands if c.busy + 1 <= limit or c.worker.id == stays]
 
 
 def _room_guard(view: View, cands: list[Candidate]) -> list[Candidate]:
@@ -319,8 +326,9 @@ def _room_guard(view: View, cands: list[Candidate]) -> list[Candidate]:
 
 room_guard = Filter("room_guard", _room_guard, frozenset({Signal.BINDING, Signal.RETURNS}))
 """With room in the fleet, the prompt-size slack (``load_within_slack``); when it is full, the
-bounded load: candidates that would carry at most ``fleet_load_bound`` x the mean load.  Neither
-for a one-shot (``one_shot``)."""
+bounded load: candidates that would carry at most ``fleet_load_bound`` x the mean load, and the
+replica a later turn of a session the client names is bound to where the fleet serves one kind
+(``View.one_kind``).  Neither for a one-shot (``one_shot``)."""
 
 
 def _spread(view: View, cands: list[Candidate]) -> list[Candidate]:
