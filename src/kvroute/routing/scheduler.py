@@ -313,18 +313,20 @@ class Scheduler:
             since = self._estimated_fill(key, slots, cands)
             block_tokens = self._block_tokens
             walk = self._walk
-            stamps: dict[int, int] = {}
+            # The full workers whose matches are priced by how recently they served them, and
+            # (asked of the index only then) each one's stamp of its match.
+            aging = since if since and self.config.settings_for(key.model).block(
+                CacheFillSettings).approximate_survival else None
+            stamps: dict[int, int] | None = {} if aging else None
             if not since and walk is not None and walk[0] is hashes and walk[1] == now:
                 found = {slot: walk[2][slot] for slot in slots if slot in walk[2]}
             else:
                 found = self._index.match(hashes, slots, now, since, stamps)
-            aging = since if since and self.config.settings_for(key.model).block(
-                CacheFillSettings).approximate_survival else {}
             for slot, depth in found.items():
                 c = cands[slots[slot]]
                 c.matched_blocks = depth
                 c.held_tokens = min(est, depth * block_tokens)
-                if slot in aging:  # a full cache: what it served least recently goes first
+                if aging and stamps is not None and slot in aging:  # the least recently served goes first
                     w = c.worker
                     c.fresh = self._fill.survival(w.id, w.epoch, w.kv_tokens, w.inflight_tokens, stamps[slot])
         if ids:
