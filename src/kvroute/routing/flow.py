@@ -126,7 +126,7 @@ class FlowSettings:
     flow_session_slow_start: int = setting(
         3, "cold start of the door's seat: until 8 sessions have left (their size is not learnt "
            "yet), a replica takes a new session only while those it took and has not seen past "
-           "their first request number fewer than this and than its sessions seen past it, and "
+           "their first request number fewer than this, or than its sessions seen past it, and "
            "each session counts at least the median one served (0: off; docs/saturation.md, "
            "'The cold start')")
 

@@ -627,7 +627,7 @@ class SessionBook:
         ``learning`` how large its sessions grow (a cold start), each session counts at least the
         ``typical`` one served, and a replica takes a new session only while its ``fresh`` ones
         (not seen past their first request; one let in for it and not sent yet counts as one)
-        number fewer than the window and than its sessions seen past their first request.  A cold
+        number fewer than the window, or than its sessions seen past their first request.  A cold
         fleet's first turns all look small: seated by their size, five agents a replica outgrew
         its cache a few turns later (docs/saturation.md, "The cold start")."""
         assert key.session_id is not None
