@@ -308,3 +308,9 @@ def test_a_session_is_fresh_until_its_second_request() -> None:
     book.sent(turn("a", 800), 800, RULE, "w1")  # back after it was forgotten
     assert book.fresh_on("w1", True) == 0
     assert book.typical(True) == 800
+
+
+def test_the_window_is_a_count() -> None:
+    with pytest.raises(ValueError, match="flow_session_slow_start"):
+        ModelSettings(flow_session_slow_start=-1)
+    assert ModelSettings().flow_session_slow_start == 3
