@@ -61,6 +61,16 @@ def test_the_share_follows_the_recent_resolutions() -> None:
     assert r.share(now + 10) == pytest.approx((7 / 8) ** 40)
 
 
+@pytest.mark.parametrize("tokens, returned", [(100, False), (50, False), (101, True)])
+def test_a_follow_up_is_returned_before_it_is_seen(tokens: int, returned: bool) -> None:
+    """A conversation's first follow-up is routed before the table sees it: a request longer than
+    its identity's first is one (the same prompt again, or a shorter one, is not)."""
+    r = ReturnShare(window_s=60.0, min_resolved=1)
+    r.seen(7, 100, 0.0)
+    assert r.returned(7, tokens) is returned
+    assert not r.returned(8, tokens)  # an identity not seen
+
+
 def test_the_table_is_bounded() -> None:
     r = ReturnShare(window_s=60.0, min_resolved=1, max_tracked=3)
     for s in range(5):
