@@ -78,8 +78,10 @@ def uneven(clock: Clock) -> tuple[Dispatcher, list[WorkerState]]:
     """2 x 1000 tokens of KV: w0 keeps quiet session a (1500 tokens: past its cache), w1 serves b
     (200, in flight).  A new session of 700 is past the fleet's 2000 (1500 + 200 + 700) but fits
     on w1 beside b; least-loaded would send it to idle w0, where it evicts a."""
+    # No slow start: these are the seat's tests once sizes are learnt (a cold book counts b at
+    # the median served, a's 1500; test_a_cold_seat_... below).
     d = dispatcher(clock, flow_session_admission=True, flow_session_fill_unsaturated=0.0,
-                   flow_kv_fill=10.0)
+                   flow_kv_fill=10.0, flow_session_slow_start=0)
     workers = fleet(2, seqs=8, kv_tokens=1000)
     a = send(d, key(1500, session="a"), workers)
     assert a.state.id == "w0"
@@ -133,7 +135,8 @@ def test_a_session_another_instance_bound_is_no_new_session_here(shared: bool) -
     clock = Clock(1000.0)
     workers_b = fleet(2, seqs=8, kv_tokens=1000)
     settings = {"policy": "session", "flow_control": True, "flow_session_admission": True,
-                "flow_session_fill_unsaturated": 0.0, "flow_kv_fill": 10.0}
+                "flow_session_fill_unsaturated": 0.0, "flow_kv_fill": 10.0,
+                "flow_session_slow_start": 0}  # sizes as if learnt, as in ``uneven``
     a = Dispatcher(Scheduler(RoutingConfig(default=ModelSettings(**settings)), clock=clock), timer=clock)
     b = Dispatcher(Scheduler(RoutingConfig(default=ModelSettings(**settings)), clock=clock), timer=clock)
     quiet = send(b, key(1500, session="a"), workers_b)  # instance B's own sessions: w0 past its
@@ -237,3 +240,77 @@ def test_a_kind_that_just_left_is_still_served(derived: bool, left_at: float | N
         book.forget_idle(left_at, 1.0, RULE)
         assert other not in book
     assert book.alone(True, now) is alone
+
+
+def cold_book(placed: dict[str, list[tuple[int, int]]]) -> SessionBook:
+    """A book no session has left yet (a cold start), serving on each replica sessions of (size,
+    requests sent): those sent once are fresh, not yet seen past their first request."""
+    book = SessionBook()
+    for worker, sessions in placed.items():
+        for i, (size, sends) in enumerate(sessions):
+            for _ in range(sends):
+                book.sent(turn(f"{worker}-{i}", size), size, RULE, worker)
+    return book
+
+
+@pytest.mark.parametrize("placed, opened, window, expected", [
+    # w0 has more room, but three fresh sessions fill its window of 3
+    ({"w0": [(100, 1)] * 3, "w1": [(700, 2)]}, {}, 3, "w1"),
+    ({"w0": [(100, 1)] * 2, "w1": [(700, 2)]}, {}, 3, "w0"),       # two fresh: room in the window
+    ({"w0": [(100, 1)] * 2, "w1": [(700, 2)]}, {"w0": 100}, 3, "w1"),  # ... one let in, not sent
+    # past the window, as many fresh as sessions seen past their first request
+    ({"w0": [(100, 2)] * 3 + [(100, 1)] * 3, "w1": [(950, 2)]}, {}, 3, None),
+    ({"w0": [(100, 2)] * 4 + [(100, 1)] * 3, "w1": [(950, 2)]}, {}, 3, "w0"),
+    ({"w0": [(100, 1)] * 3, "w1": [(700, 2)]}, {}, 0, "w0"),       # slow start off
+    # each counts at least the median served (the sessions at every turn of their lives):
+    # w0's two of 100 count 450 each, 2 x 450 + 450 > 1000; without slow start w0 has room
+    ({"w0": [(100, 2)] * 2, "w1": [(450, 2)] * 3}, {}, 3, None),
+    ({"w0": [(100, 2)] * 2, "w1": [(450, 2)] * 3}, {}, 0, "w0"),
+])
+def test_a_cold_seat_takes_new_sessions_as_fast_as_it_sees_them_grow(
+        placed: dict[str, list[tuple[int, int]]], opened: dict[str, int], window: int,
+        expected: str | None) -> None:
+    """Slow start (``flow_session_slow_start``): until sessions have left, first turns all look
+    small, and a replica seated by their size outgrows its cache a few turns later."""
+    book = cold_book(placed)
+    assert book.learning(True)
+    seat = book.seat(turn("new", 100), 100, REPLICAS, 1.0, RULE, 0.0, 60.0,
+                     lambda worker: opened.get(worker, 0), sum(opened.values()), slow_start=window)
+    assert seat == expected
+
+
+def test_a_learnt_book_seats_without_slow_start() -> None:
+    """Once sessions have left, the seat counts them at their size over their life (``lived``)
+    and the window no longer applies."""
+    book = lived_book({"w0": [700] * 4}, [600, 800, 1000])  # w0: 4 x 800 + 800 > 3500
+    assert not book.learning(True)
+    for i in range(3):
+        book.sent(turn(f"w1-{i}", 100), 100, RULE, "w1")  # three fresh on w1: 3 x 800 + 800
+    seat = book.seat(turn("new", 100), 100, [("w0", 3500), ("w1", 3500)], 1.0, RULE, 100.0, 60.0,
+                     slow_start=3)
+    assert seat == "w1"
+
+
+def test_a_session_is_fresh_until_its_second_request() -> None:
+    """Fresh: sent its first request only.  A later request, or leaving, ends it; a session back
+    after the book forgot it while quiet has grown already and is not fresh again."""
+    book = SessionBook()
+    book.sent(turn("a", 400), 400, RULE, "w0")
+    book.sent(turn("b", 400), 400, RULE, "w0")
+    assert (book.fresh_on("w0", True), book.count_on("w0", True)) == (2, 2)
+    book.sent(turn("a", 600), 600, RULE, "w1")  # its second request, elsewhere
+    assert (book.fresh_on("w0", True), book.fresh_on("w1", True)) == (1, 0)
+    book.finished("a", 0.0)
+    book.finished("a", 0.0)
+    book.finished("b", 0.0)
+    book.forget_idle(100.0, 1.0, RULE)
+    assert (book.fresh_on("w0", True), book.departed[True]) == (0, 2)
+    book.sent(turn("a", 800), 800, RULE, "w1")  # back after it was forgotten
+    assert book.fresh_on("w1", True) == 0
+    assert book.typical(True) == 800
+
+
+def test_the_window_is_a_count() -> None:
+    with pytest.raises(ValueError, match="flow_session_slow_start"):
+        ModelSettings(flow_session_slow_start=-1)
+    assert ModelSettings().flow_session_slow_start == 3

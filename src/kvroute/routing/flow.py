@@ -123,12 +123,18 @@ class FlowSettings:
     flow_session_door_s: float = setting(
         0.0, "a new session's first turn held this long at the door is admitted anyway "
              "(0: it waits until flow_queue_ttl_s)")
+    flow_session_slow_start: int = setting(
+        3, "cold start of the door's seat: until 8 sessions have left (their size is not learnt "
+           "yet), a replica takes a new session only while those it took and has not seen past "
+           "their first request number fewer than this, or than its sessions seen past it, and "
+           "each session counts at least the median one served (0: off; docs/saturation.md, "
+           "'The cold start')")
 
     def __post_init__(self) -> None:
         check_switch(self, "flow_control", "flow_session_admission")
         check_non_negative(self, "flow_aging_s", "flow_aging_factor", "flow_max_queued",
                            "flow_max_queued_tokens", "flow_session_idle_s", "flow_session_door_s",
-                           "flow_session_fill_unsaturated")
+                           "flow_session_fill_unsaturated", "flow_session_slow_start")
         tenant_weights(self.flow_tenant_weights)  # raises ValueError when malformed
         if self.flow_session_rule not in RULES:
             raise ValueError(f"flow_session_rule must be one of {', '.join(RULES)}")
@@ -229,7 +235,8 @@ class FlowControl:
             fill = s.flow_session_fill_unsaturated
         return m.door.fits(t, m.queue.workers, now, door_on, fill=fill,
                            seat_fill=s.flow_session_fill, rule=s.flow_session_rule,
-                           idle_s=s.flow_session_idle_s, door_s=s.flow_session_door_s)
+                           idle_s=s.flow_session_idle_s, door_s=s.flow_session_door_s,
+                           slow_start=s.flow_session_slow_start)
 
     # --- arrival ----------------------------------------------------------------------------------
 

@@ -73,11 +73,13 @@ class ReturnShare:
             entry.returned = True
             self._resolve(1.0)
 
-    def returned(self, session: int) -> bool:
+    def returned(self, session: int, prompt_tokens: int = 0) -> bool:
         """Whether ``session`` came back with a follow-up turn within the window of its first
-        request (False for an identity not seen within the window)."""
+        request (False for an identity not seen within the window), or a request of it with
+        ``prompt_tokens`` is one (longer than its first): a conversation's first follow-up is
+        routed before it is seen."""
         entry = self._seen.get(session)
-        return entry is not None and entry.returned
+        return entry is not None and (entry.returned or prompt_tokens > entry.tokens)
 
     def share(self, now: float) -> float | None:
         """The learned share of identities that come back, 0-1 (None before ``min_resolved``

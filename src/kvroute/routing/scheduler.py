@@ -161,7 +161,7 @@ class Scheduler:
                 view.return_share = returns.share(now)
                 session = view.session if view.session is not None else session_hash(key)
                 assert session is not None
-                view.returned = returns.returned(session)
+                view.returned = returns.returned(session, key.est_prompt_tokens)
         offered = len(workers)
         pruned = None
         # Placing for a full fleet compares every worker with the fleet's mean load: no pruning.

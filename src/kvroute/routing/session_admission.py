@@ -81,6 +81,7 @@ class ServedSession:
     worker: str = ""  # the replica its last request went to, whose cache holds it ("": unknown)
     counted: int = 0  # the tokens it counted at each of its requests sent, summed (``lived``)
     sends: int = 0  # its requests sent
+    fresh: bool = False  # only its first request was sent: it has not grown yet (``slow start``)
 
     def quiet(self) -> bool:
         """Nothing of it in flight or waiting at the gate."""
@@ -188,6 +189,15 @@ class _Sizes:
         else:
             del self.runs[k], self.sums[k], self.tops[k]
 
+    def median(self) -> int:
+        """The (upper) median size (0 when empty)."""
+        i = sum(map(len, self.runs)) // 2
+        for run in self.runs:
+            if i < len(run):
+                return run[i]
+            i -= len(run)
+        return 0
+
     def raised_to(self, floor: int) -> int:
         """The sum of the sizes, each at least ``floor``."""
         k = bisect_left(self.tops, floor)  # the runs before k lie wholly below it
@@ -254,6 +264,10 @@ class SessionBook:
     gone_at: dict[bool, float] = field(default_factory=dict)
     # Sessions entered and quiet places handed out, for ``born`` and ``mark``.
     _count: int = field(default=0, repr=False, compare=False)
+    # Sessions that left the book, by kind: a kind is learnt once ``_SAMPLES`` have (``learning``).
+    departed: dict[bool, int] = field(default_factory=lambda: {k: 0 for k in KINDS})
+    # Fresh sessions (``ServedSession.fresh``) by (replica their request went to, kind).
+    _fresh: dict[tuple[str, bool], int] = field(default_factory=dict, repr=False, compare=False)
 
     def __contains__(self, session_id: object) -> bool:
         return session_id in self.sessions
@@ -291,6 +305,36 @@ class SessionBook:
         if not rule.learns or len(lives) < _SAMPLES:
             return 0
         return int(statistics.median(lives))
+
+    def learning(self, of: bool) -> bool:
+        """Whether the book has yet to learn how large sessions of kind ``of`` grow: fewer than
+        ``_SAMPLES`` of them have left it (a cold start)."""
+        return self.departed[of] < _SAMPLES
+
+    def typical(self, of: bool) -> int:
+        """The median of the tokens the served sessions of kind ``of`` count now (0: none
+        served): sessions at every turn of their lives, so it stands in for ``lived`` until
+        sessions have left."""
+        return self._sizes[of].median()
+
+    def fresh_on(self, worker: str, of: bool) -> int:
+        """How many sessions of kind ``of`` last sent to ``worker`` have sent only their first
+        request (:attr:`ServedSession.fresh`)."""
+        return self._fresh.get((worker, of), 0)
+
+    def count_on(self, worker: str, of: bool) -> int:
+        """How many served sessions of kind ``of`` were last sent to ``worker``."""
+        sizes = self._placed.get((worker, of))
+        return sum(map(len, sizes.runs)) if sizes is not None else 0
+
+    def _freshen(self, session_id: str, entry: ServedSession, sign: int) -> None:
+        """Count (+1) or stop counting (-1) fresh ``entry`` on the replica it was sent to."""
+        at = (entry.worker, kind(session_id))
+        left = self._fresh.get(at, 0) + sign
+        if left:
+            self._fresh[at] = left
+        else:
+            del self._fresh[at]
 
     def arrived(self, session_id: str, now: float, client: str | None = None) -> None:
         """A request of the session reached the router: if the session was quiet, the pause since
@@ -374,12 +418,19 @@ class SessionBook:
             entry.tokens = RULES[rule].tokens(key, shared)
             self._sizes[kind(key.session_id)].add(entry.tokens)
             self._place(key.session_id, entry, +1)
+            # Back after the book forgot it while quiet, it has grown already.
+            entry.fresh = key.session_id not in self.seen
+            if entry.fresh:
+                self._freshen(key.session_id, entry, +1)
             # A session back after a pause is recent again; its first prompt stays its first.
             self.seen[key.session_id] = self.seen.get(key.session_id, key.est_prompt_tokens)
             self.seen.move_to_end(key.session_id)
             if len(self.seen) > _SEEN:
                 self.seen.popitem(last=False)
         else:
+            if entry.fresh:
+                entry.fresh = False
+                self._freshen(key.session_id, entry, -1)
             first = self.seen.get(key.session_id, key.est_prompt_tokens)
             entry.grew = entry.grew or key.est_prompt_tokens > first
             tokens = RULES[rule].tokens(key, entry.shared)
@@ -460,6 +511,9 @@ class SessionBook:
             del self.sessions[sid]
             self._sizes[kind(sid)].remove(entry.tokens)
             self._place(sid, entry, -1)
+            if entry.fresh:
+                self._freshen(sid, entry, -1)
+            self.departed[kind(sid)] += 1
             if kind(sid) or entry.grew:  # a derived id that never grew was no conversation
                 self.peaks[kind(sid)].append(entry.tokens)
                 self.lives[kind(sid)].append(entry.counted // max(1, entry.sends))
@@ -536,18 +590,22 @@ class SessionBook:
         own = self.working_set(now, idle_s, rule, of=mine) + opened_own
         return own + need <= share * fleet_kv / kinds
 
-    def placed(self, worker: str, now: float, idle_s: float, rule: str, lived: bool = False) -> int:
+    def placed(self, worker: str, now: float, idle_s: float, rule: str, lived: bool = False,
+               floor: int = 0) -> int:
         """KV tokens the served sessions last sent to ``worker`` count (each at least ``expected``
-        of its kind, or ``lived`` with ``lived``), the idle ones forgotten first."""
+        of its kind, or ``lived`` with ``lived``, and at least ``floor``), the idle ones forgotten
+        first."""
         self.forget_idle(now, idle_s, rule)
         r = RULES[rule]
-        return sum(self._placed[(worker, k)].raised_to(self.lived(r, k) if lived else self.expected(r, k))
+        return sum(self._placed[(worker, k)].raised_to(
+                       max(floor, self.lived(r, k) if lived else self.expected(r, k)))
                    for k in KINDS
                    if (worker, k) in self._placed)
 
     def seat(self, key: RoutingKey, prefill_tokens: int, replicas: Sequence[tuple[str, int]],
              share: float, rule: str, now: float, idle_s: float,
-             opened: Callable[[str], int] = lambda worker: 0, opened_own: int = 0) -> str | None:
+             opened: Callable[[str], int] = lambda worker: 0, opened_own: int = 0,
+             slow_start: int = 0) -> str | None:
         """The replica a new session whose first request has ``prefill_tokens`` not cached anywhere
         may start on although the fleet's working set is past ``share`` of its KV (``fits``):
         among ``replicas`` (id, KV tokens), one whose own served sessions (each at least
@@ -563,7 +621,15 @@ class SessionBook:
         fleet's sum holds a new session while a replica has room for it, and that replica idles
         while its own sessions pause (docs/saturation.md, "A seat on a replica").  The seat is
         where its first turn goes (``Dispatcher.route``): placed elsewhere, it would evict the
-        sessions counted there."""
+        sessions counted there.
+
+        ``slow_start`` (a window; 0: off): where one kind is served and the book is still
+        ``learning`` how large its sessions grow (a cold start), each session counts at least the
+        ``typical`` one served, and a replica takes a new session only while its ``fresh`` ones
+        (not seen past their first request; one let in for it and not sent yet counts as one)
+        number fewer than the window, or than its sessions seen past their first request.  A cold
+        fleet's first turns all look small: seated by their size, five agents a replica outgrew
+        its cache a few turns later (docs/saturation.md, "The cold start")."""
         assert key.session_id is not None
         mine = kind(key.session_id)
         kinds = self.kinds(mine)
@@ -576,10 +642,17 @@ class SessionBook:
         # ``lived``: a kind's fair part is kept for it at the sizes it was measured with.
         alone = self.alone(mine, now)
         need = self.need(key, prefill_tokens, rule, seated=alone)
+        cold = slow_start > 0 and alone and self.learning(mine)
+        floor = self.typical(mine) if cold else 0
+        need = max(need, floor)
         best: str | None = None
         most = 0.0
         for worker, kv in replicas:
-            total = self.placed(worker, now, idle_s, rule, lived=alone) + opened(worker)
+            pending = opened(worker)
+            fresh = self.fresh_on(worker, mine)
+            if cold and fresh + bool(pending) >= max(slow_start, self.count_on(worker, mine) - fresh):
+                continue
+            total = self.placed(worker, now, idle_s, rule, lived=alone, floor=floor) + pending
             room = share * kv - total - need
             if (room >= 0 or not total) and (best is None or room > most):
                 best, most = worker, room
@@ -749,7 +822,7 @@ class SessionDoor:
 
     def fits(self, t: Ticket, workers: Sequence[WorkerState], now: float, on: Container[bool], *,
              fill: float, rule: str, idle_s: float, door_s: float,
-             seat_fill: float | None = None) -> bool:
+             seat_fill: float | None = None, slow_start: int = 0) -> bool:
         """Whether ``t`` may pass as far as session admission goes.  A request of a session the
         fleet serves, or whose prefix is still resident (a session forgotten while quiet), always
         fits; a new session's first request fits while one replica has room for it within
@@ -760,7 +833,8 @@ class SessionDoor:
         once it has waited ``door_s`` (``flow_session_door_s``; 0: never) — always, when the door
         is off, the request has no session or the KV sizes are unknown.  Sessions let in and not
         sent yet count in the working set, and on their seat (those let in without one, on every
-        replica)."""
+        replica).  ``slow_start`` (``flow_session_slow_start``): the seat's cold start
+        (:meth:`SessionBook.seat`)."""
         t.seat = None
         if not self.holds(t, on):
             return True
@@ -794,7 +868,8 @@ class SessionDoor:
         t.seat = self.book.seat(
             t.key, t.prefill_tokens, replicas, seat_fill if alone and seat_fill is not None else fill,
             rule, now, idle_s,
-            lambda worker: unseated + sum(self.opened.get((worker, k), 0) for k in KINDS), own)
+            lambda worker: unseated + sum(self.opened.get((worker, k), 0) for k in KINDS), own,
+            slow_start)
         return t.seat is not None
 
     def let_in(self, t: Ticket, rule: str, now: float) -> None:

@@ -94,8 +94,9 @@ class View:
     ``return_share``: for a request whose session id the router derived (no client session id),
     the learned share of such sessions of its model that come back with a follow-up turn
     (routing/returns.py; None before enough are known, and for a client's session);
-    ``returned``: this one has.  ``one_kind``: the model's fleet serves no kind of session but
-    this request's (session admission's book, ``FlowControl.one_kind``; False where it is off).
+    ``returned``: this one has, or this request is its follow-up (longer than its first).
+    ``one_kind``: the model's fleet serves no kind of session but this request's (session
+    admission's book, ``FlowControl.one_kind``; False where it is off).
     """
 
     key: RoutingKey
