@@ -206,7 +206,7 @@ class Scheduler:
         return Decision(
             worker_id=chosen.worker.id, kind=kind, policy=policy.name, reason=reason,
             matched_blocks=chosen.matched_blocks, total_blocks=total, est_tokens=key.est_prompt_tokens,
-            loads=tuple((c.worker.id, c.load) for c in cands), block_hashes=hashes,
+            loads=tuple([(c.worker.id, c.load) for c in cands]), block_hashes=hashes,
             session_id=key.session_id, worker_epoch=chosen.worker.epoch, session=view.session,
             prefill_tokens=prefill, scores=keys[i], considered=considered,
             predicted_ttft_s=self.predicted_ttft(policy, view, chosen, prefill),
@@ -620,6 +620,8 @@ class Scheduler:
     def exact_worker(self, model: str, workers: Sequence[WorkerState]) -> WorkerState | None:
         """The least loaded ready worker of ``model`` whose cache state is exact and whose block
         size is known (``block_size``): where a request's tokens are worth computing, and who to ask."""
+        if not self.exact.attached():  # asked of every request: without KV events, no worker walk
+            return None
         readable, now = self.exact.readable, self._clock()
         best = None
         for w in workers:
