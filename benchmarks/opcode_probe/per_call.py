@@ -83,6 +83,11 @@ from kvroute.routing.view import Candidate
 from kvroute.routing.worker import WorkerState
 cands2 = [Candidate.of(WorkerState(id=f"w{i}", url="http://x")) for i in range(2)]
 cands16 = [Candidate.of(WorkerState(id=f"w{i}", url="http://x")) for i in range(16)]
+from kvroute.routing.scheduler import Scheduler
+ws2 = [WorkerState(id=f"w{i}", url="http://x", models=frozenset({"m"})) for i in range(2)]
+no_events = Scheduler()
+some_events = Scheduler()  # one worker elsewhere publishes KV events: every worker is looked at
+some_events.exact.attach("elsewhere", [0])
 """
 
 CASES = {
@@ -111,6 +116,8 @@ CASES = {
     "min_generator_16": "min(c.busy for c in cands16)",
     "min_list_16": "min([c.busy for c in cands16])",
     "kind_str": "str(kind)",
+    "exact_worker_walk_2": 'some_events.exact_worker("m", ws2)',
+    "exact_worker_none_2": 'no_events.exact_worker("m", ws2)',
 }
 
 
