@@ -1,5 +1,6 @@
 """Instructions per call of the small patterns a request repeats, before and after each cut of
-docs/benchmarks.md's "2026-12-07: instructions per request": each case runs 20,000 times in a
+docs/benchmarks.md's "2026-12-07: instructions per request" (and "2026-12-08: more instructions
+per request"): each case runs 20,000 times in a
 fresh interpreter under valgrind's callgrind, and again 0 times; the difference over 20,000, less
 the empty loop's, is one call's instructions (exact, whatever the machine's load).
 
@@ -60,6 +61,33 @@ from kvroute.api.requests import RequestHeaders, _header, _reader
 headers = RequestHeaders.of([(b"Host", b"x"), (b"Content-Type", b"application/json"),
                              (b"Content-Length", b"900"), (b"Accept", b"*/*"), (b"User-Agent", b"aiohttp")])
 read = _reader(headers)
+
+# 2026-12-08
+FIELDS12 = {"__annotations__": dict.fromkeys([f"g{i}" for i in range(12)], "int")}  # RoutedRequest's 12
+Frozen12 = dataclass(frozen=True, slots=True)(type("Frozen12", (), dict(FIELDS12)))
+Unfrozen12 = dataclass(slots=True)(type("Unfrozen12", (), dict(FIELDS12)))
+args12 = tuple(range(12))
+from kvroute.routing.sync_record import PrefixRecord, SessionRecord
+stored = tuple(range(8))
+counter = Counter("c", "c", ["worker", "model", "kind"], registry=registry)
+children = {}
+def count_child(labels):  # the requests counter as RouterMetrics.count_request counted it
+    child = children.get(labels)
+    if child is None:
+        child = children[labels] = counter.labels(*labels)
+    child.inc()
+from kvroute.server.metrics import LoopCounter
+loop_counter = LoopCounter("d", "d", ("worker", "model", "kind"), registry)
+labels = ("replica-0", "qwen3-4b", "cold")
+from kvroute.routing.view import Candidate
+from kvroute.routing.worker import WorkerState
+cands2 = [Candidate.of(WorkerState(id=f"w{i}", url="http://x")) for i in range(2)]
+cands16 = [Candidate.of(WorkerState(id=f"w{i}", url="http://x")) for i in range(16)]
+from kvroute.routing.scheduler import Scheduler
+ws2 = [WorkerState(id=f"w{i}", url="http://x", models=frozenset({"m"})) for i in range(2)]
+no_events = Scheduler()
+some_events = Scheduler()  # one worker elsewhere publishes KV events: every worker is looked at
+some_events.exact.attach("elsewhere", [0])
 """
 
 CASES = {
@@ -78,6 +106,18 @@ CASES = {
     "header_function": '_header(headers, "x-kvroute-tenant")',
     "header_reader": 'read("x-kvroute-tenant")',
     "make_reader": "_reader(headers)",
+    "frozen_12_fields": "Frozen12(*args12)",
+    "unfrozen_12_fields": "Unfrozen12(*args12)",
+    "sync_records": '(PrefixRecord("replica-0", 1.0, 2.0, stored, 300), SessionRecord(7, "w", 2.0, True))',
+    "prometheus_counter_child": "count_child(labels)",
+    "loop_counter_inc": "loop_counter.inc(labels)",
+    "min_generator_2": "min(c.busy for c in cands2)",
+    "min_list_2": "min([c.busy for c in cands2])",
+    "min_generator_16": "min(c.busy for c in cands16)",
+    "min_list_16": "min([c.busy for c in cands16])",
+    "kind_str": "str(kind)",
+    "exact_worker_walk_2": 'some_events.exact_worker("m", ws2)',
+    "exact_worker_none_2": 'no_events.exact_worker("m", ws2)',
 }
 
 

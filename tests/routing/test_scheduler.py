@@ -111,6 +111,25 @@ def test_facts_published_by_one_instance_route_the_other(policy: str, clock: Clo
     assert PrefixRecord in kinds and (SessionRecord in kinds) == (policy != "prefix")
 
 
+@pytest.mark.parametrize("policy", ["prefix", "session", "auto"])
+def test_without_a_listener_commit_makes_no_facts_and_records_the_same(policy: str, clock: Clock) -> None:
+    from kvroute.routing.config import ModelSettings, RoutingConfig
+
+    config = RoutingConfig(default=ModelSettings(policy=policy))
+    told, alone = Scheduler(config, clock=clock), Scheduler(config, clock=clock)
+    alone.publishes = False
+    ws = fleet(4)
+    turns = [key(text(1, 30_000) + text(2, 800 * i), session="s") for i in range(3)]
+    for k in turns:
+        d, d_alone = told.decide(k, ws), alone.decide(k, ws)
+        assert (d_alone.worker_id, d_alone.kind, d_alone.matched_blocks) == \
+            (d.worker_id, d.kind, d.matched_blocks)
+        assert told.commit(k, d)
+        assert alone.commit(k, d_alone) == []
+        clock.advance(5)
+    assert alone.stats() == told.stats()
+
+
 def test_remote_record_for_an_older_epoch_is_ignored(make_scheduler: MakeScheduler) -> None:
     s, ws = make_scheduler("prefix"), fleet(2)
     s.on_worker_epoch("w0", 1.0)

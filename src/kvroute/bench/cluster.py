@@ -194,8 +194,9 @@ class VirtualCluster:
         self._overhead = engine_cfg.cost.request_overhead_s
         # The engine's cache_config_info, read as a scrape over HTTP reads it (its KV size, its block).
         self._cache = EngineMetrics(cache_config=cache_config_labels(engine_cfg))
-        self.dispatch = Dispatcher(Scheduler(config.routing_config(policy), clock=self._clock),
-                                   timer=lambda: self.now)
+        scheduler = Scheduler(config.routing_config(policy), clock=self._clock)
+        scheduler.publishes = False  # one router instance: nobody hears its facts
+        self.dispatch = Dispatcher(scheduler, timer=lambda: self.now)
         self.engines = [EngineModel(engine_cfg, EPOCH) for _ in range(config.replicas)]
         self.workers = [
             WorkerState(id=f"replica-{i}", url=f"sim://replica-{i}", models=frozenset({self.model}),

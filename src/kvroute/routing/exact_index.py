@@ -138,6 +138,10 @@ class ExactIndex:
             self._drop(src)
             del self._slot_owner[src.slot]
 
+    def attached(self) -> bool:
+        """Whether any worker has event sources (``attach``): without, no worker's state is exact."""
+        return bool(self._workers)
+
     def publishes(self, worker_id: str) -> bool:
         """Whether ``worker_id`` has event sources (synchronised or not)."""
         w = self._workers.get(worker_id)

@@ -47,7 +47,7 @@ def _free_slot(view: View, cands: list[Candidate]) -> list[Candidate]:
 def _load_within_slack(view: View, cands: list[Candidate]) -> list[Candidate]:
     if view.bound_in(cands):
         return cands
-    least = min(c.busy for c in cands)
+    least = min([c.busy for c in cands])  # a list: a generator resumes once per item
     limit = least + view.placement.slack_for(view.est_tokens)
     return [c for c in cands if c.busy <= limit]
 

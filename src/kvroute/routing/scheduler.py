@@ -64,11 +64,18 @@ class Scheduler:
     really sent (prefix ownership, session binding, the backlog it adds) and returns the facts to
     publish to other instances; ``apply_remote`` applies such a fact.  The ``on_*`` hooks keep the
     learned figures and the index in step with the fleet.
+
+    ``publishes``: whether anyone hears those facts (another instance's bus).  Where nobody does
+    (one router instance, the virtual-time cluster), ``commit`` makes none and returns an empty
+    list: everything else it records is the same.
     """
 
     def __init__(self, config: RoutingConfig | None = None, clock: Callable[[], float] = time.time) -> None:
         self.config = config or RoutingConfig()
         self._clock = clock
+        # Each commit's facts are two frozen records (~11,000 instructions a request): made only
+        # for a listener (docs/benchmarks.md, "2026-12-08: more instructions per request").
+        self.publishes = True
         self._index = PrefixIndex(self.config.index_max_blocks, self.config.index_max_age_s)
         self.exact = ExactIndex(self.config.kv_speculative_ttl_s, self.config.kv_events_stale_s)
         self._fill = CacheFill()
@@ -199,7 +206,7 @@ class Scheduler:
         return Decision(
             worker_id=chosen.worker.id, kind=kind, policy=policy.name, reason=reason,
             matched_blocks=chosen.matched_blocks, total_blocks=total, est_tokens=key.est_prompt_tokens,
-            loads=tuple((c.worker.id, c.load) for c in cands), block_hashes=hashes,
+            loads=tuple([(c.worker.id, c.load) for c in cands]), block_hashes=hashes,
             session_id=key.session_id, worker_epoch=chosen.worker.epoch, session=view.session,
             prefill_tokens=prefill, scores=keys[i], considered=considered,
             predicted_ttft_s=self.predicted_ttft(policy, view, chosen, prefill),
@@ -523,13 +530,15 @@ class Scheduler:
 
     def commit(self, key: RoutingKey, decision: Decision) -> list[SyncRecord]:
         """Record what sending ``key`` as ``decision`` says: the chosen worker now holds the prefix
-        blocks and the session lives there.  Returns the facts to publish to other instances."""
+        blocks and the session lives there.  Returns the facts to publish to other instances (none
+        unless ``publishes``)."""
         worker = decision.worker_id
         if worker is None:
             return []
         now = self._clock()
         cfg = self.config.settings_for(key.model)
         records: list[SyncRecord] = []
+        publishes = self.publishes
         counts = self._counts.setdefault(worker, {})
         kind = decision.kind.value
         counts[kind] = counts.get(kind, 0) + 1
@@ -538,7 +547,7 @@ class Scheduler:
             hs = decision.block_hashes
             stored = tuple(hs[i] for i in stored_positions(
                 n, self.config.window_blocks, self.config.anchors_per_octave, self.config.tail_blocks))
-            if self._index.record(stored, worker, decision.worker_epoch, now):
+            if self._index.record(stored, worker, decision.worker_epoch, now) and publishes:
                 records.append(PrefixRecord(worker, decision.worker_epoch, now, stored,
                                             decision.prefill_tokens))
         if decision.token_hashes:
@@ -557,7 +566,8 @@ class Scheduler:
         if decision.session is not None:
             active = not decision.one_shot
             self._sessions.bind(decision.session, worker, now, active)
-            records.append(SessionRecord(decision.session, worker, now, active))
+            if publishes:
+                records.append(SessionRecord(decision.session, worker, now, active))
         if key.session_id is not None and not key.client_session:
             session = decision.session if decision.session is not None else session_hash(key)
             assert session is not None
@@ -610,6 +620,8 @@ class Scheduler:
     def exact_worker(self, model: str, workers: Sequence[WorkerState]) -> WorkerState | None:
         """The least loaded ready worker of ``model`` whose cache state is exact and whose block
         size is known (``block_size``): where a request's tokens are worth computing, and who to ask."""
+        if not self.exact.attached():  # asked of every request: without KV events, no worker walk
+            return None
         readable, now = self.exact.readable, self._clock()
         best = None
         for w in workers:

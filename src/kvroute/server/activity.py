@@ -15,7 +15,10 @@ from typing import Any
 from kvroute.rings import PairRing
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: every request makes one, and a frozen dataclass pays an ``object.__setattr__`` per
+# field (~15,000 instructions for these 12, docs/benchmarks.md, "2026-12-08: more instructions per
+# request").  Treat it as a value: nothing assigns to it once recorded.
+@dataclass(slots=True)
 class RoutedRequest:
     """One finished (or failed) request as the router saw it."""
 

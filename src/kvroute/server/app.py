@@ -537,6 +537,8 @@ def build_app(settings: Settings, *, scheduler: Scheduler | None = None, sync: R
         router.sync = RedisBus(settings.redis_url, registry=registry, scheduler=scheduler,
                                metrics_registry=router.metrics.prometheus, secret=settings.sync_key(),
                                max_clock_skew_s=settings.sync_max_clock_skew_s)
+    # Without a bus nobody hears the facts a request's commit would make for other instances.
+    scheduler.publishes = router.sync is not None
     registry.subscribe(router)
     registry.subscribe(doctor)
     router.kv_events = KvEventWatch(

@@ -39,9 +39,9 @@ class RouterMetrics:
     def __init__(self, registry: Registry, scheduler_stats: Callable[[], Mapping[str, Any]]) -> None:
         self.prometheus = CollectorRegistry(auto_describe=True)
         r = self.prometheus
-        self.requests = Counter(
+        self.requests = LoopCounter(
             "kvroute_requests", "Requests sent to a worker, by worker, model and decision kind",
-            ["worker", "model", "kind"], registry=r,
+            ("worker", "model", "kind"), r,
         )
         self.prefix_blocks = LoopHistogram(
             "kvroute_prefix_blocks_matched", "Prefix-index blocks the chosen worker already held",
@@ -65,17 +65,10 @@ class RouterMetrics:
             ["model"], buckets=QUEUE_BUCKETS, registry=r,
         )
         r.register(_StateCollector(registry, scheduler_stats))
-        # ``requests``' children by their labels: ``labels()`` costs a lock, a tuple and its
-        # checks on every call, and the hot path counts every request.
-        self._requests_children: dict[tuple[str, str, str], Counter] = {}
 
     def count_request(self, worker: str, model: str, kind: str) -> None:
         """Count a request sent to ``worker`` for ``model`` under its decision ``kind``."""
-        labels = (worker, model, kind)
-        child = self._requests_children.get(labels)
-        if child is None:
-            child = self._requests_children[labels] = self.requests.labels(*labels)
-        child.inc()
+        self.requests.inc((worker, model, kind))
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric of this router."""
@@ -115,6 +108,40 @@ class LoopHistogram(Collector):
                                        buckets=list(zip(self._les, cumulative, strict=True)),
                                        sum_value=self._sum)
         family.samples.append(Sample(self._name + "_created", {}, self._created))
+        yield family
+
+
+class LoopCounter(Collector):
+    """A labelled counter exposed as prometheus_client's ``Counter`` is (``_total`` and ``_created``
+    per label set, in the order the sets first counted) but counted by one dict update: its
+    ``labels(...).inc()`` takes two locks and builds its child's key on every call, ~4,000
+    instructions, and every request counts one (docs/benchmarks.md, "2026-12-08: more instructions
+    per request").  Only the router's event loop counts and renders it, so nothing needs a lock."""
+
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str],
+                 registry: CollectorRegistry) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._labelnames = tuple(labelnames)
+        self._values: dict[tuple[str, ...], float] = {}
+        self._created: dict[tuple[str, ...], float] = {}
+        registry.register(self)
+
+    def inc(self, labels: tuple[str, ...]) -> None:
+        """Count one under ``labels`` (one value per label name, in their order)."""
+        values = self._values
+        value = values.get(labels)
+        if value is None:
+            self._created[labels] = time.time()
+            values[labels] = 1.0
+        else:
+            values[labels] = value + 1.0
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(self._name, self._documentation, labels=self._labelnames)
+        created = self._created
+        for labels, value in self._values.items():
+            family.add_metric(labels, value, created=created[labels])
         yield family
 
 

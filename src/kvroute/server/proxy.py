@@ -678,7 +678,8 @@ class Exchange:
         r, writer, call, flight = self._r, self.writer, self.call, self.flight
         assert call is not None and flight is not None
         state, decision = flight.state, flight.decision
-        kind = decision.kind.value  # an Enum's value is a property: two Python calls each time
+        # An Enum's value is a property (two Python calls, ~1,700 instructions): read once, here.
+        kind = decision.kind.value
         r.metrics.count_request(state.id, self.key.model, kind)
         r.metrics.prefix_blocks.observe(decision.matched_blocks)
         r.registry.count_request(state.id, kind)
@@ -732,7 +733,7 @@ class Exchange:
                 ttft = None if r.dispatch.saturated(self.key.model) else flight.ttft_s
                 r.registry.mark_success(state.id, ttft_s=ttft, predicted_s=decision.predicted_ttft_s,
                                         read_gap_s=self._read_gap_s() if sse and completed else None)
-            self._finished(outcome, completed)
+            self._finished(outcome, completed, kind)
 
     def _client_paused(self, paused: bool) -> None:
         """The client stopped taking data quickly enough (or takes it again): so does the relay."""
@@ -876,9 +877,10 @@ class Exchange:
 
     # --- 4. the end ---
 
-    def _finished(self, status: int, completed: bool) -> None:
+    def _finished(self, status: int, completed: bool, kind: str) -> None:
         """Account for a relayed answer, once: the dispatcher's books (and what the engine said it
-        used), the activity log, the request's trail."""
+        used), the activity log, the request's trail (``kind``: the decision's, as ``_relay`` read
+        it)."""
         r, key, flight, usage = self._r, self.key, self.flight, self.usage
         assert flight is not None and usage is not None
         state, decision = flight.state, flight.decision
@@ -889,7 +891,7 @@ class Exchange:
         duration = time.perf_counter() - self.started
         r.activity.record(RoutedRequest(
             time=time.time(), route=self.route.name, model=key.model, worker=state.id,
-            kind=decision.kind.value, reason=decision.reason + self.waited,
+            kind=kind, reason=decision.reason + self.waited,
             matched_blocks=decision.matched_blocks, total_blocks=decision.total_blocks,
             attempts=self.attempts, status=status, ttfb_s=self.ttfb, duration_s=duration,
         ))

@@ -239,7 +239,7 @@ def _costs(view: View, cands: list[Candidate]) -> list[float]:
     cap = view.placement.overflow if view.placement.overflow != "auto" else None
     full = view.fleet_full
     evict = 0.0 if view.key.client_session else s.evicted_cache_weight
-    best_held = max((p.held(c) for c in cands), default=0.0) if evict else 0.0
+    best_held = max([p.held(c) for c in cands], default=0.0) if evict else 0.0
     out: list[float] = []
     predictions: list[float] = []
     # ``_Prices.queue_and_held`` written out: this loop runs for every worker of every decision,
@@ -349,7 +349,7 @@ def _spread(view: View, cands: list[Candidate]) -> list[Candidate]:
     spread = view.block(AutoSettings).session_spread
     if view.session is None or spread is None or len(cands) < 2 or view.bound_in(cands):
         return cands
-    least = min(c.active_sessions for c in cands)
+    least = min([c.active_sessions for c in cands])  # a list: a generator resumes once per item
     return [c for c in cands if c.active_sessions <= least + spread]
 
 
