@@ -490,24 +490,30 @@ class SessionBook:
                     below += (2 * i + 1, 2 * i + 2)
         return len(self.sessions) - len(idle)
 
-    def working_set(self, now: float, idle_s: float, rule: str, of: bool | None = None) -> int:
+    def working_set(self, now: float, idle_s: float, rule: str, of: bool | None = None,
+                    lived: bool = False) -> int:
         """KV tokens the served sessions count (each at least ``expected`` of its kind), the idle
         ones forgotten first; only those of kind ``of`` (:func:`kind`), if given."""
         self.forget_idle(now, idle_s, rule)
         r = RULES[rule]
-        return sum(self._sizes[k].raised_to(self.expected(r, k)) for k in KINDS if of is None or k == of)
+        return sum(self._sizes[k].raised_to(self.lived(r, k) if lived else self.expected(r, k))
+                   for k in KINDS if of is None or k == of)
 
     def alone(self, joining: bool, now: float) -> bool:
-        """Whether the fleet serves no kind of session but ``joining``'s: none of another kind in
-        the book, nor one that left it within ``_KIND_GONE_S``."""
-        return all(k == joining or (not self._sizes[k].runs and
-                                    now - self.gone_at.get(k, -math.inf) > _KIND_GONE_S)
-                   for k in KINDS)
+        """Whether the fleet serves no kind of session but ``joining``'s (:meth:`kinds`)."""
+        return self.kinds(joining, now) == 1
 
-    def kinds(self, joining: bool) -> int:
-        """How many kinds of session (:func:`kind`) the book holds, a session of kind ``joining``
-        counted."""
-        return sum(1 for k in KINDS if k == joining or self._sizes[k].runs)
+    def kinds(self, joining: bool, now: float) -> int:
+        """How many kinds of session (:func:`kind`) the fleet serves, a session of kind
+        ``joining`` counted: those with a session in the book, or one that left it within
+        ``_KIND_GONE_S``.  A kind whose sessions all left a moment ago keeps its part: counted
+        only while in the book, a step's 16 new agents arriving before 2 req/s of questions came
+        back each passed against the whole fleet's KV, twice their part, and the questions
+        waited behind them at the door for 100 s (virtual time, seed 0: their share 0.72;
+        docs/saturation.md, "A kind's part outlives a pause of its sessions")."""
+        return sum(1 for k in KINDS
+                   if k == joining or self._sizes[k].runs or
+                   now - self.gone_at.get(k, -math.inf) <= _KIND_GONE_S)
 
     def fits(self, key: RoutingKey, prefill_tokens: int, fleet_kv: int, share: float, rule: str,
              now: float, idle_s: float, opened: int = 0, opened_own: int = 0) -> bool:
@@ -524,7 +530,7 @@ class SessionBook:
             return True
         need = self.need(key, prefill_tokens, rule)
         mine = kind(key.session_id)
-        kinds = self.kinds(mine)
+        kinds = self.kinds(mine, now)
         if kinds < 2:
             return working + need <= share * fleet_kv
         # Not lent: one-shot questions' sessions count what each added, not the shared prompt
@@ -533,8 +539,8 @@ class SessionBook:
         # prompts (virtual time, 16 agents beside 1 req/s of questions, seed 0: 85 of 175
         # questions found theirs on no replica; the questions' TTFT p50 over seeds 0-3 3.38 s,
         # kept 0.38 s: docs/saturation.md, "Each kind keeps its part of the cache").
-        own = self.working_set(now, idle_s, rule, of=mine) + opened_own
-        return own + need <= share * fleet_kv / kinds
+        own = self.working_set(now, idle_s, rule, of=mine, lived=True) + opened_own
+        return own + self.need(key, prefill_tokens, rule, seated=True) <= share * fleet_kv / kinds
 
     def placed(self, worker: str, now: float, idle_s: float, rule: str, lived: bool = False) -> int:
         """KV tokens the served sessions last sent to ``worker`` count (each at least ``expected``
@@ -566,11 +572,11 @@ class SessionBook:
         sessions counted there."""
         assert key.session_id is not None
         mine = kind(key.session_id)
-        kinds = self.kinds(mine)
+        kinds = self.kinds(mine, now)
         if kinds >= 2:
             part = share * sum(kv for _, kv in replicas) / kinds
-            if self.working_set(now, idle_s, rule, of=mine) + opened_own + \
-                    self.need(key, prefill_tokens, rule) > part:
+            if self.working_set(now, idle_s, rule, of=mine, lived=True) + opened_own + \
+                    self.need(key, prefill_tokens, rule, seated=True) > part:
                 return None
         # While both kinds are served, each one's sessions count at their largest, as before
         # ``lived``: a kind's fair part is kept for it at the sizes it was measured with.
