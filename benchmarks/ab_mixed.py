@@ -146,9 +146,10 @@ def main() -> int:
         for k, (n, multiple) in enumerate(zip(sessions, multiples, strict=True)):
             for i, v in enumerate(variants):
                 base = i * len(seeds) * len(KINDS)
-                mixed = [runs[base + j * len(KINDS)][k] for j in range(len(seeds))]
-                agents = ratio("tokens", mixed, [runs[base + j * len(KINDS) + 1][k] for j in range(len(seeds))])
-                shared = ratio("done", mixed, [runs[base + j * len(KINDS) + 2][k] for j in range(len(seeds))])
+                each = [[runs[base + j * len(KINDS) + n][k] for j in range(len(seeds))]
+                        for n in range(len(KINDS))]
+                agents = ratio("tokens", each[0], each[1])
+                shared = ratio("done", each[0], each[2])
                 print(f"| {n}:{multiple:g}x | {v} | "
                       + " | ".join(f"{a:.2f} / {b:.2f}" for a, b in zip(agents, shared, strict=True))
                       + f" | {min(agents):.2f} / {min(shared):.2f} |")
