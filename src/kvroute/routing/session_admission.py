@@ -592,8 +592,10 @@ class SessionBook:
         if not alone and not self._in_part(key, prefill_tokens, sum(kv for _, kv in replicas), share,
                                            rule, now, idle_s, opened_own):
             return None
-        # While both kinds are served, a replica's sessions count at their largest, as before
-        # ``lived`` (not measured otherwise with two kinds).
+        # Where one kind is served a replica's sessions count at ``lived``, else at their largest
+        # (while both kinds are, the door asks for a seat only once its kind's part has no room,
+        # ``SessionDoor.fits``; a seat given there too cost the questions: docs/saturation.md,
+        # "Tried and not kept", "A kind's part on the mixed fleet").
         need = self.need(key, prefill_tokens, rule, seated=alone)
         best: str | None = None
         most = 0.0
