@@ -99,6 +99,8 @@ def main() -> int:
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="ModelSettings field for every variant (repeatable)")
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--per-seed", action="store_true",
+                        help="also each seed's agents / shared x share per step (the goal holds per seed)")
     args = parser.parse_args()
     if args.replicas < 2 or args.replicas % 2:
         parser.error("--replicas must be even and at least 2")
@@ -137,6 +139,20 @@ def main() -> int:
                   f"| {cell(of(mixed, 'a_hits'), 1)} / {cell(of(mixed, 's_hits'), 1)} "
                   f"| {cell(of(mixed, 'a_shed'), 0)} / {cell(of(mixed, 's_shed'), 0)} "
                   f"| {cell(of(mixed, 'preempt'), 0)} |")
+    if args.per_seed:
+        print("\nEach seed's agents / shared x share:\n")
+        print("| Step | Variant | " + " | ".join(f"seed {seed}" for seed in seeds) + " | worst |")
+        print("|---|---|" + "---|" * (len(seeds) + 1))
+        for k, (n, multiple) in enumerate(zip(sessions, multiples, strict=True)):
+            for i, v in enumerate(variants):
+                base = i * len(seeds) * len(KINDS)
+                each = [[runs[base + j * len(KINDS) + n][k] for j in range(len(seeds))]
+                        for n in range(len(KINDS))]
+                agents = ratio("tokens", each[0], each[1])
+                shared = ratio("done", each[0], each[2])
+                print(f"| {n}:{multiple:g}x | {v} | "
+                      + " | ".join(f"{a:.2f} / {b:.2f}" for a, b in zip(agents, shared, strict=True))
+                      + f" | {min(agents):.2f} / {min(shared):.2f} |")
     return 0
 
 

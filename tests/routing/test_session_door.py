@@ -158,8 +158,9 @@ def test_a_kind_does_not_take_the_part_the_other_leaves_unused() -> None:
 def test_a_named_session_waits_at_the_door_while_its_kind_fills_its_part() -> None:
     """Through the gate: a fleet of 2 x 1,000 KV tokens serves a named session of 500 and a
     question of 100; a new named session of 600 would fit the fleet's cache (1,200 of 2,000) but
-    not its kind's half (1,100 of 1,000): it waits at the door, and goes once the question's kind
-    has left the book."""
+    not its kind's half (1,100 of 1,000): it waits at the door while the question's kind is
+    served, its last session forgotten included (``SessionBook.kinds``), and goes once that kind
+    has been gone from the book for a minute."""
     clock = Clock(1000.0)
     d = dispatcher(clock, flow_session_admission=True, flow_session_fill_unsaturated=0.0,
                    flow_kv_fill=10.0)
@@ -168,9 +169,68 @@ def test_a_named_session_waits_at_the_door_while_its_kind_fills_its_part() -> No
     d.finished(go(d, key(100, session=f"{DERIVED_SESSION_PREFIX}q"), workers), ok=True)
     new = d.admit(key(600, session="new"), workers)
     assert new.queued and d.flow.at_door(new)
-    clock.now += 20.0  # past flow_session_idle_s: the question is forgotten, one kind is served
+    clock.now += 20.0  # past flow_session_idle_s: the question is forgotten ...
+    d.flow.pump(clock.now)
+    assert f"{DERIVED_SESSION_PREFIX}q" not in d.flow._models[MODEL].door.book
+    assert new.queued  # ... but its kind keeps its part a while
+    clock.now += 61.0  # the questions' kind gone for longer than _KIND_GONE_S: one kind is served
     d.flow.pump(clock.now)
     assert new.state is TicketState.GRANTED
+
+
+@pytest.mark.parametrize("gone_for, fits", [
+    (0.0, False),    # the questions' last session left just now: their kind keeps its half
+    (59.0, False),
+    (61.0, True),    # gone for longer than _KIND_GONE_S: the named kind is served alone
+])
+def test_a_kind_keeps_its_part_a_while_after_its_last_session_left(gone_for: float, fits: bool) -> None:
+    """Named sessions hold 3,000 and one question 1,000 of a 10,000-token cache; the question is
+    forgotten.  A new named session of 2,500 passes the whole cache's test but not its kind's half
+    (5,500 > 5,000): it waits while the questions' kind was served within the last minute (a step
+    of new agents arriving at a pause of the questions took the whole cache, and the questions
+    then waited at the door behind them), and fits once that kind has been gone longer; the seat
+    and ``alone`` read the same kinds."""
+    book = SessionBook()
+    book.sent(turn("agent", 3000), 3000, "unique")
+    q = f"{DERIVED_SESSION_PREFIX}q"
+    book.sent(turn(q, 1000), 1000, "unique")
+    book.finished(q, 0.0)
+    book.working_set(20.0, 15.0, "unique")
+    assert q not in book
+    now = 20.0 + gone_for
+    assert book.kinds(True, now) == (1 if fits else 2)
+    assert book.alone(True, now) is fits
+    assert book.fits(turn("agent2", 2500), 2500, 10_000, 1.0, "unique", now, 15.0) is fits
+    seat = book.seat(turn("agent2", 2500), 2500, [("w0", 5000), ("w1", 5000)], 1.0, "unique", now, 15.0)
+    assert (seat is not None) is fits
+
+
+def test_a_kinds_part_counts_its_sessions_at_their_size_over_their_life() -> None:
+    """Eight named sessions left, each 1,000 tokens at its first request and 3,000 at its second:
+    their kind's largest is 3,000, its size on the mean over a session's life 2,000.  With a
+    question served beside them, the named kind's half of a 10,000-token cache (5,000) counts each
+    of its sessions at 2,000, as the door of the same kind alone on half of the fleet does (its
+    seat, ``SessionBook.lived``): a second one fits (4,000), a third does not (6,000); counted at
+    their largest (3,000) a second one would not have fitted."""
+    book = SessionBook()
+    for i in range(8):
+        sid = f"old{i}"
+        book.sent(turn(sid, 1000), 1000, "unique")
+        book.finished(sid, 0.0)
+        book.sent(turn(sid, 3000), 2000, "unique")
+        book.finished(sid, 1.0)
+    book.working_set(100.0, 15.0, "unique")  # all forgotten
+    rule = session_admission.RULES["unique"]
+    assert book.expected(rule) == 3000 and book.lived(rule) == 2000
+    book.sent(turn(f"{DERIVED_SESSION_PREFIX}q", 100), 100, "unique")
+    book.sent(turn("a1", 100), 100, "unique")
+
+    def fits(sid: str) -> bool:
+        return book.fits(turn(sid, 100), 100, 10_000, 1.0, "unique", 100.0, 15.0)
+
+    assert fits("a2")
+    book.sent(turn("a2", 100), 100, "unique")
+    assert not fits("a3")
 
 
 def test_each_kind_counts_at_least_what_its_own_sessions_reached() -> None:

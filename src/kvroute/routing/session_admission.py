@@ -544,24 +544,31 @@ class SessionBook:
                     below += (2 * i + 1, 2 * i + 2)
         return len(self.sessions) - len(idle)
 
-    def working_set(self, now: float, idle_s: float, rule: str, of: bool | None = None) -> int:
-        """KV tokens the served sessions count (each at least ``expected`` of its kind), the idle
-        ones forgotten first; only those of kind ``of`` (:func:`kind`), if given."""
+    def working_set(self, now: float, idle_s: float, rule: str, of: bool | None = None,
+                    lived: bool = False) -> int:
+        """KV tokens the served sessions count (each at least ``expected`` of its kind, or
+        ``lived`` with ``lived``), the idle ones forgotten first; only those of kind ``of``
+        (:func:`kind`), if given."""
         self.forget_idle(now, idle_s, rule)
         r = RULES[rule]
-        return sum(self._sizes[k].raised_to(self.expected(r, k)) for k in KINDS if of is None or k == of)
+        return sum(self._sizes[k].raised_to(self.lived(r, k) if lived else self.expected(r, k))
+                   for k in KINDS if of is None or k == of)
 
     def alone(self, joining: bool, now: float) -> bool:
-        """Whether the fleet serves no kind of session but ``joining``'s: none of another kind in
-        the book, nor one that left it within ``_KIND_GONE_S``."""
-        return all(k == joining or (not self._sizes[k].runs and
-                                    now - self.gone_at.get(k, -math.inf) > _KIND_GONE_S)
-                   for k in KINDS)
+        """Whether the fleet serves no kind of session but ``joining``'s (:meth:`kinds`)."""
+        return self.kinds(joining, now) == 1
 
-    def kinds(self, joining: bool) -> int:
-        """How many kinds of session (:func:`kind`) the book holds, a session of kind ``joining``
-        counted."""
-        return sum(1 for k in KINDS if k == joining or self._sizes[k].runs)
+    def kinds(self, joining: bool, now: float) -> int:
+        """How many kinds of session (:func:`kind`) the fleet serves, a session of kind
+        ``joining`` counted: those with a session in the book, or one that left it within
+        ``_KIND_GONE_S``.  A kind whose sessions all left a moment ago keeps its part: counted
+        only while in the book, a step's 16 new agents arriving before 2 req/s of questions came
+        back each passed against the whole fleet's KV, twice their part, and the questions
+        waited behind them at the door for 100 s (virtual time, seed 0: their share 0.72;
+        docs/saturation.md, "A kind's part outlives a pause of its sessions")."""
+        return sum(1 for k in KINDS
+                   if k == joining or self._sizes[k].runs or
+                   now - self.gone_at.get(k, -math.inf) <= _KIND_GONE_S)
 
     def fits(self, key: RoutingKey, prefill_tokens: int, fleet_kv: int, share: float, rule: str,
              now: float, idle_s: float, opened: int = 0, opened_own: int = 0) -> bool:
@@ -569,26 +576,40 @@ class SessionBook:
         may start: the working set (plus ``opened``, the sessions let in and not sent yet) plus
         what it would add stays within ``share`` of the fleet's KV cache (always, when nothing is
         served: a fleet too small for one session is the engine's to refuse); while both kinds of
-        session are served, its own kind's (plus ``opened_own``, those of ``opened`` of its kind)
-        stays within that kind's fair part of it, ``share`` over the kinds served, and no more:
-        the part another kind leaves unused is kept for it, not lent."""
+        session are served (:meth:`kinds`), its own kind's (plus ``opened_own``, those of
+        ``opened`` of its kind; each session at least ``lived``) stays within that kind's fair
+        part of it, ``share`` over the kinds served, and no more: the part another kind leaves
+        unused is kept for it, not lent."""
         assert key.session_id is not None
         working = self.working_set(now, idle_s, rule) + opened
         if working == 0:
             return True
-        need = self.need(key, prefill_tokens, rule)
+        if self.alone(kind(key.session_id), now):
+            return working + self.need(key, prefill_tokens, rule) <= share * fleet_kv
+        return self._in_part(key, prefill_tokens, fleet_kv, share, rule, now, idle_s, opened_own)
+
+    def _in_part(self, key: RoutingKey, prefill_tokens: int, fleet_kv: int, share: float, rule: str,
+                 now: float, idle_s: float, opened_own: int) -> bool:
+        """Whether a new session of ``key``'s kind fits that kind's fair part of ``share`` of the
+        fleet's KV cache, ``fleet_kv`` (``fits`` and ``seat``, while both kinds are served): its
+        kind's working set (plus ``opened_own``) and what it adds, each session at least
+        ``lived``."""
+        assert key.session_id is not None
         mine = kind(key.session_id)
-        kinds = self.kinds(mine)
-        if kinds < 2:
-            return working + need <= share * fleet_kv
         # Not lent: one-shot questions' sessions count what each added, not the shared prompt
         # they find resident (held once, counted by none of them once warm), so their kind looks
         # to leave room it uses.  Lent, agents beside them took that room and evicted the
         # prompts (virtual time, 16 agents beside 1 req/s of questions, seed 0: 85 of 175
         # questions found theirs on no replica; the questions' TTFT p50 over seeds 0-3 3.38 s,
         # kept 0.38 s: docs/saturation.md, "Each kind keeps its part of the cache").
-        own = self.working_set(now, idle_s, rule, of=mine) + opened_own
-        return own + need <= share * fleet_kv / kinds
+        # Each session counts its size over its life, as the door of its kind alone on its part
+        # of the fleet does (the seat): counted at their largest, 16 agents beside 2 req/s of
+        # questions kept 7 sessions where alone on half of the fleet they keep 8, and got
+        # 0.75-0.85 of their share (virtual time, seeds 0-7; 0.82-0.91 counted so:
+        # docs/saturation.md, "A kind's part outlives a pause of its sessions").
+        own = self.working_set(now, idle_s, rule, of=mine, lived=True) + opened_own
+        need = self.need(key, prefill_tokens, rule, seated=True)
+        return own + need <= share * fleet_kv / self.kinds(mine, now)
 
     def placed(self, worker: str, now: float, idle_s: float, rule: str, lived: bool = False,
                floor: int = 0) -> int:
@@ -615,7 +636,8 @@ class SessionBook:
         keeps none (a replica too small for one session is the engine's to refuse).  Of those,
         the one with the most room left; None where none has room, or while both kinds of
         session are served and its kind (plus ``opened_own``) would pass its fair part of the
-        fleet's KV (a seat is room on a replica, never the other kind's part).
+        fleet's KV (each of its sessions at least ``lived``, as in ``fits``: a seat is room on a
+        replica, never the other kind's part).
 
         A replica's cache keeps the sessions sent to it: where the sessions sit unevenly, the
         fleet's sum holds a new session while a replica has room for it, and that replica idles
@@ -632,15 +654,14 @@ class SessionBook:
         its cache a few turns later (docs/saturation.md, "The cold start")."""
         assert key.session_id is not None
         mine = kind(key.session_id)
-        kinds = self.kinds(mine)
-        if kinds >= 2:
-            part = share * sum(kv for _, kv in replicas) / kinds
-            if self.working_set(now, idle_s, rule, of=mine) + opened_own + \
-                    self.need(key, prefill_tokens, rule) > part:
-                return None
-        # While both kinds are served, each one's sessions count at their largest, as before
-        # ``lived``: a kind's fair part is kept for it at the sizes it was measured with.
         alone = self.alone(mine, now)
+        if not alone and not self._in_part(key, prefill_tokens, sum(kv for _, kv in replicas), share,
+                                           rule, now, idle_s, opened_own):
+            return None
+        # Where one kind is served a replica's sessions count at ``lived``, else at their largest
+        # (while both kinds are, the door asks for a seat only once its kind's part has no room,
+        # ``SessionDoor.fits``; a seat given there too cost the questions: docs/saturation.md,
+        # "Tried and not kept", "A kind's part on the mixed fleet").
         need = self.need(key, prefill_tokens, rule, seated=alone)
         cold = slow_start > 0 and alone and self.learning(mine)
         floor = self.typical(mine) if cold else 0
