@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ab_flow import cluster_config, parse_seeds, variant_settings
+
 from kvroute.bench.cluster import VirtualCluster
 from kvroute.bench.workloads import AgentWorkload, AgentWorkloadConfig
 from kvroute.sim import engine as sim_engine
@@ -287,12 +288,14 @@ def _run(job: tuple[str, int, float, list[int], float]) -> list[dict[str, Any]]:
         out.append({"n": len(records), "causes": causes, "head": waited_head, "behind": waited_behind})
         by_rec.clear()
 
-    cluster.run(AgentWorkload(AgentWorkloadConfig(think_time_s=think), seed), steps, duration, on_step=on_step)
+    workload = AgentWorkload(AgentWorkloadConfig(think_time_s=think), seed)
+    cluster.run(workload, steps, duration, on_step=on_step)
     return out
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--variant", default="auto/default+kv_events=True")
     parser.add_argument("--seeds", default="0-7")
     parser.add_argument("--think-time", type=float, default=3.0)
