@@ -37,6 +37,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import compress, count
 from typing import Literal
 
 from kvroute.routing.hashing import token_block_hashes
@@ -70,6 +71,16 @@ class _Source:
 
 
 @dataclass(slots=True)
+class _Lengths:
+    """One request in flight: its prompt and answer lengths in tokens (the answer's None where the
+    request does not fix it), and whether its first token came."""
+
+    prompt: int
+    answer: int | None
+    answered: bool = False
+
+
+@dataclass(slots=True)
 class _Worker:
     sources: dict[int, _Source] = field(default_factory=dict)  # rank -> source
     # Speculative entries of requests sent to no rank in particular (the engine's balancer picks
@@ -84,7 +95,7 @@ class _Worker:
     # The same requests until they end, with their prompt and answer lengths in tokens (the answer's
     # None where the request does not fix it), and how many of them have no fixed answer: while any
     # has, the order they end in cannot be told.
-    lengths: dict[tuple[int, ...], list[tuple[int, int | None]]] = field(default_factory=dict)
+    lengths: dict[tuple[int, ...], list[_Lengths]] = field(default_factory=dict)
     unknown: int = 0
 
 
@@ -341,7 +352,7 @@ class ExactIndex:
         if answer_tokens is None or prompt_tokens <= 0:
             answer_tokens = None
             w.unknown += 1
-        w.lengths.setdefault(key, []).append((prompt_tokens, answer_tokens))
+        w.lengths.setdefault(key, []).append(_Lengths(prompt_tokens, answer_tokens))
         src = w.sources.get(rank) if rank is not None else None
         spec = src.speculative if src is not None else w.speculative
         if spec:
@@ -370,6 +381,10 @@ class ExactIndex:
             w.unanswered[key] = n - 1
         else:
             w.unanswered.pop(key, None)
+        for entry in w.lengths.get(key, ()):
+            if not entry.answered:
+                entry.answered = True
+                break
 
     def released(self, worker_id: str, hashes: Sequence[int], rank: int | None = None,
                  answered: bool = True) -> None:
@@ -385,7 +400,7 @@ class ExactIndex:
         key = tuple(hashes)
         entries = w.lengths.get(key)
         if entries:
-            if entries.pop()[1] is None:
+            if entries.pop().answer is None:
                 w.unknown -= 1
             if not entries:
                 del w.lengths[key]
@@ -462,33 +477,43 @@ class ExactIndex:
         bs = src.block_size
         if w.unknown or not w.lengths or bs is None:
             return 0
-        busy, trailing, after, unanswered = src.busy, src.trailing, src.after, w.unanswered
-        free = room - len(busy) - len(trailing) - sum(1 for h in hashes[:depth] if h not in busy)
+        busy, trailing, after = src.busy, src.trailing, src.after
+        free = room - len(busy) - len(trailing) - depth + _leading(busy, hashes, depth, 0)
         short = len(hashes) - depth + 1 - free
         if short <= 0:
             return 0
-        ends: list[tuple[int, int, int]] = []  # (tokens left, tokens done, blocks freed at its end)
+        keys: list[tuple[tuple[int, ...], int]] = []  # (own hashes, requests of them)
+        ends: list[tuple[int, int, int, int]] = []  # (tokens left, tokens done, tokens in all, key)
         for key, entries in w.lengths.items():
-            shared = sum(1 for h in key if busy.get(h, 0) > len(entries))
-            told = 0  # tokens done by its answer's blocks told, where answered
-            if key and key not in unanswered:
-                nxt = after.get(key[-1])
-                while nxt is not None and nxt in trailing:
-                    told += 1
-                    nxt = after.get(nxt)
-                told = (len(key) + told) * bs + bs // 2
-            for prompt, answer in entries:
-                total = prompt + (answer or 0)
-                done = min(total, max(prompt + 1, told) if told else prompt)
-                ends.append((total - done, done, -(-total // bs) - shared))
+            if not key or key[-1] not in busy:
+                continue  # sent to another rank
+            told = -1  # tokens done by its answer's blocks told
+            for entry in entries:
+                total = entry.prompt + (entry.answer or 0)
+                done = entry.prompt
+                if entry.answered:
+                    if told < 0:
+                        nxt, told = after.get(key[-1]), 0
+                        while nxt is not None and nxt in trailing:
+                            told += 1
+                            nxt = after.get(nxt)
+                        told = (len(key) + told) * bs + bs // 2
+                    done = min(total, max(done + 1, told))
+                ends.append((total - done, done, total, len(keys)))
+            keys.append((key, len(entries)))
+        if not ends:
+            return 0
         ends.sort()
         steps, freed = ends[-1][0], 0
-        for left, _, frees in ends:
-            freed += frees
+        for left, _, total, i in ends:
+            # At its end it frees its blocks no other request in flight uses: those past the
+            # blocks others share (a prefix: a block's hash names all the blocks before it).
+            key, alone = keys[i]
+            freed += -(-total // bs) - _leading(busy, key, len(key), alone)
             if freed >= short:
                 steps = left
                 break
-        return sum(-(-(done + min(steps, left)) // bs) - -(-done // bs) for left, done, _ in ends)
+        return sum(-(-(done + min(steps, left)) // bs) - -(-done // bs) for left, done, _, _ in ends)
 
     def _depth(self, hashes: Sequence[int], w: _Worker, src: _Source, now: float,
                gone: Collection[int] = ()) -> int:
@@ -530,8 +555,10 @@ class ExactIndex:
                     d = self._depth(hashes, w, src, now, gone)
                     if blocks is not None and d:
                         grown = self._grown(w, src, hashes, d, blocks)
-                        if grown:
-                            d = self._depth(hashes, w, src, now, self._evicted(w, src, blocks, grown))
+                        if grown:  # more of the same walk: the blocks gone before are gone again
+                            gone = self._evicted(w, src, blocks, grown)
+                            if not gone.isdisjoint(hashes[:d]):
+                                d = next(compress(count(), map(gone.__contains__, hashes)))
                     if d > best:
                         best = d
                         if best == full:
@@ -583,6 +610,20 @@ class ExactIndex:
         out = {f"rank{rank}_blocks": len(src.own) for rank, src in sorted(w.sources.items())}
         out["speculative"] = len(w.speculative) + sum(len(src.speculative) for src in w.sources.values())
         return out
+
+
+def _leading(counts: Mapping[int, int], hashes: Sequence[int], end: int, above: int) -> int:
+    """How many of the first ``end`` blocks of ``hashes`` have a count over ``above`` in ``counts``:
+    a leading run, as a block's own hash names every block before it (whatever uses a block uses
+    its prefix), so it is found by bisection."""
+    lo, hi = 0, end
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if counts.get(hashes[mid], 0) > above:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 def pick_rank(figures: Mapping[int, tuple[int, int]], inflight: Mapping[int, int], slack: int) -> int:
