@@ -22,7 +22,8 @@ the first block the prediction got wrong:
   prefill extended the prefix meanwhile).
 
 A diagnostic: it patches the simulator's block pool and engine *in this process* to log, never to
-change what they do (the tables of ``ab_flow.py`` are reproduced to the digit; ``--check`` says so).
+change what they do, so its share within one block is ``ab_flow.py --prediction``'s for the same
+steps and seeds.  Seeds run one after another in this process.
 """
 
 from __future__ import annotations
