@@ -190,3 +190,36 @@ def test_a_turn_waiting_for_room_loses_what_running_answers_grow_meanwhile(
     assert index.match(TURN, ["a"], 3.0) == {"a": 4}  # without the cache's size: as held
     index.released("a", Y_HASHES)  # Y ended: its blocks are free, nothing waits for it any more
     assert index.match(TURN, ["a"], 3.0, {"a": room}) == {"a": 4}
+
+
+@pytest.mark.parametrize(("answer", "matched"), [(16, 0), (None, 4)])
+def test_the_decision_predicts_what_running_answers_leave_of_a_waiting_turn(answer: int | None,
+                                                                           matched: int) -> None:
+    clock = [100.0]
+    sched = Scheduler(RoutingConfig(), clock=lambda: clock[0])
+    worker = WorkerState(id="a", url="http://a", models=frozenset({"m"}), epoch=1.0, kv_tokens=9 * BS)
+    sched.on_worker_epoch("a", 1.0)
+    sched.exact.attach("a", [0])
+    sched.exact.synced("a", 0, 0.0)
+    sched.exact.stored("a", 0, [10, 11, 12, 13], None, X, BS, None, 100.0)
+
+    def key(toks: list[int]) -> RoutingKey:
+        return RoutingKey(model="m", prefix=str(toks[:8]).encode(), est_prompt_tokens=len(toks),
+                          token_hashes=tuple(token_block_hashes(toks, BS)), token_block=BS,
+                          max_tokens=16, answer_tokens=answer)
+
+    # Y runs: its prompt computed and answered, its answer (16 tokens if fixed) being generated.
+    first = sched.decide(key(Y), [worker])
+    sched.commit(key(Y), first)
+    worker.inflight += 1
+    sched.exact.stored("a", 0, [20, 21, 22, 23], None, Y, BS, None, 100.0)
+    sched.on_first_byte(first)
+    # Eight blocks held of nine, one partly filled by Y: the turn's three blocks do not fit beside
+    # X's four, so it waits for Y's end while Y's answer takes three more blocks, the least recently
+    # used: X's first three (stored in order, never let go by a request of this router), so the
+    # turn finds none of X.  With Y's answer open-ended, when it ends is not known: X as held.
+    turn = X + list(range(8000, 8000 + 2 * BS))
+    d = sched.decide(key(turn), [worker])
+    assert d.exact and d.matched_blocks == matched and d.held_tokens == matched * BS
+    sched.released(first, answered=True)  # Y ended: nothing grows any more
+    assert sched.decide(key(turn), [worker]).matched_blocks == 4
