@@ -16,6 +16,14 @@ request's earlier turn), random loads and engine figures, then ``Dispatcher.rout
 
 ``parse`` is ``parse_request`` of the chat body that produces the next turn's key; ``commit``
 records it.  ``considered`` is how many workers the decisions looked at (``Decision.considered``).
+
+``--exact``: the next turn again, with every worker's cache state exact (routing/exact_index.py):
+the conversation's earlier turn stored on worker 0 by its engine's events, beside ``--running``
+requests of this router running there (their prompts computed, their answers of fixed length,
+``ignore_eos``) in a KV cache of eight blocks more than its engine holds (the other workers': the
+a4000-qwen3-4b preset's 2,543 blocks of 16 tokens), so that the match walks what those answers
+evict before the turn finds room; the turn's token hashes
+are made once (the cost of tokenizing is not this table's).  Runs against an older checkout too.
 """
 
 from __future__ import annotations
@@ -181,6 +189,65 @@ def scheduler_memory(n_blocks: int, n_sessions: int, n_workers: int) -> float:
     return used / 2**20
 
 
+def bench_exact_cell(policy: str, size: int, n_workers: int, reps: int, running: int) -> dict[str, Any]:
+    """A conversation's next turn of ``size`` bytes, every worker exact (the module docstring)."""
+    from kvroute.routing.token_chains import TokenChains, with_tokens
+    from kvroute.sim.tokenizer import token_ids
+
+    bs, kv_blocks = 16, 2543
+    rng = random.Random(size * 1000 + n_workers)
+    now = [1_700_000_000.0]
+    sched = Scheduler(RoutingConfig(default=ModelSettings(policy=policy)), clock=lambda: now[0])
+    route = Dispatcher(sched).route if Dispatcher is not None else sched.decide
+    chains = TokenChains()
+    ws = _fleet(n_workers, rng)
+    engine_hash = iter(range(1, 1 << 40))
+    for w in ws:
+        w.kv_tokens = kv_blocks * bs
+        sched.exact.attach(w.id, [0])
+        sched.exact.synced(w.id, 0, now[0])
+
+    def sent(w: WorkerState, body: dict[str, Any], session: str, running: bool) -> None:
+        """``body`` routed to ``w``, computed there (its events) and answered; ended unless
+        ``running``."""
+        key = parse_request("chat", body, {"x-session-id": session})
+        toks = token_ids(json.dumps(body["messages"]).encode())
+        key = with_tokens(key, toks, bs, chains)
+        decision = sched.decide(key, [w])
+        sched.commit(key, decision)
+        n = len(toks) // bs
+        sched.exact.stored(w.id, 0, [next(engine_hash) for _ in range(n)], None, toks[:n * bs], bs, None,
+                           now[0])
+        sched.on_first_byte(decision)
+        if not running:
+            sched.released(decision, answered=True)
+
+    system = {"role": "system", "content": _text(-1, size // 2)}
+    first = [system, {"role": "user", "content": _text(-3, 256)}]
+    body = {"model": "m", "messages": [*first, {"role": "assistant", "content": _text(-4, 256)},
+                                       {"role": "user", "content": _text(-2, size // 2 - 512)}],
+            "max_tokens": 256, "ignore_eos": True}
+    sent(ws[0], {"model": "m", "messages": first, "max_tokens": 256, "ignore_eos": True}, "bench", False)
+    # Other conversations, running on worker 0 and let go elsewhere (a warm, full fleet).
+    for j in range(max(running, 4 * n_workers if n_workers < 64 else 256)):
+        w = ws[0] if j < running or n_workers == 1 else ws[1 + j % (n_workers - 1)]
+        other = {"model": "m", "messages": [{"role": "user", "content": _text(j, size)}],
+                 "max_tokens": 256, "ignore_eos": True}
+        sent(w, other, f"other-{j}", j < running)
+    ws[0].inflight = running
+    # Worker 0's cache holds what its events told and eight blocks more: the turn waits for room.
+    ws[0].kv_tokens = (sched.exact.resident_blocks(ws[0].id) + running + 8) * bs
+    key = with_tokens(parse_request("chat", body, {"x-session-id": "bench"}),
+                      token_ids(json.dumps(body["messages"]).encode()), bs, chains)
+    considered: list[int] = []
+    keys = iter([key] * reps)
+    p50, p99 = _timed(functools.partial(_route_next, route, keys, ws, considered), reps)
+    home = route(key, ws[:1])  # what worker 0 is predicted to keep of the turn when it is scheduled
+    return {"prompt_bytes": size, "workers": n_workers, "next_us_p50": p50, "next_us_p99": p99,
+            "blocks": len(key.token_hashes), "matched": home.matched_blocks, "exact": home.exact,
+            "held": sched.exact.match(key.token_hashes, [ws[0].id], now[0])[ws[0].id]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
@@ -194,6 +261,11 @@ def main() -> None:
     parser.add_argument("--with-memory", action="store_true",
                         help="also the scheduler's memory at 200k index blocks + 10k sessions")
     parser.add_argument("--workers", default=",".join(map(str, WORKERS)), help="fleet sizes to run")
+    parser.add_argument("--exact", action="store_true",
+                        help="only the next turn, with every worker's cache state exact (the docstring)")
+    parser.add_argument("--running", type=int, default=4,
+                        help="with --exact: requests running on the turn's worker (default 4: its "
+                             "cache is full, the turn waits for room)")
     args = parser.parse_args()
     sizes = {label: SIZES[label] for label in args.sizes.split(",")}
     fleets = [int(n) for n in args.workers.split(",")]
@@ -202,6 +274,17 @@ def main() -> None:
         _clock = time.process_time_ns
     reps_for = {8 << 10: 2000, 32 << 10: 2000, 128 << 10: 500, 1 << 20: 100}
     rows = []
+    if args.exact:
+        print("| prompt | workers | running | blocks | worker 0 holds / keeps | next p50 µs | next p99 µs |")
+        print("|---|---|---|---|---|---|---|")
+        for label, size in sizes.items():
+            for n in fleets:
+                reps = max(50, reps_for[size] // (4 if args.quick else 1))
+                r = bench_exact_cell(args.policy, size, n, reps, args.running)
+                print(f"| {label} | {n} | {args.running} | {r['blocks']} | {r['held']} / {r['matched']}"
+                      f"{'' if r['exact'] else ' (approximate)'} | {r['next_us_p50']:.1f} | "
+                      f"{r['next_us_p99']:.1f} |", flush=True)
+        return
     if args.memory_only:
         print(f"scheduler with 200k index blocks + 10k sessions over 1000 workers: "
               f"{scheduler_memory(200_000, 10_000, 1000):.1f} MiB")

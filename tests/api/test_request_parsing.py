@@ -366,3 +366,17 @@ def test_any_json_body_parses_or_gets_a_400(route: str, body: Any) -> None:
         assert err.status == 400
     else:
         assert isinstance(key.prefix, bytes) and key.est_prompt_tokens >= 0
+
+
+@pytest.mark.parametrize(("extra", "answer"), [
+    ({"max_tokens": 256, "ignore_eos": True}, 256),  # vLLM's ignore_eos: exactly max_tokens
+    ({"max_tokens": 256, "min_tokens": 256}, 256),
+    ({"max_completion_tokens": 64, "ignore_eos": True}, 64),
+    ({"max_tokens": 256}, None),  # ends at its end-of-sequence token: unknown
+    ({"max_tokens": 256, "min_tokens": 16}, None),
+    ({"max_tokens": 256, "ignore_eos": False}, None),
+    ({"ignore_eos": True}, None),  # no max_tokens: the engine's own limit, not the router's to tell
+])
+def test_an_answer_length_is_known_only_where_the_request_fixes_it(extra: dict[str, Any],
+                                                                   answer: int | None) -> None:
+    assert parse_request("chat", chat(*USER_X, **extra), {}).answer_tokens == answer

@@ -149,3 +149,77 @@ def test_the_decision_predicts_what_the_queue_leaves_of_the_prompt() -> None:
     sched.on_first_byte(first)  # computed: nothing is ahead any more
     d = sched.decide(key(turn), [worker])
     assert d.matched_blocks == 4 and d.held_tokens == len(X)
+
+
+def running(answer: int | None, told: int = 0) -> ExactIndex:
+    """"a" holds X (let go) and Y, whose request is running: its prompt computed and answered, its
+    answer ``answer`` tokens long (None: not fixed), ``told`` blocks of it stored so far."""
+    index = ExactIndex()
+    index.attach("a", [0])
+    index.synced("a", 0, 0.0)
+    served(index, X_HASHES, [10, 11, 12, 13], X, 1.0)
+    index.speculate("a", Y_HASHES, 2.0, prompt_tokens=len(Y), answer_tokens=answer)
+    index.stored("a", 0, [20, 21, 22, 23], None, Y, BS, None, 2.0)
+    index.answered("a", Y_HASHES)
+    parent = 23
+    for i in range(told):
+        toks = list(range(6000 + i * BS, 6000 + (i + 1) * BS))
+        index.stored("a", 0, [130 + i], parent, toks, BS, None, 2.5)
+        parent = 130 + i
+    return index
+
+
+TURN = X_HASHES + tuple(range(700, 702))  # X continued by two blocks: three to allocate (one partial)
+
+
+@pytest.mark.parametrize(("answer", "told", "room", "depth"), [
+    # Eight blocks held of eight: X's four are free but the turn's own, so no free block holds its
+    # three: it waits for Y's end, while Y's answer grows a block every four tokens from the head of
+    # the free list, X's tail.  Y has done its prompt and half a block of answer (18 of 24 tokens):
+    (8, 0, 8, 3),  # its answer ends in 6 tokens, crossing one block boundary: X's last block
+    (16, 0, 8, 1),  # 14 tokens to go (three blocks)
+    (16, 1, 8, 2),  # one block of it told already: 10 tokens to go, two blocks
+    (None, 0, 8, 4),  # the answer is not fixed: when Y ends cannot be told, nothing is predicted
+    (16, 0, 11, 4),  # three blocks hold nothing: the turn is admitted at once
+    (16, 0, 10, 3),  # two hold nothing: it still waits; Y's growth takes them, then X's last block
+])
+def test_a_turn_waiting_for_room_loses_what_running_answers_grow_meanwhile(
+        answer: int | None, told: int, room: int, depth: int) -> None:
+    index = running(answer, told)
+    assert index.match(TURN, ["a"], 3.0, {"a": room}) == {"a": depth}
+    assert index.match(TURN, ["a"], 3.0) == {"a": 4}  # without the cache's size: as held
+    index.released("a", Y_HASHES)  # Y ended: its blocks are free, nothing waits for it any more
+    assert index.match(TURN, ["a"], 3.0, {"a": room}) == {"a": 4}
+
+
+@pytest.mark.parametrize(("answer", "matched"), [(16, 0), (None, 4)])
+def test_the_decision_predicts_what_running_answers_leave_of_a_waiting_turn(answer: int | None,
+                                                                           matched: int) -> None:
+    clock = [100.0]
+    sched = Scheduler(RoutingConfig(), clock=lambda: clock[0])
+    worker = WorkerState(id="a", url="http://a", models=frozenset({"m"}), epoch=1.0, kv_tokens=9 * BS)
+    sched.on_worker_epoch("a", 1.0)
+    sched.exact.attach("a", [0])
+    sched.exact.synced("a", 0, 0.0)
+    sched.exact.stored("a", 0, [10, 11, 12, 13], None, X, BS, None, 100.0)
+
+    def key(toks: list[int]) -> RoutingKey:
+        return RoutingKey(model="m", prefix=str(toks[:8]).encode(), est_prompt_tokens=len(toks),
+                          token_hashes=tuple(token_block_hashes(toks, BS)), token_block=BS,
+                          max_tokens=16, answer_tokens=answer)
+
+    # Y runs: its prompt computed and answered, its answer (16 tokens if fixed) being generated.
+    first = sched.decide(key(Y), [worker])
+    sched.commit(key(Y), first)
+    worker.inflight += 1
+    sched.exact.stored("a", 0, [20, 21, 22, 23], None, Y, BS, None, 100.0)
+    sched.on_first_byte(first)
+    # Eight blocks held of nine, one partly filled by Y: the turn's three blocks do not fit beside
+    # X's four, so it waits for Y's end while Y's answer takes three more blocks, the least recently
+    # used: X's first three (stored in order, never let go by a request of this router), so the
+    # turn finds none of X.  With Y's answer open-ended, when it ends is not known: X as held.
+    turn = X + list(range(8000, 8000 + 2 * BS))
+    d = sched.decide(key(turn), [worker])
+    assert d.exact and d.matched_blocks == matched and d.held_tokens == matched * BS
+    sched.released(first, answered=True)  # Y ended: nothing grows any more
+    assert sched.decide(key(turn), [worker]).matched_blocks == 4

@@ -633,6 +633,16 @@ def _max_tokens(body: Mapping[str, Any], route: str) -> int:
     return 0
 
 
+def _answer_tokens(body: Mapping[str, Any], max_tokens: int) -> int | None:
+    """The answer's length where the request fixes it: ``max_tokens`` with vLLM's ``ignore_eos``
+    or with ``min_tokens`` equal to it; None otherwise (it ends at its end-of-sequence token)."""
+    if max_tokens <= 0:
+        return None
+    if body.get("ignore_eos") is True or body.get("min_tokens") == max_tokens:
+        return max_tokens
+    return None
+
+
 def parse_request(route: str, body: Any, headers: Mapping[str, str],
                   options: RequestOptions | None = None) -> RoutingKey:
     """Reduce one API request to its ``RoutingKey``.
@@ -673,12 +683,14 @@ def parse_request(route: str, body: Any, headers: Mapping[str, str],
         session_id = conversation_id(memoryview(prefix)[:first_turn_bytes])
     if len(prefix) > opts.max_prefix_bytes:
         prefix = prefix[:opts.max_prefix_bytes]
+    max_tokens = _max_tokens(body, route)
     return RoutingKey(
         model=model,
         prefix=prefix if cacheable else b"",
         session_id=session_id,
         est_prompt_tokens=est,
-        max_tokens=_max_tokens(body, route),
+        max_tokens=max_tokens,
+        answer_tokens=_answer_tokens(body, max_tokens),
         cache_salt=salt,
         cacheable=cacheable,
         stream=body.get("stream") is True,

@@ -37,6 +37,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import compress, count
 from typing import Literal
 
 from kvroute.routing.hashing import token_block_hashes
@@ -70,6 +71,16 @@ class _Source:
 
 
 @dataclass(slots=True)
+class _Lengths:
+    """One request in flight: its prompt and answer lengths in tokens (the answer's None where the
+    request does not fix it), and whether its first token came."""
+
+    prompt: int
+    answer: int | None
+    answered: bool = False
+
+
+@dataclass(slots=True)
 class _Worker:
     sources: dict[int, _Source] = field(default_factory=dict)  # rank -> source
     # Speculative entries of requests sent to no rank in particular (the engine's balancer picks
@@ -81,6 +92,11 @@ class _Worker:
     # the blocks of theirs it has not stored yet it allocates, evicting, before a request sent now
     # is scheduled.
     unanswered: dict[tuple[int, ...], int] = field(default_factory=dict)
+    # The same requests until they end, with their prompt and answer lengths in tokens (the answer's
+    # None where the request does not fix it), and how many of them have no fixed answer: while any
+    # has, the order they end in cannot be told.
+    lengths: dict[tuple[int, ...], list[_Lengths]] = field(default_factory=dict)
+    unknown: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,17 +340,23 @@ class ExactIndex:
         return told is None or told == block_size
 
     def speculate(self, worker_id: str, hashes: Sequence[int], now: float, wait_s: float = 0.0,
-                  rank: int | None = None) -> None:
+                  rank: int | None = None, prompt_tokens: int = 0, answer_tokens: int | None = None) -> None:
         """``worker_id`` (its data-parallel ``rank``, or whichever its engine picks when None) was
         just sent a prompt of these own block hashes, predicted to be computed in ``wait_s``: count
         them as held until the engine's events confirm them, for ``wait_s`` +
         ``speculative_ttl_s`` at most.  Until ``released`` they are in use (not evictable), and
-        until ``answered`` (or ``released``) those its engine has not stored are to be allocated."""
+        until ``answered`` (or ``released``) those its engine has not stored are to be allocated.
+        ``prompt_tokens`` and ``answer_tokens`` (None: the request does not fix its answer's
+        length) tell when it will end, and so when a request queued behind it finds room."""
         w = self._workers.get(worker_id)
         if w is None:
             return
         key = tuple(hashes)
         w.unanswered[key] = w.unanswered.get(key, 0) + 1
+        if answer_tokens is None or prompt_tokens <= 0:
+            answer_tokens = None
+            w.unknown += 1
+        w.lengths.setdefault(key, []).append(_Lengths(prompt_tokens, answer_tokens))
         src = w.sources.get(rank) if rank is not None else None
         spec = src.speculative if src is not None else w.speculative
         if spec:
@@ -363,6 +385,10 @@ class ExactIndex:
             w.unanswered[key] = n - 1
         else:
             w.unanswered.pop(key, None)
+        for entry in w.lengths.get(key, ()):
+            if not entry.answered:
+                entry.answered = True
+                break
 
     def released(self, worker_id: str, hashes: Sequence[int], rank: int | None = None,
                  answered: bool = True) -> None:
@@ -375,6 +401,13 @@ class ExactIndex:
             return
         if not answered:
             self.answered(worker_id, hashes)
+        key = tuple(hashes)
+        entries = w.lengths.get(key)
+        if entries:
+            if entries.pop().answer is None:
+                w.unknown -= 1
+            if not entries:
+                del w.lengths[key]
         for src in self._sources_of(w, rank):
             busy, recency, after, trailing = src.busy, src.recency, src.after, src.trailing
             tail: list[int] = []
@@ -403,13 +436,13 @@ class ExactIndex:
         src = w.sources.get(rank)
         return [src] if src is not None else []
 
-    def _evicted(self, w: _Worker, src: _Source, room: int) -> set[int]:
+    def _evicted(self, w: _Worker, src: _Source, room: int, grown: int = 0) -> set[int]:
         """The held blocks of ``src`` its engine evicts for the prompts this router sent there and it
         has not computed yet (the blocks of each it has not stored: a prompt is computed in order,
-        so they are its last ones), where ``room`` blocks of its cache are not partly filled by a
-        request: those beyond the blocks no cached content occupies, from the least recently used
-        block no request of this router has in flight."""
-        if not w.unanswered:
+        so they are its last ones) and ``grown`` blocks more, where ``room`` blocks of its cache
+        are not partly filled by a request: those beyond the blocks no cached content occupies,
+        from the least recently used block no request of this router has in flight."""
+        if not w.unanswered and not grown:
             return set()
         held, slot = self._held, src.slot
         allocate = 0
@@ -421,7 +454,7 @@ class ExactIndex:
                     break
                 left += 1
             allocate += n * left
-        k = allocate - max(0, room - len(src.own))
+        k = allocate + grown - max(0, room - len(src.own))
         out: set[int] = set()
         if k <= 0:
             return out
@@ -432,6 +465,59 @@ class ExactIndex:
                 if len(out) >= k:
                     break
         return out
+
+    def _grown(self, w: _Worker, src: _Source, hashes: Sequence[int], depth: int, room: int) -> int:
+        """Blocks the answers running on ``src`` allocate while a request of ``hashes``, finding
+        its first ``depth`` blocks there, waits at the head of its engine's queue for room.
+
+        An engine admits a request when the free blocks, less those of its own cached prefix (taken
+        off the free list by sharing them), hold its uncached blocks; short of that it waits while
+        every running sequence grows a block each ``block_size`` tokens of its answer, from the
+        head of the free list, until enough of them end.  Each of this router's requests there
+        ends when its answer has its fixed length: its tokens done are its prompt, and where
+        answered the blocks of its answer the events told (half a block more); at its end it frees
+        its blocks no other request uses.  Where any request there has no fixed answer length, the
+        wait cannot be told: none is counted."""
+        bs = src.block_size
+        if w.unknown or not w.lengths or bs is None:
+            return 0
+        busy, trailing, after = src.busy, src.trailing, src.after
+        free = room - len(busy) - len(trailing) - depth + _leading(busy, hashes, depth, 0)
+        short = len(hashes) - depth + 1 - free
+        if short <= 0:
+            return 0
+        keys: list[tuple[tuple[int, ...], int]] = []  # (own hashes, requests of them)
+        ends: list[tuple[int, int, int, int]] = []  # (tokens left, tokens done, tokens in all, key)
+        for key, entries in w.lengths.items():
+            if not key or key[-1] not in busy:
+                continue  # sent to another rank
+            told = -1  # tokens done by its answer's blocks told
+            for entry in entries:
+                total = entry.prompt + (entry.answer or 0)
+                done = entry.prompt
+                if entry.answered:
+                    if told < 0:
+                        nxt, told = after.get(key[-1]), 0
+                        while nxt is not None and nxt in trailing:
+                            told += 1
+                            nxt = after.get(nxt)
+                        told = (len(key) + told) * bs + bs // 2
+                    done = min(total, max(done + 1, told))
+                ends.append((total - done, done, total, len(keys)))
+            keys.append((key, len(entries)))
+        if not ends:
+            return 0
+        ends.sort()
+        steps, freed = ends[-1][0], 0
+        for left, _, total, i in ends:
+            # At its end it frees its blocks no other request in flight uses: those past the
+            # blocks others share (a prefix: a block's hash names all the blocks before it).
+            key, alone = keys[i]
+            freed += -(-total // bs) - _leading(busy, key, len(key), alone)
+            if freed >= short:
+                steps = left
+                break
+        return sum(-(-(done + min(steps, left)) // bs) - -(-done // bs) for left, done, _, _ in ends)
 
     def _depth(self, hashes: Sequence[int], w: _Worker, src: _Source, now: float,
                gone: Collection[int] = ()) -> int:
@@ -471,6 +557,12 @@ class ExactIndex:
                 for src in w.sources.values():
                     gone = self._evicted(w, src, blocks) if blocks is not None else ()
                     d = self._depth(hashes, w, src, now, gone)
+                    if blocks is not None and d:
+                        grown = self._grown(w, src, hashes, d, blocks)
+                        if grown:  # more of the same walk: the blocks gone before are gone again
+                            gone = self._evicted(w, src, blocks, grown)
+                            if not gone.isdisjoint(hashes[:d]):
+                                d = next(compress(count(), map(gone.__contains__, hashes)))
                     if d > best:
                         best = d
                         if best == full:
@@ -522,6 +614,20 @@ class ExactIndex:
         out = {f"rank{rank}_blocks": len(src.own) for rank, src in sorted(w.sources.items())}
         out["speculative"] = len(w.speculative) + sum(len(src.speculative) for src in w.sources.values())
         return out
+
+
+def _leading(counts: Mapping[int, int], hashes: Sequence[int], end: int, above: int) -> int:
+    """How many of the first ``end`` blocks of ``hashes`` have a count over ``above`` in ``counts``:
+    a leading run, as a block's own hash names every block before it (whatever uses a block uses
+    its prefix), so it is found by bisection."""
+    lo, hi = 0, end
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if counts.get(hashes[mid], 0) > above:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 def pick_rank(figures: Mapping[int, tuple[int, int]], inflight: Mapping[int, int], slack: int) -> int:

@@ -38,6 +38,10 @@ class RoutingKey:
     tokens, when the edge tokenized it the engine's way (routing/exact_index.py): workers whose
     events are exact are matched on them; empty otherwise.  ``client`` (``x-kvroute-client``)
     names the client that sends the session: its next session ends this one (session admission).
+    ``answer_tokens`` is the answer's length where the request fixes it (vLLM's ``ignore_eos``, or
+    ``min_tokens`` equal to ``max_tokens``: the answer is ``max_tokens`` long), else None (it ends
+    at its end-of-sequence token): when it ends, and so when a request queued behind it on its
+    engine finds room (routing/exact_index.py).
     """
 
     model: str
@@ -53,6 +57,7 @@ class RoutingKey:
     token_hashes: tuple[int, ...] = ()
     token_block: int = 0
     client: str | None = None
+    answer_tokens: int | None = None
 
     @property
     def footprint(self) -> int:

@@ -551,7 +551,8 @@ class Scheduler:
                 records.append(PrefixRecord(worker, decision.worker_epoch, now, stored,
                                             decision.prefill_tokens))
         if decision.token_hashes:
-            self.exact.speculate(worker, decision.token_hashes, now, decision.predicted_ttft_s, decision.rank)
+            self.exact.speculate(worker, decision.token_hashes, now, decision.predicted_ttft_s, decision.rank,
+                                 key.est_prompt_tokens, key.answer_tokens)
         self._fill.computed(worker, decision.worker_epoch, now, decision.prefill_tokens)
         if key.cacheable:
             settings = cfg.block(LearningSettings)
