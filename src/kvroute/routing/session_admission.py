@@ -615,14 +615,18 @@ class SessionBook:
         need = self.need(key, prefill_tokens, rule, seated=alone)
         best: str | None = None
         most = 0.0
+        size = 0
         for worker, kv in replicas:
             total = self.placed(worker, now, idle_s, rule, lived=alone) + opened(worker)
             room = share * kv - total - need
-            # Where one kind is served, a seat whose first prefill would evict a paused session's
-            # history waits for that session's next turn (``evicts``).
-            if (room >= 0 or not total) and (best is None or room > most) and \
-                    not (alone and self.evicts(worker, kv, need)):
-                best, most = worker, room
+            if (room >= 0 or not total) and (best is None or room > most):
+                best, most, size = worker, room, kv
+        # Where one kind is served, a seat whose first prefill would evict a paused session's
+        # history waits for that session's next turn (``evicts``); the session is not sent to a
+        # replica with less room meanwhile (as often better as worse in virtual time:
+        # docs/saturation.md, "The seat waits for a paused history").
+        if best is not None and alone and self.evicts(best, size, need):
+            return None
         return best
 
     def need(self, key: RoutingKey, prefill_tokens: int, rule: str, seated: bool = False) -> int:
