@@ -594,7 +594,9 @@ class SessionBook:
         keeps none (a replica too small for one session is the engine's to refuse).  Of those,
         the one with the most room left; None where none has room, or while both kinds of
         session are served and its kind (plus ``opened_own``) would pass its fair part of the
-        fleet's KV (a seat is room on a replica, never the other kind's part).
+        fleet's KV (a seat is room on a replica, never the other kind's part), or, where one kind is
+        served, while its first prefill on that replica would evict a paused session's history
+        (``evicts``).
 
         A replica's cache keeps the sessions sent to it: where the sessions sit unevenly, the
         fleet's sum holds a new session while a replica has room for it, and that replica idles
