@@ -314,3 +314,67 @@ def test_the_window_is_a_count() -> None:
     with pytest.raises(ValueError, match="flow_session_slow_start"):
         ModelSettings(flow_session_slow_start=-1)
     assert ModelSettings().flow_session_slow_start == 3
+
+
+def paused_book(on: list[tuple[int, float | None]], left: list[tuple[str, int, float]]) -> SessionBook:
+    """A book whose sessions on w0 are ``on`` (size, when its last answer ended; None: in flight)
+    and whose sessions in ``left`` (replica, size, when) left it: each one's client started
+    another session then."""
+    book = SessionBook()
+    for i, (worker, size, at) in enumerate(left):
+        sid, client = f"left-{i}", f"client-{i}"
+        book.arrived(sid, 0.0, client)
+        book.sent(turn(sid, size), size, RULE, worker)
+        book.finished(sid, 0.5)
+        book.arrived(f"next-{i}", at, client)
+        assert sid not in book
+    for i, (size, ended) in enumerate(on):
+        book.sent(turn(f"on-{i}", size), size, RULE, "w0")
+        if ended is not None:
+            book.finished(f"on-{i}", ended)
+    return book
+
+
+@pytest.mark.parametrize("on, left, need, evicts", [
+    ([(300, None), (300, None)], [], 500, False),                # nothing paused on w0
+    ([(300, 2.0)], [], 700, False),                               # 700 ahead of its history
+    ([(300, 2.0)], [], 701, True),                                # ... one token more reaches it
+    ([(300, 2.0), (500, None)], [], 300, True),                   # the replica's cache is full
+    ([(300, 2.0)], [("w0", 400, 3.0)], 300, False),               # what left since lies behind it
+    ([(300, 2.0)], [("w0", 400, 3.0)], 301, True),
+    ([(300, 2.0)], [("w0", 400, 1.0)], 700, False),               # what left before lies ahead
+    ([(300, 2.0)], [("w1", 400, 3.0)], 700, False),               # another replica's
+    ([(300, 4.0), (300, 2.0)], [("w0", 300, 3.0)], 101, True),    # the oldest paused one counts
+])
+def test_a_first_prefill_evicts_a_paused_history(on: list[tuple[int, float | None]],
+                                                 left: list[tuple[str, int, float]], need: int,
+                                                 evicts: bool) -> None:
+    """An engine's cache is an LRU: a new prefill takes the content freed longest ago, so it evicts
+    the history of a session paused before the last one left, not the history that one left."""
+    assert paused_book(on, left).evicts("w0", 1000, need) is evicts
+
+
+def test_where_one_kind_is_served_the_seat_waits_for_a_paused_history() -> None:
+    """w0 has the most room by its count, but a new session's prefill there would evict the
+    history of paused session on-0: the seat waits (w1, with room too, is not taken instead);
+    once on-0's next turn is sent, w0 takes it."""
+    book = paused_book([(300, 2.0), (300, None)], [("w0", 400, 3.0), ("w0", 300, 3.0)])
+    replicas = [("w0", 1000), ("w1", 1000)]
+    book.sent(turn("w1-0", 600), 600, RULE, "w1")
+    assert book.seat(turn("new", 300), 300, replicas, 1.0, RULE, 5.0, 60.0) is None
+    book.sent(turn("on-0", 300), 300, RULE, "w0")
+    assert book.seat(turn("new", 300), 300, replicas, 1.0, RULE, 5.0, 60.0) == "w0"
+
+
+@pytest.mark.parametrize("derived, expected", [
+    (False, None),   # one kind: w0, with the most room, would evict paused on-0's history
+    (True, "w0"),    # both kinds: the seat as before
+])
+def test_while_both_kinds_are_served_the_seat_does_not_wait_for_a_paused_history(
+        derived: bool, expected: str | None) -> None:
+    book = paused_book([(300, 2.0)], [("w0", 400, 3.0)])
+    w1 = DERIVED_SESSION_PREFIX + "w1-0" if derived else "w1-0"
+    book.sent(turn(w1, 600), 600, RULE, "w1")
+    assert book.evicts("w0", 1000, 301)
+    assert book.seat(turn("new", 301), 301, [("w0", 1000), ("w1", 1000)], 1.0, RULE, 5.0,
+                     60.0) == expected

@@ -262,6 +262,11 @@ class SessionBook:
     _placed: dict[tuple[str, bool], _Sizes] = field(default_factory=dict, repr=False, compare=False)
     # When the last session of each kind left the book (``alone``).
     gone_at: dict[bool, float] = field(default_factory=dict)
+    # The sessions last sent to each replica, by id (``evicts`` reads those paused there).
+    _on: dict[str, set[str]] = field(default_factory=dict, repr=False, compare=False)
+    # (when, tokens) of the last sessions that left the book from each replica (``evicts``).
+    _left_from: dict[str, deque[tuple[float, int]]] = field(default_factory=dict, repr=False,
+                                                             compare=False)
     # Sessions entered and quiet places handed out, for ``born`` and ``mark``.
     _count: int = field(default=0, repr=False, compare=False)
     # Sessions that left the book, by kind: a kind is learnt once ``_SAMPLES`` have (``learning``).
@@ -398,12 +403,17 @@ class SessionBook:
         sizes = self._placed.get(at)
         if sizes is None:
             sizes = self._placed[at] = _Sizes()
+        on = self._on.setdefault(entry.worker, set())
         if sign > 0:
             sizes.add(entry.tokens)
+            on.add(session_id)
         else:
             sizes.remove(entry.tokens)
+            on.discard(session_id)
             if not sizes.runs:  # a replica that left keeps no entry
                 del self._placed[at]
+            if not on:
+                del self._on[entry.worker]
 
     def sent(self, key: RoutingKey, prefill_tokens: int, rule: str, worker: str = "") -> None:
         """A request of ``key``'s session left for ``worker`` (its id; "" where unknown), which had
@@ -519,6 +529,10 @@ class SessionBook:
                 self.lives[kind(sid)].append(entry.counted // max(1, entry.sends))
             self.left.append(now)
             self.gone_at[kind(sid)] = now
+            left_from = self._left_from.get(entry.worker)
+            if left_from is None:
+                left_from = self._left_from[entry.worker] = deque(maxlen=_LEFT)
+            left_from.append((now, entry.tokens))
 
     def sweep(self, now: float, idle_s: float, rule: str) -> None:
         """Bound the book where the door is not asked (KV sizes unknown, every turn resident): once
@@ -623,6 +637,29 @@ class SessionBook:
                    for k in KINDS
                    if (worker, k) in self._placed)
 
+    def evicts(self, worker: str, kv: int, need: int) -> bool:
+        """Whether a new session adding ``need`` tokens on ``worker`` (``kv`` tokens of KV cache)
+        would evict the history of a session paused there, by the engine's LRU order.
+
+        An engine keeps what finished requests leave in its cache on a free list and takes new
+        blocks from the head, the content freed longest ago first (vLLM's prefix cache; the
+        simulator's block pool).  A paused session's history went there when its last answer
+        ended; a session that ended since (its client started another: the usual way a seat
+        frees up) left its history behind it, so a new session's prefill evicts the paused one's
+        first and spares the dead one.  Ahead of the oldest paused session's history lies about
+        ``kv`` less what the replica's sessions hold less what those that left the book from it
+        since it paused held (the cache is full once warm); a prefill of more than that
+        evicts it, and its next turn prefills its history again (in virtual time, agents with
+        pauses at 24-48 sessions: ~47 such turns a step, ~4,100 tokens each; docs/saturation.md,
+        "The seat waits for a paused history").  False where no session paused there."""
+        paused = [self.sessions[sid] for sid in self._on.get(worker, ())]
+        oldest = min((e.ended for e in paused if e.quiet()), default=None)
+        if oldest is None:
+            return False
+        held = sum(e.tokens for e in paused)
+        since = sum(tokens for at, tokens in self._left_from.get(worker, ()) if at > oldest)
+        return kv - held - since < need
+
     def seat(self, key: RoutingKey, prefill_tokens: int, replicas: Sequence[tuple[str, int]],
              share: float, rule: str, now: float, idle_s: float,
              opened: Callable[[str], int] = lambda worker: 0, opened_own: int = 0,
@@ -637,7 +674,8 @@ class SessionBook:
         the one with the most room left; None where none has room, or while both kinds of
         session are served and its kind (plus ``opened_own``) would pass its fair part of the
         fleet's KV (each of its sessions at least ``lived``, as in ``fits``: a seat is room on a
-        replica, never the other kind's part).
+        replica, never the other kind's part), or, where one kind is served, while its first
+        prefill on that replica would evict a paused session's history (``evicts``).
 
         A replica's cache keeps the sessions sent to it: where the sessions sit unevenly, the
         fleet's sum holds a new session while a replica has room for it, and that replica idles
@@ -668,6 +706,7 @@ class SessionBook:
         need = max(need, floor)
         best: str | None = None
         most = 0.0
+        size = 0
         for worker, kv in replicas:
             pending = opened(worker)
             fresh = self.fresh_on(worker, mine)
@@ -676,7 +715,13 @@ class SessionBook:
             total = self.placed(worker, now, idle_s, rule, lived=alone, floor=floor) + pending
             room = share * kv - total - need
             if (room >= 0 or not total) and (best is None or room > most):
-                best, most = worker, room
+                best, most, size = worker, room, kv
+        # Where one kind is served, a seat whose first prefill would evict a paused session's
+        # history waits for that session's next turn (``evicts``); the session is not sent to a
+        # replica with less room meanwhile (as often better as worse in virtual time:
+        # docs/saturation.md, "The seat waits for a paused history").
+        if best is not None and alone and self.evicts(best, size, need):
+            return None
         return best
 
     def need(self, key: RoutingKey, prefill_tokens: int, rule: str, seated: bool = False) -> int:
