@@ -123,14 +123,20 @@ def test_a_prompt_is_ahead_until_computed_answered_or_ended(stored: int, answere
     assert index.match(X_HASHES, ["a"], 6.0, {"a": 8}) == {"a": x_depth}
 
 
-def test_the_decision_predicts_what_the_queue_leaves_of_the_prompt() -> None:
-    clock = [100.0]
-    sched = Scheduler(RoutingConfig(), clock=lambda: clock[0])
-    worker = WorkerState(id="a", url="http://a", models=frozenset({"m"}), epoch=1.0, kv_tokens=8 * BS)
+def exact_worker(kv_blocks: int) -> tuple[Scheduler, WorkerState]:
+    """A scheduler at t=100 s with one exact worker "a" of ``kv_blocks`` blocks holding X."""
+    sched = Scheduler(RoutingConfig(), clock=lambda: 100.0)
+    worker = WorkerState(id="a", url="http://a", models=frozenset({"m"}), epoch=1.0,
+                         kv_tokens=kv_blocks * BS)
     sched.on_worker_epoch("a", 1.0)
     sched.exact.attach("a", [0])
     sched.exact.synced("a", 0, 0.0)
     sched.exact.stored("a", 0, [10, 11, 12, 13], None, X, BS, None, 100.0)
+    return sched, worker
+
+
+def test_the_decision_predicts_what_the_queue_leaves_of_the_prompt() -> None:
+    sched, worker = exact_worker(8)
     sched.exact.stored("a", 0, [20, 21, 22, 23], None, Y, BS, None, 100.0)
 
     def key(toks: list[int]) -> RoutingKey:
@@ -195,13 +201,7 @@ def test_a_turn_waiting_for_room_loses_what_running_answers_grow_meanwhile(
 @pytest.mark.parametrize(("answer", "matched"), [(16, 0), (None, 4)])
 def test_the_decision_predicts_what_running_answers_leave_of_a_waiting_turn(answer: int | None,
                                                                            matched: int) -> None:
-    clock = [100.0]
-    sched = Scheduler(RoutingConfig(), clock=lambda: clock[0])
-    worker = WorkerState(id="a", url="http://a", models=frozenset({"m"}), epoch=1.0, kv_tokens=9 * BS)
-    sched.on_worker_epoch("a", 1.0)
-    sched.exact.attach("a", [0])
-    sched.exact.synced("a", 0, 0.0)
-    sched.exact.stored("a", 0, [10, 11, 12, 13], None, X, BS, None, 100.0)
+    sched, worker = exact_worker(9)
 
     def key(toks: list[int]) -> RoutingKey:
         return RoutingKey(model="m", prefix=str(toks[:8]).encode(), est_prompt_tokens=len(toks),
