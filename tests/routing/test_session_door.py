@@ -156,47 +156,53 @@ def test_a_kind_does_not_take_the_part_the_other_leaves_unused() -> None:
 
 
 def test_a_named_session_waits_at_the_door_while_its_kind_fills_its_part() -> None:
-    """Through the gate: a fleet of 2 x 1,000 KV tokens serves a named session of 500 and a
-    question of 100; a new named session of 600 would fit the fleet's cache (1,200 of 2,000) but
-    not its kind's half (1,100 of 1,000): it waits at the door while the question's kind is
-    served, its last session forgotten included (``SessionBook.kinds``), and goes once that kind
+    """Through the gate: a fleet of 2 x 1,000 KV tokens serves a named session of 500 and four
+    questions of 25; a new named session of 600 would fit the fleet's cache (1,200 of 2,000) but
+    not its kind's half (1,100 of 1,000): it waits at the door while the questions' kind is
+    served, its last sessions forgotten included (``SessionBook.kinds``), and goes once that kind
     has been gone from the book for a minute."""
     clock = Clock(1000.0)
     d = dispatcher(clock, flow_session_admission=True, flow_session_fill_unsaturated=0.0,
                    flow_kv_fill=10.0)
     workers = fleet(2, seqs=8, kv_tokens=1000)
     go(d, key(500, session="b"), workers)
-    d.finished(go(d, key(100, session=f"{DERIVED_SESSION_PREFIX}q"), workers), ok=True)
+    questions = [f"{DERIVED_SESSION_PREFIX}q{i}" for i in range(4)]
+    for q in questions:
+        d.finished(go(d, key(25, session=q, text=q), workers), ok=True)
     new = d.admit(key(600, session="new"), workers)
     assert new.queued and d.flow.at_door(new)
-    clock.now += 20.0  # past flow_session_idle_s: the question is forgotten ...
+    clock.now += 20.0  # past flow_session_idle_s: the questions are forgotten ...
     d.flow.pump(clock.now)
-    assert f"{DERIVED_SESSION_PREFIX}q" not in d.flow._models[MODEL].door.book
+    assert not any(q in d.flow._models[MODEL].door.book for q in questions)
     assert new.queued  # ... but its kind keeps its part a while
     clock.now += 61.0  # the questions' kind gone for longer than _KIND_GONE_S: one kind is served
     d.flow.pump(clock.now)
     assert new.state is TicketState.GRANTED
 
 
-@pytest.mark.parametrize("gone_for, fits", [
-    (0.0, False),    # the questions' last session left just now: their kind keeps its half
-    (59.0, False),
-    (61.0, True),    # gone for longer than _KIND_GONE_S: the named kind is served alone
+@pytest.mark.parametrize("questions, gone_for, fits", [
+    (4, 0.0, False),    # the questions' last sessions left just now: their kind keeps its half
+    (4, 59.0, False),
+    (4, 61.0, True),    # gone for longer than _KIND_GONE_S: the named kind is served alone
+    (3, 0.0, True),     # fewer than _KIND_MIN left: strays (a readiness probe), no kind to keep
 ])
-def test_a_kind_keeps_its_part_a_while_after_its_last_session_left(gone_for: float, fits: bool) -> None:
-    """Named sessions hold 3,000 and one question 1,000 of a 10,000-token cache; the question is
-    forgotten.  A new named session of 2,500 passes the whole cache's test but not its kind's half
-    (5,500 > 5,000): it waits while the questions' kind was served within the last minute (a step
-    of new agents arriving at a pause of the questions took the whole cache, and the questions
-    then waited at the door behind them), and fits once that kind has been gone longer; the seat
-    and ``alone`` read the same kinds."""
+def test_a_kind_keeps_its_part_a_while_after_its_last_session_left(questions: int, gone_for: float,
+                                                                   fits: bool) -> None:
+    """Named sessions hold 3,000 and the questions 1,000 of a 10,000-token cache; the questions
+    are forgotten.  A new named session of 2,500 passes the whole cache's test but not its kind's
+    half (5,500 > 5,000): it waits while the questions' kind was served within the last minute (a
+    step of new agents arriving at a pause of the questions took the whole cache, and the
+    questions then waited at the door behind them), and fits once that kind has been gone longer,
+    or where only a few questions came (a benchmark's readiness request halved an agent fleet's
+    door for a minute); the seat and ``alone`` read the same kinds."""
     book = SessionBook()
     book.sent(turn("agent", 3000), 3000, "unique")
-    q = f"{DERIVED_SESSION_PREFIX}q"
-    book.sent(turn(q, 1000), 1000, "unique")
-    book.finished(q, 0.0)
+    names = [f"{DERIVED_SESSION_PREFIX}q{i}" for i in range(questions)]
+    for q in names:
+        book.sent(turn(q, 1000 // questions), 1000 // questions, "unique")
+        book.finished(q, 0.0)
     book.working_set(20.0, 15.0, "unique")
-    assert q not in book
+    assert not any(q in book for q in names)
     now = 20.0 + gone_for
     assert book.kinds(True, now) == (1 if fits else 2)
     assert book.alone(True, now) is fits

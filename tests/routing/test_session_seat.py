@@ -222,23 +222,25 @@ def test_while_both_kinds_are_served_the_seat_counts_sessions_at_their_largest(
     assert seat == expected
 
 
-@pytest.mark.parametrize("derived, left_at, now, alone", [
-    (False, None, 100.0, True),    # only client-named sessions ever
-    (True, None, 100.0, False),    # a derived identity in the book
-    (False, 50.0, 100.0, False),   # one left 50 s ago: its kind is still served (questions pause)
-    (False, 30.0, 100.0, True),    # ... 70 s ago: no longer
+@pytest.mark.parametrize("derived, left, left_at, now, alone", [
+    (False, 0, None, 100.0, True),    # only client-named sessions ever
+    (True, 0, None, 100.0, False),    # a derived identity in the book
+    (False, 4, 50.0, 100.0, False),   # four left 50 s ago: their kind is still served (questions pause)
+    (False, 4, 30.0, 100.0, True),    # ... 70 s ago: no longer
+    (False, 3, 50.0, 100.0, True),    # three strays left (fewer than _KIND_MIN): no kind pausing
 ])
-def test_a_kind_that_just_left_is_still_served(derived: bool, left_at: float | None, now: float,
-                                               alone: bool) -> None:
+def test_a_kind_that_just_left_is_still_served(derived: bool, left: int, left_at: float | None,
+                                               now: float, alone: bool) -> None:
     """Where questions pause, a fleet that served them does not seat its agents as if alone."""
     book = placed_book({"w0": [700]})
-    other = DERIVED_SESSION_PREFIX + "q"
-    if derived or left_at is not None:
+    others = [f"{DERIVED_SESSION_PREFIX}q{i}" for i in range(max(left, int(derived)))]
+    for other in others:
         book.sent(turn(other, 300), 300, RULE, "w1")
     if left_at is not None:
-        book.finished(other, left_at - 2.0)
+        for other in others:
+            book.finished(other, left_at - 2.0)
         book.forget_idle(left_at, 1.0, RULE)
-        assert other not in book
+        assert not any(other in book for other in others)
     assert book.alone(True, now) is alone
 
 

@@ -52,7 +52,6 @@ Pure: no clock (``now`` is passed in), no I/O.  ``FlowControl`` (routing/flow.py
 from __future__ import annotations
 
 import heapq
-import math
 import statistics
 from bisect import bisect_left, insort
 from collections import OrderedDict, deque
@@ -137,6 +136,12 @@ _LEFT = 64  # sessions' departures the drain rate of the working set is measured
 # its agents as if alone at each pause (in virtual time, 16 agents seated on every replica at the
 # start of a step, before 2 req/s of questions came back: the questions' share 0.81 -> 0.70).
 _KIND_GONE_S = 60.0
+# A kind keeps its part after its last session left only where this many of its sessions left
+# within ``_KIND_GONE_S``: fewer were strays, not a workload pausing (a readiness probe's one chat
+# request, a user's curl).  Kept for one, it halved an agent fleet's door for a minute (over HTTP,
+# 24 agents cold-started behind a benchmark's readiness request: 13,653 tokens/min against 16,469
+# before a kind's part outlived its sessions; docs/saturation.md, "A stray request is no kind").
+_KIND_MIN = 4
 _CLIENTS = 4096  # clients whose last conversation is remembered
 _SEEN = 65536  # sessions remembered as admitted, so that their later turns pass the door
 KINDS = (True, False)  # the door's kinds of session: named by the client, derived by the router
@@ -261,7 +266,8 @@ class SessionBook:
     # The same, by (replica its last request went to, kind): what each replica's cache keeps.
     _placed: dict[tuple[str, bool], _Sizes] = field(default_factory=dict, repr=False, compare=False)
     # When the last session of each kind left the book (``alone``).
-    gone_at: dict[bool, float] = field(default_factory=dict)
+    gone_at: dict[bool, deque[float]] = field(
+        default_factory=lambda: {k: deque(maxlen=_KIND_MIN) for k in KINDS})
     # The sessions last sent to each replica, by id (``evicts`` reads those paused there).
     _on: dict[str, set[str]] = field(default_factory=dict, repr=False, compare=False)
     # (when, tokens) of the last sessions that left the book from each replica (``evicts``).
@@ -528,7 +534,7 @@ class SessionBook:
                 self.peaks[kind(sid)].append(entry.tokens)
                 self.lives[kind(sid)].append(entry.counted // max(1, entry.sends))
             self.left.append(now)
-            self.gone_at[kind(sid)] = now
+            self.gone_at[kind(sid)].append(now)
             left_from = self._left_from.get(entry.worker)
             if left_from is None:
                 left_from = self._left_from[entry.worker] = deque(maxlen=_LEFT)
@@ -580,9 +586,15 @@ class SessionBook:
         back each passed against the whole fleet's KV, twice their part, and the questions
         waited behind them at the door for 100 s (virtual time, seed 0: their share 0.72;
         docs/saturation.md, "A kind's part outlives a pause of its sessions")."""
-        return sum(1 for k in KINDS
-                   if k == joining or self._sizes[k].runs or
-                   now - self.gone_at.get(k, -math.inf) <= _KIND_GONE_S)
+        return sum(1 for k in KINDS if k == joining or self._serves(k, now))
+
+    def _serves(self, k: bool, now: float) -> bool:
+        """Whether kind ``k`` is served: a session of it in the book, or ``_KIND_MIN`` of them gone
+        from it within ``_KIND_GONE_S`` (fewer were strays, not a workload pausing)."""
+        if self._sizes[k].runs:
+            return True
+        gone = self.gone_at[k]
+        return len(gone) == _KIND_MIN and now - gone[0] <= _KIND_GONE_S
 
     def fits(self, key: RoutingKey, prefill_tokens: int, fleet_kv: int, share: float, rule: str,
              now: float, idle_s: float, opened: int = 0, opened_own: int = 0) -> bool:
