@@ -111,42 +111,32 @@ def _teach(s: Scheduler, clock: Clock, ws: list[WorkerState], *, follow_ups: boo
     clock.advance(61.0)
 
 
-@pytest.mark.parametrize("teach, says", [
-    (True, "one-shot (derived sessions coming back 0 %)"),
-    # Before the share is told, a derived identity that has not come back is taken for a
-    # one-shot: a conversation's follow-up tells it within a turn, a one-shot only after the
-    # window (docs/saturation.md, "The cold start").
-    (False, "one-shot (derived sessions' return not learnt yet)"),
-])
-def test_a_one_shot_goes_to_the_busy_holder_of_its_prefix(teach: bool, says: str) -> None:
-    """A new question under a head that a busy worker holds goes there (its cost: a short prefill
-    behind 4 requests) instead of being held to the slack and copied cold onto an idle worker,
-    once the model's derived sessions are known not to come back, and before anything is known;
-    the decision line says so."""
+def test_a_one_shot_goes_to_the_busy_holder_of_its_prefix() -> None:
+    """Once the model's derived sessions are known not to come back, a new question under a head
+    that a busy worker holds goes there (its cost: a short prefill behind 4 requests) instead of
+    being held to the slack and copied cold onto an idle worker; the decision line says so."""
     s, clock, ws = _fleet_with_a_busy_holder(ModelSettings(policy="auto"))
-    if teach:
-        _teach(s, clock, ws, follow_ups=False)
-    d = s.decide(key(HEAD + text(3, 600), session="conv:q3"), ws)
+    question = key(HEAD + text(3, 600), session="conv:q3")
+    before = s.decide(question, ws)
+    assert before.worker_id != "w0"  # nothing learned yet: the guards hold
+    _teach(s, clock, ws, follow_ups=False)
+    d = s.decide(question, ws)
     assert d.worker_id == "w0", d.reason
-    assert says in d.reason
+    assert "one-shot (derived sessions coming back 0 %)" in d.reason
 
 
-@pytest.mark.parametrize("teach", [True, False])
-def test_the_setting_at_0_keeps_the_guards(teach: bool) -> None:
-    s, clock, ws = _fleet_with_a_busy_holder(ModelSettings(policy="auto", one_shot_return_share=0.0))
-    if teach:
-        _teach(s, clock, ws, follow_ups=False)
+@pytest.mark.parametrize("settings", [{"one_shot_return_share": 0.0}])
+def test_the_setting_at_0_keeps_the_guards(settings: dict[str, float]) -> None:
+    s, clock, ws = _fleet_with_a_busy_holder(ModelSettings(policy="auto", **settings))
+    _teach(s, clock, ws, follow_ups=False)
     d = s.decide(key(HEAD + text(3, 600), session="conv:q3"), ws)
     assert d.worker_id != "w0" and "one-shot" not in d.reason
 
 
-@pytest.mark.parametrize("teach", [True, False])
-def test_a_clients_session_keeps_the_guards(teach: bool) -> None:
-    """A session the client named is a conversation whatever the derived ones do, and before they
-    are known."""
+def test_a_clients_session_keeps_the_guards() -> None:
+    """A session the client named is a conversation whatever the derived ones do."""
     s, clock, ws = _fleet_with_a_busy_holder(ModelSettings(policy="auto"))
-    if teach:
-        _teach(s, clock, ws, follow_ups=False)
+    _teach(s, clock, ws, follow_ups=False)
     assert s.decide(key(HEAD + text(3, 600), session="client-7"), ws).worker_id != "w0"
 
 

@@ -77,9 +77,7 @@ system prompt's questions (about 60 a minute at 1 request/s) made the replicas t
 count up to 27 sessions more than the one they used least, and the agents' turns on the same
 fleet moved onto that one replica, whose cache could not keep their histories (docs/saturation.md,
 "One-shots are no sessions living on a replica").  Agents that send no session id come back, so
-their share stays high and their guards stay.  Until the share is learnt, a derived identity that
-has not come back is taken for a one-shot (``one_shot``): conversations tell themselves within a
-turn, one-shots only after the share's window.
+their share stays high and their guards stay.
 """
 
 from __future__ import annotations
@@ -142,9 +140,9 @@ class AutoSettings:
 
     one_shot_return_share: float = setting(
         0.1, "while fewer than this share of a model's conversations without a session id come back "
-             "with a follow-up turn within 60 s (learned per model, routing/returns.py), or before "
-             "that share is learnt, a request of one that never came back is placed by the cost "
-             "alone: no prompt-size slack, bounded load or session spread (0 disables)")
+             "with a follow-up turn within 60 s (learned per model, routing/returns.py), a request "
+             "of one that never came back is placed by the cost alone: no prompt-size slack, "
+             "bounded load or session spread (0 disables)")
 
     def __post_init__(self) -> None:
         check_non_negative(self, "inflight_tokens", "waiting_tokens", "backlog_weight", "eviction_weight",
@@ -300,23 +298,11 @@ def load_bound(view: View, cands: list[Candidate]) -> int:
 def one_shot(view: View) -> bool:
     """Whether the request is a one-shot's: its session id was derived by the router, it never came
     back with a follow-up turn, and too few of its model's derived sessions do
-    (``one_shot_return_share``), or how many do is not learnt yet.  Such a request joins no
-    conversation, so the guards against piling conversations behind a shared head protect nothing;
-    they only move it off the replica holding its prefix onto a cold one, whose copy evicts another
-    prefix.
-
-    Before the share is told (``ReturnShare``: once 16 identities resolved), a derived identity
-    that has not come back is taken for a one-shot: a conversation tells itself with its next turn
-    (its own identity returned, and the share follows within its first turns), while one-shots
-    resolve only a minute after their first request — taken for conversations meanwhile, a cold
-    fleet's first minute of shared-prefix questions copied 28 groups' prompts onto second and third
-    replicas (docs/saturation.md, "The cold start")."""
-    key = view.key
-    if key.session_id is None or key.client_session or view.returned:
-        return False
-    threshold = view.block(AutoSettings).one_shot_return_share
+    (``one_shot_return_share``).  Such a request joins no conversation, so the guards against piling
+    conversations behind a shared head protect nothing; they only move it off the replica holding
+    its prefix onto a cold one, whose copy evicts another prefix."""
     share = view.return_share
-    return threshold > 0 and (share is None or share < threshold)
+    return share is not None and not view.returned and share < view.block(AutoSettings).one_shot_return_share
 
 
 def _room(view: View, cands: list[Candidate]) -> list[Candidate]:
@@ -383,9 +369,8 @@ def explain(view: View, cands: list[Candidate], i: int) -> tuple[DecisionKind, s
     if view.fleet_full:
         figures += f"; fleet saturated: placed for the fleet, load bound {load_bound(view, cands)}"
     if one_shot(view) and _guards_moved(view, cands, c):
-        back = ("derived sessions' return not learnt yet" if view.return_share is None
-                else f"derived sessions coming back {100 * view.return_share:.0f} %")
-        figures += f"; one-shot ({back}): placed by the cost alone, outside the load and session guards"
+        figures += (f"; one-shot (derived sessions coming back {100 * (view.return_share or 0.0):.0f} %): "
+                    f"placed by the cost alone, outside the load and session guards")
     kind = bound_kind(view, c)
     if kind is _STICKY:
         return kind, f"[AUTO] sticky: {session_tag(view)} stays on {c.worker.id} ({figures})"
